@@ -1,0 +1,47 @@
+# torch_cgx: `make demo` and `make test` do all set-up on a fresh machine (see README.md).
+PY ?= python3
+export MAX_JOBS ?= 2
+
+.PHONY: all deps build core-test py-test test demo bench lint format clean
+
+all: build
+
+.stamp-deps: scripts/install-deps.sh requirements-dev.txt constraints.txt
+	PY=$(PY) ./scripts/install-deps.sh
+	touch $@
+
+deps: .stamp-deps
+
+# Incremental (ninja): an edit to one .cc recompiles that file only.
+build: .stamp-deps
+	$(PY) setup.py -q build_ext --inplace
+	@cd / && $(PY) -c "import torch_cgx" 2>/dev/null || \
+	  CGX_SKIP_EXT=1 $(PY) -m pip install -q --no-build-isolation --no-deps -e $(CURDIR)
+
+core-test: .stamp-deps
+	cmake -S . -B build/core -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
+	ninja -C build/core -j $(MAX_JOBS)
+	ctest --test-dir build/core --output-on-failure
+
+py-test: build
+	$(PY) -m pytest tests -q --timeout=600
+
+test: core-test py-test
+
+demo: build
+	$(PY) -m torch_cgx.demo
+
+bench: build
+	$(PY) -m torch_cgx.bench codec
+
+lint:
+	ruff check torch_cgx cgx_utils tests setup.py
+	ruff format --check torch_cgx cgx_utils tests setup.py
+	clang-format --dry-run --Werror $$(git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.cu')
+
+format:
+	ruff format torch_cgx cgx_utils tests setup.py
+	clang-format -i $$(git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.cu')
+
+clean:
+	rm -rf build torch_cgx/*.so .stamp-deps
