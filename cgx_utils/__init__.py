@@ -1,4 +1,6 @@
-"""CGX-compatible import path: ``from cgx_utils import cgx_hook, CGXState``.
+"""CGX-compatible import path: ``from cgx_utils import cgx_hook, CGXState``."""
 
-The hook and its state arrive with the cgx backend (torch_cgx.hooks); this module re-exports them.
-"""
+import torch_cgx  # noqa: F401  (registers the backend)
+from torch_cgx.hooks import CGXState, cgx_hook
+
+__all__ = ["CGXState", "cgx_hook"]

@@ -1,0 +1,66 @@
+// Compressed allreduce: the reduction happens at the receivers, since the wire carries max-min
+// payloads that cannot be summed in transit. Steps, bytes on the wire and error bounds of each
+// algorithm are in docs/algorithms.md.
+//
+// Vocabulary: a *piece* is at most `fusion_bytes` of the buffer, reduced as one unit; a piece is
+// cut into one *chunk* per rank, chunk boundaries on bucket boundaries; rank j *owns* chunk j
+// (SRA) and reduces it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/codec.h"
+#include "transport.h"
+
+namespace cgx {
+
+enum class Algorithm : uint8_t {
+  kScatterReduceAllgather = 0,  // each value quantized exactly twice (default)
+  kRing = 1,                    // W - 1 re-quantizing hops, then a compressed allgather
+};
+
+const char* algorithm_name(Algorithm a);
+
+struct AllreduceOptions {
+  CodecParams codec;  // bits, bucket size, raw tail, rounding, seed (streams are set per message)
+  Algorithm algorithm = Algorithm::kScatterReduceAllgather;
+  bool average = false;                 // divide the sum by the group size
+  size_t fusion_bytes = size_t(64) << 20;  // largest piece, in bytes of the buffer's dtype
+  uint64_t call_index = 0;              // makes each call's random streams distinct
+};
+
+// [begin, end) of chunk `j` of a piece of `count` elements split over `ranks`.
+struct Range {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+Range chunk_range(int64_t count, int ranks, int64_t bucket_size, int j);
+
+// Holds the working buffers, reused from call to call (they only grow).
+class CompressedAllreduce {
+ public:
+  // Reduces `count` elements of `dtype` at `data` in place across the transport's ranks. Every
+  // rank ends with bit-identical values.
+  void run(Transport& t, void* data, DType dtype, int64_t count, const AllreduceOptions& opts);
+
+  // Bytes this rank handed to the transport during the last run().
+  size_t bytes_sent() const { return bytes_sent_; }
+
+ private:
+  void sra(Transport& t, uint8_t* data, DType dtype, int64_t count, const AllreduceOptions& o,
+           uint64_t piece);
+  void ring(Transport& t, uint8_t* data, DType dtype, int64_t count, const AllreduceOptions& o,
+            uint64_t piece);
+  // Encodes the owner's reduced chunk, decodes it into its place and allgathers the payloads.
+  void finish(Transport& t, uint8_t* data, DType dtype, int64_t count, const AllreduceOptions& o,
+              uint64_t piece, int owned);
+
+  std::vector<uint8_t> send_;
+  std::vector<uint8_t> recv_;
+  std::vector<float> acc_;
+  size_t bytes_sent_ = 0;
+};
+
+}  // namespace cgx

@@ -1,0 +1,158 @@
+// The compressed allreduce algorithms with ranks as threads: replicas bit-identical, results
+// within the error bound of docs/algorithms.md, fusion pieces, odd sizes, every dtype.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <thread>
+
+#include "algorithms/allreduce.h"
+#include "in_memory_transport.h"
+
+namespace cgx {
+namespace {
+
+struct Case {
+  int world;
+  int64_t count;
+  Algorithm algorithm;
+  int bits;
+  int64_t bucket;
+  size_t fusion_bytes;
+  bool average;
+  DType dtype;
+};
+
+std::vector<std::vector<float>> inputs(int world, int64_t count, uint32_t seed) {
+  std::vector<std::vector<float>> x(static_cast<size_t>(world),
+                                    std::vector<float>(static_cast<size_t>(count)));
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (auto& v : x)
+    for (auto& e : v) e = d(gen);
+  return x;
+}
+
+// docs/algorithms.md: per bucket, with R = sum of the ranks' ranges in the bucket, every
+// quantization of a value adds at most (range of what is quantized) / (2L), and that range is at
+// most R plus twice the error so far. SRA quantizes twice (first stage by W - 1 ranks, each
+// with its own range: bounded by R / (2L) together), ring W times.
+double bound(const std::vector<std::vector<float>>& x, int64_t b0, int64_t b1, const Case& c) {
+  const double levels = (1 << c.bits) - 1;
+  double r_sum = 0.0, mag = 0.0;
+  for (const auto& v : x) {
+    double mn = v[b0], mx = v[b0];
+    for (int64_t i = b0; i < b1; ++i) {
+      mn = std::min<double>(mn, v[i]);
+      mx = std::max<double>(mx, v[i]);
+    }
+    r_sum += mx - mn;
+    mag += std::max(std::fabs(mn), std::fabs(mx));
+  }
+  const int rounds = c.algorithm == Algorithm::kRing ? c.world : 2;
+  double err = 0.0;
+  for (int k = 0; k < rounds; ++k) err += (r_sum + 2 * err) / (2 * levels);
+  err = err * (1 + 1e-3) + 1e-6 * mag;  // fp32 roundings (docs/FORMAT.md bound, summed)
+  if (c.dtype != DType::kFloat32) err += mag * (c.dtype == DType::kFloat16 ? 0x1p-10 : 0x1p-7);
+  return c.average ? err / c.world : err;
+}
+
+void run_case(const Case& c) {
+  auto x = inputs(c.world, c.count, uint32_t(c.count * 7 + c.world));
+  // The ranks hold x rounded to the dtype; the exact sum is taken of what they hold.
+  std::vector<std::vector<uint8_t>> data(size_t(c.world));
+  for (int r = 0; r < c.world; ++r) {
+    data[size_t(r)].resize(size_t(c.count) * elem_size(c.dtype));
+    for (int64_t i = 0; i < c.count; ++i) {
+      store_from_float(data[size_t(r)].data(), c.dtype, i, x[size_t(r)][size_t(i)]);
+      x[size_t(r)][size_t(i)] = load_as_float(data[size_t(r)].data(), c.dtype, i);
+    }
+  }
+  testing::Hub hub;
+  AllreduceOptions o;
+  o.codec.bits = c.bits;
+  o.codec.bucket_size = c.bucket;
+  o.algorithm = c.algorithm;
+  o.average = c.average;
+  o.fusion_bytes = c.fusion_bytes;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < c.world; ++r) {
+    threads.emplace_back([&, r] {
+      testing::InMemoryTransport t(hub, r, c.world);
+      CompressedAllreduce ar;
+      ar.run(t, data[size_t(r)].data(), c.dtype, c.count, o);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 1; r < c.world; ++r) ASSERT_EQ(data[size_t(r)], data[0]) << "rank " << r;
+  // Check each bucket of each piece against the exact sum.
+  const int64_t piece = int64_t(c.fusion_bytes / elem_size(c.dtype));
+  for (int64_t p0 = 0; p0 < c.count; p0 += piece) {
+    const int64_t n = std::min(piece, c.count - p0);
+    for (int j = 0; j < c.world; ++j) {
+      Range ch = chunk_range(n, c.world, c.bucket, j);
+      for (int64_t b0 = ch.begin; b0 < ch.end; b0 += c.bucket) {
+        const int64_t b1 = std::min(b0 + c.bucket, ch.end);
+        const double tol = bound(x, p0 + b0, p0 + b1, c);
+        for (int64_t i = p0 + b0; i < p0 + b1; ++i) {
+          double exact = 0.0;
+          for (const auto& v : x) exact += v[size_t(i)];
+          if (c.average) exact /= c.world;
+          const double got = load_as_float(data[0].data(), c.dtype, i);
+          ASSERT_LE(std::fabs(got - exact), tol) << "element " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(Allreduce, ScatterReduceAllgather) {
+  for (int world : {2, 3, 4}) {
+    for (int64_t count : {1, 7, 512, 1000, 4099}) {
+      for (int bits : {2, 4, 8}) {
+        run_case({world, count, Algorithm::kScatterReduceAllgather, bits, 64, 1 << 20, false,
+                  DType::kFloat32});
+      }
+    }
+  }
+}
+
+TEST(Allreduce, Ring) {
+  for (int world : {2, 3, 4}) {
+    for (int64_t count : {1, 100, 4099}) {
+      run_case({world, count, Algorithm::kRing, 4, 32, 1 << 20, false, DType::kFloat32});
+    }
+  }
+}
+
+TEST(Allreduce, AverageDtypesAndFusionPieces) {
+  for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing}) {
+    for (auto dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      run_case({3, 10007, alg, 4, 100, 4096, true, dtype});  // pieces of 1024 / 2048 elements
+    }
+  }
+}
+
+TEST(Allreduce, SingleRankIsIdentity) {
+  run_case({1, 1000, Algorithm::kScatterReduceAllgather, 1, 64, 1 << 20, true, DType::kFloat32});
+}
+
+TEST(Allreduce, ChunksCoverThePieceOnBucketBoundaries) {
+  for (int64_t count : {0, 1, 511, 512, 513, 100000}) {
+    for (int world : {1, 2, 3, 7}) {
+      int64_t covered = 0;
+      for (int j = 0; j < world; ++j) {
+        Range r = chunk_range(count, world, 512, j);
+        EXPECT_EQ(r.begin, covered);
+        if (r.end < count) {
+          EXPECT_EQ(r.end % 512, 0);
+        }
+        covered = r.end;
+      }
+      EXPECT_EQ(covered, count);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cgx

@@ -1,0 +1,50 @@
+#include "c10d_transport.h"
+
+#include <ATen/ops/from_blob.h>
+
+#include <numeric>
+
+namespace cgx::binding {
+namespace {
+
+// A uint8 tensor over caller-owned memory (no copy); the inner backend only reads / writes it
+// until the blocking wait below returns.
+at::Tensor bytes_view(const uint8_t* p, size_t n) {
+  static uint8_t dummy = 0;
+  return at::from_blob(const_cast<uint8_t*>(n ? p : &dummy), {int64_t(n)},
+                       at::TensorOptions().dtype(at::kByte));
+}
+
+std::vector<int64_t> as_splits(const std::vector<size_t>& sizes) {
+  return std::vector<int64_t>(sizes.begin(), sizes.end());
+}
+
+}  // namespace
+
+void C10dTransport::alltoallv(const uint8_t* send, const std::vector<size_t>& send_sizes,
+                              uint8_t* recv, const std::vector<size_t>& recv_sizes) {
+  at::Tensor in =
+      bytes_view(send, std::accumulate(send_sizes.begin(), send_sizes.end(), size_t(0)));
+  at::Tensor out =
+      bytes_view(recv, std::accumulate(recv_sizes.begin(), recv_sizes.end(), size_t(0)));
+  std::vector<int64_t> out_splits = as_splits(recv_sizes), in_splits = as_splits(send_sizes);
+  inner_->alltoall_base(out, in, out_splits, in_splits)->wait();
+}
+
+void C10dTransport::allgather(const uint8_t* send, size_t bytes, uint8_t* recv) {
+  at::Tensor in = bytes_view(send, bytes);
+  at::Tensor out = bytes_view(recv, bytes * size_t(size()));
+  inner_->_allgather_base(out, in)->wait();
+}
+
+void C10dTransport::sendrecv(int to, const uint8_t* send, size_t send_bytes, int from,
+                             uint8_t* recv, size_t recv_bytes) {
+  std::vector<at::Tensor> out = {bytes_view(send, send_bytes)};
+  std::vector<at::Tensor> in = {bytes_view(recv, recv_bytes)};
+  auto s = inner_->send(out, to, 0);
+  auto r = inner_->recv(in, from, 0);
+  s->wait();
+  r->wait();
+}
+
+}  // namespace cgx::binding

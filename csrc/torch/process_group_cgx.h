@@ -1,0 +1,129 @@
+// The `cgx` c10d backend. allreduce of float32 / float16 / bfloat16 with SUM or AVG is compressed
+// (csrc/algorithms) on a worker thread that owns a private Gloo backend (`wire`); every other
+// operation is forwarded unchanged to the inner Gloo backend (`inner`), called from the user's
+// thread, so both keep their own call order and cannot overhear each other.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "algorithms/allreduce.h"
+#include "cgx_work.h"
+
+namespace cgx::binding {
+
+// Validated in Python (torch_cgx/config.py), which documents each field and its CGX_* variable.
+struct BackendConfig {
+  int bits = 32;  // 32: no compression
+  int64_t bucket_size = 512;
+  bool skip_incomplete_buckets = false;
+  int64_t minimal_size = 16;  // elements; smaller tensors are reduced exactly
+  int64_t fusion_buffer_bytes = int64_t(64) << 20;
+  int algorithm = 0;  // cgx::Algorithm
+  bool stochastic = false;
+  uint64_t seed = 0;
+};
+
+class ProcessGroupCGX : public c10d::Backend {
+ public:
+  ProcessGroupCGX(int rank, int size, c10::intrusive_ptr<c10d::Backend> inner,
+                  c10::intrusive_ptr<c10d::Backend> wire, BackendConfig config);
+  ~ProcessGroupCGX() override;
+
+  const std::string getBackendName() const override { return "cgx"; }
+  void setTimeout(std::chrono::milliseconds timeout) override;
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+
+  // The layer-wise hook's entry point: reduces `tensor` with `config` (bits 32: exactly).
+  c10::intrusive_ptr<c10d::Work> allreduce_with(at::Tensor tensor, const BackendConfig& config,
+                                                bool average);
+
+  BackendConfig config() const;
+  void set_config(const BackendConfig& config);
+  // Bytes this rank handed to the transport in its last compressed allreduce.
+  int64_t last_bytes_sent() const { return last_bytes_sent_; }
+
+  // ---- forwarded to the inner backend ----
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                               int tag) override;
+  // Waits for this rank's queued compressed work, then runs the inner barrier.
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+ private:
+  c10::intrusive_ptr<c10d::Work> enqueue(std::vector<at::Tensor> outputs, c10d::OpType type,
+                                         std::function<void()> fn);
+  void worker_loop();
+  void flush();
+  void reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average);
+  void reduce_exact(at::Tensor& t, c10d::ReduceOp::RedOpType op);
+
+  c10::intrusive_ptr<c10d::Backend> inner_;
+  c10::intrusive_ptr<c10d::Backend> wire_;
+
+  mutable std::mutex config_mu_;
+  BackendConfig config_;
+
+  // Worker-thread state.
+  CompressedAllreduce algorithm_;
+  uint64_t calls_ = 0;
+  std::atomic<int64_t> last_bytes_sent_{0};
+
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::condition_variable idle_cv_;
+  std::deque<std::pair<c10::intrusive_ptr<CGXWork>, std::function<void()>>> queue_;
+  bool busy_ = false;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+}  // namespace cgx::binding

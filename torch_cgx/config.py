@@ -1,0 +1,147 @@
+"""Settings of the cgx backend: the ``CGX_*`` environment variables and a typed override.
+
+=============================================  =========  =========================================
+variable                                       default    meaning
+=============================================  =========  =========================================
+``CGX_COMPRESSION_QUANTIZATION_BITS``          32         bits per value, 1..8; 32 = no compression
+``CGX_COMPRESSION_BUCKET_SIZE``                512        values per bucket (one min/step pair each)
+``CGX_COMPRESSION_SKIP_INCOMPLETE_BUCKETS``    0          send the incomplete last bucket raw
+``CGX_COMPRESSION_MINIMAL_SIZE``               16         smaller tensors are reduced exactly
+                                                          (values below 16 count as 16, as in CGX)
+``CGX_FUSION_BUFFER_SIZE_MB``                  64         largest piece reduced at once (MiB)
+``CGX_REDUCTION_ALGORITHM``                    sra        ``sra`` (scatter-reduce-allgather) or
+                                                          ``ring``; CGX's ``CGX_INNER_REDUCTION_TYPE``
+                                                          (SRA|Ring) is read when this is unset
+``CGX_COMPRESSION_STOCHASTIC``                 0          stochastic rounding (unbiased)
+``CGX_COMPRESSION_SEED``                       0          seed of the stochastic rounding
+=============================================  =========  =========================================
+
+Every rank must use the same settings: the backend compares them through the store when a group
+is created and whenever :func:`torch_cgx.set_config` changes them, and raises ``ValueError``
+naming the differing ranks instead of exchanging garbage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Mapping, Optional
+
+from torch_cgx import _C
+
+ALGORITHMS = {"sra": 0, "ring": 1}
+
+_ENV = {
+    "bits": "CGX_COMPRESSION_QUANTIZATION_BITS",
+    "bucket_size": "CGX_COMPRESSION_BUCKET_SIZE",
+    "skip_incomplete_buckets": "CGX_COMPRESSION_SKIP_INCOMPLETE_BUCKETS",
+    "minimal_size": "CGX_COMPRESSION_MINIMAL_SIZE",
+    "fusion_buffer_mb": "CGX_FUSION_BUFFER_SIZE_MB",
+    "algorithm": "CGX_REDUCTION_ALGORITHM",
+    "stochastic": "CGX_COMPRESSION_STOCHASTIC",
+    "seed": "CGX_COMPRESSION_SEED",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class CGXConfig:
+    """Compression settings of one cgx process group (see the module docstring)."""
+
+    bits: int = 32
+    bucket_size: int = 512
+    skip_incomplete_buckets: bool = False
+    minimal_size: int = 16
+    fusion_buffer_mb: int = 64
+    algorithm: str = "sra"
+    stochastic: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self, names: Optional[Mapping[str, str]] = None) -> None:
+        name = (names or {}).get
+
+        def bad(field: str, why: str, value) -> ValueError:
+            return ValueError(f"{name(field) or field} {why}, got {value!r}")
+
+        if not _is_int(self.bits) or not (1 <= self.bits <= 8 or self.bits == 32):
+            raise bad("bits", "must be 1..8, or 32 for no compression", self.bits)
+        if not _is_int(self.bucket_size) or not 1 <= self.bucket_size < 2**32:
+            raise bad("bucket_size", "must be an integer in [1, 2^32)", self.bucket_size)
+        if not _is_int(self.minimal_size) or self.minimal_size < 0:
+            raise bad("minimal_size", "must be an integer >= 0", self.minimal_size)
+        if not _is_int(self.fusion_buffer_mb) or not 1 <= self.fusion_buffer_mb <= 1 << 20:
+            raise bad("fusion_buffer_mb", "must be an integer number of MiB >= 1", self.fusion_buffer_mb)
+        if self.algorithm not in ALGORITHMS:
+            raise bad("algorithm", f"must be one of {sorted(ALGORITHMS)}", self.algorithm)
+        if not _is_int(self.seed) or not 0 <= self.seed < 2**64:
+            raise bad("seed", "must be an integer in [0, 2^64)", self.seed)
+        for flag in ("skip_incomplete_buckets", "stochastic"):
+            if not isinstance(getattr(self, flag), bool):
+                raise bad(flag, "must be a bool", getattr(self, flag))
+
+    @property
+    def compressed(self) -> bool:
+        return self.bits <= 8
+
+    @classmethod
+    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "CGXConfig":
+        """Reads the ``CGX_*`` variables; a malformed value raises ValueError naming it."""
+        env = os.environ if env is None else env
+        values = {}
+        for field in dataclasses.fields(cls):
+            var = _ENV[field.name]
+            raw = env.get(var)
+            if raw is None and field.name == "algorithm":
+                var = "CGX_INNER_REDUCTION_TYPE"
+                raw = env.get(var)
+            if raw is None or raw.strip() == "":
+                continue
+            values[field.name] = _parse(var, field.type, raw.strip())
+        config = cls.__new__(cls)
+        for field in dataclasses.fields(cls):
+            object.__setattr__(config, field.name, values.get(field.name, field.default))
+        config.validate(names=_ENV)
+        return config
+
+    def replace(self, **changes) -> "CGXConfig":
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown cgx setting(s): {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_native(self) -> "_C.BackendConfig":
+        native = _C.BackendConfig()
+        native.bits = self.bits
+        native.bucket_size = self.bucket_size
+        native.skip_incomplete_buckets = self.skip_incomplete_buckets
+        native.minimal_size = self.minimal_size
+        native.fusion_buffer_bytes = self.fusion_buffer_mb << 20
+        native.algorithm = ALGORITHMS[self.algorithm]
+        native.stochastic = self.stochastic
+        native.seed = self.seed
+        return native
+
+    def describe(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _parse(var: str, kind: str, raw: str):
+    if kind == "bool":
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{var} must be 0 or 1, got {raw!r}")
+    if kind == "int":
+        try:
+            return int(raw, 0)
+        except ValueError:
+            raise ValueError(f"{var} must be an integer, got {raw!r}") from None
+    return raw.lower()
