@@ -1,0 +1,293 @@
+"""The cgx backend on real ranks (separate processes, TCP store, Gloo sockets): compressed
+allreduce against the exact sum within the derived bound, bit-identical replicas, every dtype and
+op, odd sizes, pieces larger than the fusion buffer, non-contiguous tensors, subgroups, every
+forwarded collective, init methods and launchers."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.dist_helpers import run_ranks
+from torch_cgx.bounds import allreduce_error_bound
+
+
+def rank_input(rank: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    return (torch.randn(n, generator=g) * (1 + rank)).to(dtype)
+
+
+def check_same_on_all_ranks(t: torch.Tensor, gloo) -> None:
+    """Bit-identical: compare raw bytes of every rank's result through a plain Gloo group."""
+    raw = t.contiguous().view(-1).view(torch.uint8) if t.numel() else torch.zeros(0, dtype=torch.uint8)
+    gathered = [torch.empty_like(raw) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, raw, group=gloo)
+    for r, g in enumerate(gathered):
+        assert torch.equal(g, gathered[0]), f"rank {r} differs from rank 0"
+
+
+def check_allreduce(rank, world, n, dtype, op, bits, bucket, algorithm, gloo, seed, fusion_mb):
+    x = rank_input(rank, n, dtype, seed)
+    y = x.clone()
+    dist.all_reduce(y, op=op)
+    inputs = [rank_input(r, n, dtype, seed) for r in range(world)]
+    exact = torch.stack([t.double() for t in inputs]).sum(0)
+    average = op == dist.ReduceOp.AVG
+    if average:
+        exact /= world
+    bound = allreduce_error_bound(inputs, bits, bucket, algorithm, average,
+                                  fusion_mb * 2**20 // x.element_size(), dtype)
+    err = (y.double() - exact).abs()
+    assert y.dtype == dtype and y.shape == x.shape
+    assert bool((err <= bound).all()), (
+        f"n={n} {dtype} {op} bits={bits} {algorithm}: max err {err.max():.3g}, "
+        f"at bound {bound[err.argmax()]:.3g}"
+    )
+    check_same_on_all_ranks(y, gloo)
+
+
+def body_allreduce(rank, world):
+    import torch_cgx
+
+    dist.init_process_group("cgx")
+    gloo = dist.new_group(backend="gloo")
+    seed = 0
+    for algorithm in ("sra", "ring"):
+        for bits, bucket in ((8, 512), (4, 128), (2, 64)):
+            torch_cgx.set_config(bits=bits, bucket_size=bucket, algorithm=algorithm)
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                for n in (16, 997, 65537):
+                    for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+                        seed += 1
+                        check_allreduce(rank, world, n, dtype, op, bits, bucket, algorithm, gloo,
+                                        seed, 64)
+    # Larger than the fusion buffer (1 MiB = 262144 fp32): three pieces.
+    torch_cgx.set_config(bits=4, bucket_size=512, fusion_buffer_mb=1, algorithm="sra")
+    check_allreduce(rank, world, 600_001, torch.float32, dist.ReduceOp.SUM, 4, 512, "sra", gloo,
+                    99, 1)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_allreduce_bound_and_identical(world):
+    run_ranks(body_allreduce, world)
+
+
+def body_shapes_and_exact_paths(rank, world):
+    import torch_cgx
+
+    dist.init_process_group("cgx")
+    gloo = dist.new_group(backend="gloo")
+    torch_cgx.set_config(bits=4, bucket_size=64, minimal_size=100)
+    # Sizes 0 and 1 and anything under minimal_size are reduced exactly.
+    for n in (0, 1, 99):
+        x = rank_input(rank, n, torch.float32, 5)
+        y = x.clone()
+        dist.all_reduce(y)
+        ref = x.clone()
+        dist.all_reduce(ref, group=gloo)
+        assert torch.equal(y, ref)
+    # Non-contiguous: a strided view of a matrix is reduced in place, the rest untouched.
+    m = rank_input(rank, 200 * 30, torch.float32, 6).reshape(200, 30)
+    before = m.clone()
+    view = m[:, ::3]
+    dist.all_reduce(view)
+    assert torch.equal(m[:, 1::3], before[:, 1::3]) and torch.equal(m[:, 2::3], before[:, 2::3])
+    inputs = [rank_input(r, 200 * 30, torch.float32, 6).reshape(200, 30)[:, ::3] for r in range(world)]
+    exact = torch.stack([t.double() for t in inputs]).sum(0)
+    bound = allreduce_error_bound([t.contiguous() for t in inputs], 4, 64).reshape(200, 10)
+    assert bool(((view.double() - exact).abs() <= bound).all())
+    check_same_on_all_ranks(view, gloo)
+    # Exact ops and dtypes go through Gloo unchanged.
+    for op in (dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.PRODUCT, dist.ReduceOp.SUM):
+        i = torch.arange(1000, dtype=torch.int64) + rank
+        dist.all_reduce(i, op=op)
+        j = torch.arange(1000, dtype=torch.int64) + rank
+        dist.all_reduce(j, op=op, group=gloo)
+        assert torch.equal(i, j)
+        f = rank_input(rank, 1000, torch.float32, 7)
+        g = f.clone()
+        dist.all_reduce(f, op=op if op != dist.ReduceOp.SUM else dist.ReduceOp.MAX)
+        dist.all_reduce(g, op=op if op != dist.ReduceOp.SUM else dist.ReduceOp.MAX, group=gloo)
+        assert torch.equal(f, g)
+    d = rank_input(rank, 1000, torch.float64, 8)
+    e = d.clone()
+    dist.all_reduce(d, op=dist.ReduceOp.AVG)
+    dist.all_reduce(e, group=gloo)
+    assert torch.allclose(d, e / world, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="AVG needs a floating-point"):
+        dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.AVG)
+    # bits 32: no compression, bf16 still works (Gloo has no bf16 sum: converted).
+    torch_cgx.set_config(bits=32)
+    b = rank_input(rank, 5000, torch.bfloat16, 9)
+    dist.all_reduce(b)
+    ref = sum(rank_input(r, 5000, torch.bfloat16, 9).float() for r in range(world)).bfloat16()
+    assert torch.equal(b, ref)
+    # async_op: wait() and get_future() like Gloo's; the future's value is the tensor list.
+    torch_cgx.set_config(bits=8)
+    t = rank_input(rank, 4096, torch.float32, 10)
+    work = dist.all_reduce(t, async_op=True)
+    value = work.get_future().wait()
+    assert isinstance(value, list) and value[0] is not None and value[0].data_ptr() == t.data_ptr()
+    assert work.wait() and work.is_completed() and work.is_success()
+    dist.destroy_process_group()
+
+
+def test_shapes_exact_paths_and_async():
+    run_ranks(body_shapes_and_exact_paths, 3)
+
+
+def body_forwarded(rank, world):
+    import torch_cgx
+
+    dist.init_process_group("cgx")
+    torch_cgx.set_config(bits=4)
+    t = torch.full((5,), float(rank))
+    dist.broadcast(t, src=1)
+    assert torch.equal(t, torch.full((5,), 1.0))
+    out = [torch.empty(3) for _ in range(world)]
+    dist.all_gather(out, torch.full((3,), float(rank)))
+    assert all(torch.equal(o, torch.full((3,), float(r))) for r, o in enumerate(out))
+    flat = torch.empty(3 * world)
+    dist.all_gather_into_tensor(flat, torch.full((3,), float(rank)))
+    assert torch.equal(flat, torch.arange(world).float().repeat_interleave(3))
+    rs = torch.empty(2)
+    dist.reduce_scatter_tensor(rs, torch.arange(2 * world).float())
+    assert torch.equal(rs, world * torch.arange(2 * rank, 2 * rank + 2).float())
+    rs_list = torch.empty(2)
+    dist.reduce_scatter(rs_list, [torch.full((2,), float(j)) for j in range(world)])
+    assert torch.equal(rs_list, torch.full((2,), float(rank * world)))
+    a2a_out = [torch.empty(1) for _ in range(world)]
+    dist.all_to_all(a2a_out, [torch.tensor([float(rank * 10 + j)]) for j in range(world)])
+    assert [o.item() for o in a2a_out] == [float(j * 10 + rank) for j in range(world)]
+    single = torch.empty(world)
+    dist.all_to_all_single(single, torch.arange(world).float() + 10 * rank)
+    assert single.tolist() == [float(rank + 10 * j) for j in range(world)]
+    g = [torch.empty(2) for _ in range(world)] if rank == 0 else None
+    dist.gather(torch.full((2,), float(rank)), g, dst=0)
+    if rank == 0:
+        assert [x[0].item() for x in g] == [float(r) for r in range(world)]
+    s = torch.empty(2)
+    dist.scatter(s, [torch.full((2,), float(j)) for j in range(world)] if rank == 0 else None, src=0)
+    assert torch.equal(s, torch.full((2,), float(rank)))
+    red = torch.full((4,), 1.0)
+    dist.reduce(red, dst=0)
+    if rank == 0:
+        assert torch.equal(red, torch.full((4,), float(world)))
+    if rank == 0:
+        dist.send(torch.tensor([42.0]), dst=1)
+    elif rank == 1:
+        buf = torch.empty(1)
+        dist.recv(buf, src=0)
+        assert buf.item() == 42.0
+    coal = [torch.ones(3), torch.ones(2)]
+    dist.all_reduce_coalesced(coal)
+    assert torch.equal(coal[0], torch.full((3,), float(world)))
+    dist.barrier()
+    # Subgroups with the cgx backend, and a compressed allreduce inside one.
+    sub = dist.new_group([0, 1], backend="cgx")
+    if rank in (0, 1):
+        torch_cgx.set_config(sub, bits=8)
+        x = rank_input(rank, 5000, torch.float32, 11)
+        dist.all_reduce(x, group=sub)
+        inputs = [rank_input(r, 5000, torch.float32, 11) for r in (0, 1)]
+        exact = inputs[0].double() + inputs[1].double()
+        assert bool(((x.double() - exact).abs() <= allreduce_error_bound(inputs, 8, 512)).all())
+        assert torch_cgx.cgx_backend(sub).last_bytes_sent() > 0
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_forwarded_collectives_and_subgroups():
+    run_ranks(body_forwarded, 3)
+
+
+def body_init(rank, world, init_method):
+    import torch_cgx  # noqa: F401
+
+    if init_method == "env":
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            del os.environ[k]  # only the Open MPI variables remain
+        os.environ.update({"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(world)})
+        torch_cgx.apply_launcher_env()
+        dist.init_process_group("cgx")
+    else:
+        dist.init_process_group("cgx", init_method=init_method, rank=rank, world_size=world)
+    assert dist.get_rank() == rank and dist.get_backend() == "cgx"
+    t = torch.ones(100)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((100,), float(world)))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("kind", ["tcp", "file", "mpirun-env"])
+def test_init_methods(kind, tmp_path):
+    from tests.dist_helpers import free_port
+
+    method = {
+        "tcp": f"tcp://127.0.0.1:{free_port()}",
+        "file": f"file://{tmp_path}/store",
+        "mpirun-env": "env",
+    }[kind]
+    run_ranks(body_init, 2, method)
+
+
+def body_mismatch(rank, world):
+    import torch_cgx
+
+    os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"] = "4" if rank == 0 else "8"
+    with pytest.raises(ValueError, match="cgx settings differ between ranks"):
+        dist.init_process_group("cgx")
+    os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"] = "4"
+
+
+def test_mismatched_settings_raise_on_every_rank():
+    run_ranks(body_mismatch, 2)
+
+
+def body_peer_dies(rank, world, marker):
+    import time
+
+    import torch_cgx
+
+    dist.init_process_group("cgx", timeout=__import__("datetime").timedelta(seconds=15))
+    torch_cgx.set_config(bits=4)
+    x = torch.ones(100_000)
+    dist.all_reduce(x)
+    if rank == 1:
+        os._exit(0)  # dies without a word
+    start = time.monotonic()
+    with pytest.raises(RuntimeError):
+        dist.all_reduce(x)
+    with open(marker, "w") as f:
+        f.write(str(time.monotonic() - start))
+    os._exit(0)
+
+
+def test_dead_peer_gives_an_error_not_a_hang(tmp_path):
+    marker = str(tmp_path / "elapsed")
+    try:
+        run_ranks(body_peer_dies, 2, marker, timeout=90)
+    except Exception:
+        pass  # rank 1's abrupt exit is reported by the launcher; rank 0's verdict is the marker
+    assert os.path.exists(marker), "rank 0 did not get an error"
+    assert float(open(marker).read()) < 60
+
+
+def test_launcher_env_mapping():
+    from torch_cgx.launch import apply_launcher_env
+
+    env = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+    assert apply_launcher_env(env)
+    assert env["RANK"] == "3" and env["WORLD_SIZE"] == "8" and env["LOCAL_RANK"] == "1"
+    assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == "29500"
+    env = {"PMI_RANK": "1", "PMI_SIZE": "2", "MASTER_ADDR": "10.0.0.1"}
+    assert apply_launcher_env(env) and env["MASTER_ADDR"] == "10.0.0.1" and env["RANK"] == "1"
+    env = {"RANK": "0", "WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "9"}
+    assert not apply_launcher_env(env) and env["RANK"] == "0"
+    assert not apply_launcher_env({})
+
+
