@@ -1,0 +1,878 @@
+"""Tests of torch_cgx.codec against docs/FORMAT.md.
+
+The C++ gtests (csrc/tests/) pin a few hand-made payloads and properties of the torch-free core.
+These tests exercise the torch-facing API and compare it with an independent numpy transcription
+of the spec (tests/codec_oracle.py): same bytes on encode, same values on decode.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+
+import codec_oracle as oracle
+import numpy as np
+import pytest
+import torch
+
+from torch_cgx import codec
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+DTYPE_IDS = ["fp32", "fp16", "bf16"]
+NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+SIZES = [0, 1, 7, 8, 9, 100, 513]
+BUCKETS = [1, 3, 8, 100, 512]
+ALL_BITS = list(range(1, 9))
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+
+def rng(*key) -> np.random.Generator:
+    """A generator seeded from the test's parameters (stable across runs, unlike hash())."""
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def raw_of(t: torch.Tensor) -> np.ndarray:
+    """The oracle's view of a tensor: float32 values, or the uint16 bits of fp16 / bf16."""
+    t = t.contiguous().reshape(-1)
+    if t.dtype == torch.float32:
+        return t.numpy()
+    return t.view(torch.int16).numpy().view(np.uint16)
+
+
+def as_bytes(payload: torch.Tensor) -> bytes:
+    return payload.numpy().tobytes()
+
+
+def from_bytes(data: bytes) -> torch.Tensor:
+    return torch.tensor(list(data), dtype=torch.uint8)
+
+
+def oracle_decode(payload: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Spec decode of a (valid) payload, rounded to ``dtype`` by torch (round to nearest even)."""
+    return torch.from_numpy(oracle.decode(as_bytes(payload))).to(dtype)
+
+
+def assert_same(got: torch.Tensor, want: torch.Tensor, what: str = "") -> None:
+    """Bit-for-bit equality of floating tensors, any NaN matching any NaN."""
+    assert got.dtype == want.dtype, what
+    assert got.shape == want.shape, what
+    g = got.float().contiguous().numpy().view(np.uint32).reshape(-1)
+    w = want.float().contiguous().numpy().view(np.uint32).reshape(-1)
+    g_nan = np.isnan(got.float().reshape(-1).numpy())
+    w_nan = np.isnan(want.float().reshape(-1).numpy())
+    bad = np.flatnonzero((g_nan != w_nan) | (~g_nan & (g != w)))
+    if bad.size:
+        i = bad[0]
+        pytest.fail(
+            f"{what}: {bad.size} of {g.size} elements differ, first at {i}: "
+            f"got {got.reshape(-1)[i].item()!r}, want {want.reshape(-1)[i].item()!r}"
+        )
+
+
+def random_input(n: int, dtype: torch.dtype, gen: np.random.Generator) -> torch.Tensor:
+    """Gaussian values, or (half of the time) small integers: exact grid points, rounding ties
+    and constant buckets."""
+    if gen.random() < 0.5:
+        x = gen.standard_normal(n) * 3.0 + 1.0
+    else:
+        x = gen.integers(-4, 5, n).astype(np.float64)
+    return torch.from_numpy(x.astype(np.float32)).to(dtype)
+
+
+def no_negative_zero(x: np.ndarray) -> np.ndarray:
+    """-0.0 + 0.0 = +0.0. FORMAT.md leaves the sign of a bucket minimum that is both -0.0 and
+    +0.0 open (see test_signed_zero_minimum), so byte comparisons avoid -0.0."""
+    return x + np.float32(0.0)
+
+
+def special_input(kind: str, n: int, gen: np.random.Generator) -> np.ndarray:
+    """float32 inputs that exercise the corners of the spec."""
+    if kind == "denormal":  # buckets narrower than L / FLT_MAX: the fp64 path
+        x = np.where(
+            gen.random(n) < 0.5,
+            gen.standard_normal(n) * 1e-40,
+            gen.integers(-3, 4, n) * 2.0**-149,
+        )
+    elif kind == "huge":  # ranges wider than FLT_MAX
+        x = gen.uniform(-3e38, 3e38, n)
+        x[:2] = [-3e38, 3e38]
+    elif kind == "wide":  # ranges just over FLT_MAX, |mn| + L * |unit| under 2 * FLT_MAX
+        x = gen.uniform(-1.75e38, 1.75e38, n)
+    elif kind == "offset":  # large offset, small spread
+        x = 1e4 + gen.standard_normal(n) * 1e-2
+    elif kind == "nonfinite":
+        x = gen.standard_normal(n)
+        x[gen.random(n) < 0.02] = np.nan
+        x[gen.random(n) < 0.02] = np.inf
+        x[gen.random(n) < 0.02] = -np.inf
+    elif kind == "mixed_scale":  # wide and narrow buckets side by side
+        x = gen.standard_normal(n) * 10.0 ** gen.integers(-30, 30, n)
+    else:
+        raise ValueError(kind)
+    return no_negative_zero(x.astype(np.float32))
+
+
+@pytest.fixture
+def restore_threads():
+    before = codec.num_threads()
+    yield
+    codec.set_num_threads(before)
+
+
+# ---- 1. encode == the spec, byte for byte ------------------------------------------------------
+
+
+def test_oracle_generator_matches_published_splitmix64():
+    # SplitMix64 seeded with 0 (Steele, Lea & Flood; Vigna's splitmix64.c) first outputs this.
+    assert oracle.splitmix64(0) == 0xE220A8397B1DCDAF
+    assert oracle.fmix32(0) == 0
+    # The vectorized generator is the literal one, including element indices >= 2^32.
+    idx = np.array([0, 1, 7, 8, 2**31, 2**32 - 1, 2**32, 2**32 + 9, 2**40 + 3, 2**48 - 1])
+    for seed, stream in [(0, 0), (1, 0), (0, 1), (2**64 - 1, 12345), (987654321, 2**63)]:
+        want = [oracle.uniform(seed, stream, int(i)) for i in idx]
+        got = oracle.uniform_array(seed, stream, idx)
+        assert got.tolist() == want
+        assert all(0.0 <= u < 1.0 for u in want)
+
+
+@pytest.mark.parametrize("stochastic", [False, True], ids=["nearest", "stochastic"])
+def test_tiny_golden(stochastic):
+    # fp16 [0, 1, 2, 3], 2 bits, bucket 4: min 0, unit 1, codes 0 1 2 3 -> 0b11100100. The inputs
+    # sit exactly on levels, so stochastic rounding (r < 1) cannot move them: same codes, flag 2.
+    x = torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float16)
+    got = codec.encode(x, bits=2, bucket_size=4, stochastic=stochastic, seed=3, stream=4)
+    want = (
+        b"CGXQ"
+        + bytes([1, 1, 2, 2 if stochastic else 0])
+        + bytes([4, 0, 0, 0, 0, 0, 0, 0])
+        + bytes([4, 0, 0, 0, 0, 0, 0, 0])
+        + bytes([0, 0, 0, 0, 0x00, 0x00, 0x80, 0x3F])
+        + bytes([0xE4])
+    )
+    assert got.dtype == torch.uint8 and got.dim() == 1
+    assert as_bytes(got) == want
+
+
+@pytest.mark.parametrize("bits", ALL_BITS)
+@pytest.mark.parametrize("skip", [False, True], ids=["quantize_tail", "raw_tail"])
+@pytest.mark.parametrize("stochastic", [False, True], ids=["nearest", "stochastic"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_encode_matches_oracle(dtype, stochastic, skip, bits):
+    gen = rng("encode", dtype, stochastic, skip, bits)
+    for n in SIZES:
+        for bucket in BUCKETS:
+            x = random_input(n, dtype, gen)
+            seed, stream = (int(v) for v in gen.integers(0, 2**64, 2, dtype=np.uint64))
+            got = codec.encode(
+                x,
+                bits,
+                bucket,
+                stochastic=stochastic,
+                seed=seed,
+                stream=stream,
+                skip_incomplete_buckets=skip,
+            )
+            want = oracle.encode(
+                raw_of(x), NAMES[dtype], bits, bucket, stochastic, seed, stream, skip
+            )
+            assert as_bytes(got) == want, f"n={n} bucket={bucket} seed={seed} stream={stream}"
+
+
+@pytest.mark.parametrize("bits", ALL_BITS)
+@pytest.mark.parametrize("kind", ["denormal", "huge", "wide", "offset", "nonfinite", "mixed_scale"])
+def test_encode_and_decode_match_oracle_on_extreme_values(kind, bits):
+    gen = rng("extreme", kind, bits)
+    for n, bucket in [(100, 1), (100, 3), (257, 8), (300, 100), (1000, 512)]:
+        x = special_input(kind, n, gen)
+        for stochastic in (False, True):
+            what = f"n={n} bucket={bucket} stochastic={stochastic}"
+            got = codec.encode(torch.from_numpy(x), bits, bucket, stochastic=stochastic, seed=n)
+            want = oracle.encode(x, "float32", bits, bucket, stochastic, seed=n)
+            assert as_bytes(got) == want, what
+            assert_same(codec.decode(got), oracle_decode(got), what)
+
+
+@pytest.mark.parametrize("values", [[-0.0, 0.0, 1.0], [0.0, -0.0, 1.0], [0.0] * 9 + [-0.0, 2.0]])
+def test_signed_zero_minimum(values):
+    # Which zero is the minimum is not specified (the two compare equal), and the metadata may
+    # hold either; the decoded values do not depend on it: -0 + q * unit == +0 + q * unit.
+    x = np.array(values, dtype=np.float32)
+    p = codec.encode(torch.from_numpy(x), bits=2, bucket_size=512)
+    mn = as_bytes(p)[24:28]
+    assert mn in (bytes(4), bytes([0, 0, 0, 0x80]))
+    want = oracle.decode(oracle.encode(x, "float32", 2, 512))
+    assert_same(codec.decode(p), torch.from_numpy(want))
+    assert_same(codec.decode(p), oracle_decode(p))
+
+
+@pytest.mark.parametrize("bits", [1, 3, 4, 7, 8])
+def test_encode_matches_oracle_on_long_buckets(bits):
+    # Buckets longer than the encoder's internal tiles, odd sizes, the largest bucket size.
+    gen = rng("long", bits)
+    for n, bucket in [(4099, 7), (12345, 2047), (12345, 5000), (3001, 2**32 - 1)]:
+        x = torch.from_numpy(gen.standard_normal(n).astype(np.float32))
+        for stochastic in (False, True):
+            for skip in (False, True):
+                got = codec.encode(
+                    x,
+                    bits,
+                    bucket,
+                    stochastic=stochastic,
+                    seed=bits,
+                    stream=n,
+                    skip_incomplete_buckets=skip,
+                )
+                want = oracle.encode(raw_of(x), "float32", bits, bucket, stochastic, bits, n, skip)
+                assert as_bytes(got) == want, f"n={n} bucket={bucket}"
+
+
+# ---- 2. decode and decode_add_ -----------------------------------------------------------------
+
+
+def sample_payloads(dtype: torch.dtype, key: str):
+    """Payloads of every flavour: raw tail, non-finite and constant buckets, wide and denormal
+    buckets, stochastic rounding, all bit widths."""
+    gen = rng("payloads", dtype, key)
+    for bits in ALL_BITS:
+        n = int(gen.integers(1, 400))
+        bucket = int(gen.choice([1, 3, 8, 100, 512]))
+        x = gen.standard_normal(n) * 10.0 ** gen.integers(-3, 4)
+        x[gen.random(n) < 0.01] = np.nan
+        x[: min(n, bucket)] = x[0]  # a constant first bucket
+        if dtype == torch.float32:  # a denormal bucket and a bucket wider than FLT_MAX
+            x[bucket : 2 * bucket] = gen.standard_normal(len(x[bucket : 2 * bucket])) * 1e-40
+            x[2 * bucket : 3 * bucket] = gen.uniform(-3e38, 3e38, len(x[2 * bucket : 3 * bucket]))
+        t = torch.from_numpy(x.astype(np.float32)).to(dtype)
+        yield codec.encode(
+            t,
+            bits,
+            bucket,
+            stochastic=bool(bits & 2),
+            seed=bits,
+            skip_incomplete_buckets=bool(bits & 4),
+        )
+
+
+@pytest.mark.parametrize("out_dtype", DTYPES, ids=["out_" + i for i in DTYPE_IDS])
+@pytest.mark.parametrize("in_dtype", DTYPES, ids=["in_" + i for i in DTYPE_IDS])
+def test_decode_matches_oracle(in_dtype, out_dtype):
+    for p in sample_payloads(in_dtype, "decode"):
+        info = codec.inspect(p)
+        want = oracle_decode(p, out_dtype)
+        assert_same(codec.decode(p, dtype=out_dtype), want, f"decode {info}")
+        out = torch.full((info["count"],), 7.0, dtype=out_dtype)
+        assert codec.decode(p, out=out) is out
+        assert_same(out, want, f"decode(out=) {info}")
+
+
+@pytest.mark.parametrize("out_dtype", DTYPES, ids=["out_" + i for i in DTYPE_IDS])
+@pytest.mark.parametrize("in_dtype", DTYPES, ids=["in_" + i for i in DTYPE_IDS])
+def test_decode_add_is_one_rounding_of_the_fp32_sum(in_dtype, out_dtype):
+    gen = rng("add", in_dtype, out_dtype)
+    for p in sample_payloads(in_dtype, "add"):
+        n = codec.inspect(p)["count"]
+        # Wide accumulators: fp16 sums overflow to Inf, bf16 sums round.
+        acc = torch.from_numpy(
+            (gen.standard_normal(n) * 10.0 ** gen.integers(0, 5)).astype(np.float32)
+        )
+        acc[: n // 3] = 65000.0
+        acc = acc.to(out_dtype)
+        want = (acc.float() + codec.decode(p, dtype=torch.float32)).to(out_dtype)
+        assert codec.decode_add_(acc, p) is acc
+        assert_same(acc, want, f"decode_add_ {codec.inspect(p)}")
+
+
+def test_decode_add_matches_the_documented_formula():
+    # fp32 payload: decode(p) is x' itself, so out += decode(p) is the reference as written.
+    x = torch.linspace(300.0, -300.0, 1000)
+    p = codec.encode(x, bits=5, bucket_size=64)
+    for dtype in DTYPES:
+        out = torch.linspace(65400.0, -65400.0, 1000).to(dtype)
+        want = (out.float() + codec.decode(p).float()).to(dtype)
+        assert torch.isinf(want).any() == (dtype == torch.float16)  # fp16 sums overflow
+        codec.decode_add_(out, p)
+        assert_same(out, want, str(dtype))
+
+
+@pytest.mark.parametrize("add", [False, True], ids=["decode", "decode_add_"])
+@pytest.mark.parametrize("layout", ["transposed", "strided_slice", "offset_slice", "column_of_3d"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_decode_into_views(dtype, layout, add):
+    gen = rng("views", dtype, layout, add)
+    if layout == "transposed":
+        base = torch.full((6, 7), -5.0, dtype=dtype)
+        view = base.t()  # 7 x 6, not contiguous
+    elif layout == "strided_slice":
+        base = torch.full((90,), -5.0, dtype=dtype)
+        view = base[1::3]
+    elif layout == "offset_slice":
+        base = torch.full((60,), -5.0, dtype=dtype)
+        view = base[11:53]  # contiguous, storage offset 11
+    else:
+        base = torch.full((3, 7, 4), -5.0, dtype=dtype)
+        view = base[:, :, 2]
+    n = view.numel()
+    x = torch.from_numpy(gen.standard_normal(n).astype(np.float32))
+    p = codec.encode(x, bits=4, bucket_size=5)
+    decoded = codec.decode(p, dtype=torch.float32)
+    if add:
+        start = torch.from_numpy(gen.standard_normal(n).astype(np.float32)).to(dtype)
+        view.copy_(start.reshape(view.shape))
+        want = (start.float() + decoded).to(dtype)
+    else:
+        want = decoded.to(dtype)
+    untouched = torch.ones_like(base, dtype=torch.bool)
+    untouched.as_strided(view.shape, view.stride(), view.storage_offset()).fill_(False)
+    before = base.clone()
+
+    result = codec.decode_add_(view, p) if add else codec.decode(p, out=view)
+    assert result is view
+    # Elements are written in view's row-major order; nothing else in the storage changes.
+    assert_same(view.reshape(-1), want, layout)
+    assert torch.equal(base[untouched], before[untouched])
+
+
+@pytest.mark.parametrize("in_dtype", DTYPES, ids=DTYPE_IDS)
+def test_decode_dtype_default_and_override(in_dtype):
+    x = torch.randn(100, generator=torch.Generator().manual_seed(1)).to(in_dtype) * 1000
+    p = codec.encode(x, bits=8, bucket_size=16, skip_incomplete_buckets=True)
+    default = codec.decode(p)
+    assert default.dtype == in_dtype and default.shape == (100,)
+    full = codec.decode(p, dtype=torch.float32)
+    assert_same(default, full.to(in_dtype))
+    assert_same(full, oracle_decode(p))
+    for dtype in DTYPES:
+        got = codec.decode(p, dtype=dtype)
+        assert got.dtype == dtype and got.shape == (100,)
+        assert_same(got, full.to(dtype), str(dtype))
+    assert_same(full[96:], x[96:].float())  # the raw tail comes back exactly
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (3, 4), (4, 3), (2, 3, 5), (5, 0), (7, 1, 9)], ids=str)
+def test_any_shape_is_read_row_major(shape):
+    gen = rng("shape", shape)
+    x = torch.from_numpy(np.asarray(gen.standard_normal(shape), dtype=np.float32))
+    for bucket in (1, 4, 512):
+        p = codec.encode(x, bits=3, bucket_size=bucket, stochastic=True, seed=9)
+        flat = codec.encode(x.reshape(-1), bits=3, bucket_size=bucket, stochastic=True, seed=9)
+        assert torch.equal(p, flat)
+        assert codec.inspect(p)["count"] == x.numel()
+        out = torch.empty(shape)
+        codec.decode(p, out=out)
+        assert_same(out.reshape(-1), codec.decode(p))
+    if x.dim() >= 2:  # a transposed (non-contiguous) input is read in its own row-major order
+        xt = x.transpose(0, -1)
+        before = xt.clone()
+        got = codec.encode(xt, bits=5, bucket_size=3)
+        assert torch.equal(got, codec.encode(xt.contiguous().reshape(-1), bits=5, bucket_size=3))
+        assert as_bytes(got) == oracle.encode(xt.contiguous().reshape(-1).numpy(), "float32", 5, 3)
+        assert torch.equal(xt, before)  # input untouched
+
+
+def test_empty_buffer():
+    for dtype in DTYPES:
+        p = codec.encode(torch.empty(0, dtype=dtype))
+        assert len(p) == 24
+        assert codec.decode(p).shape == (0,) and codec.decode(p).dtype == dtype
+        out = torch.empty(0, dtype=torch.float32)
+        assert codec.decode_add_(out, p) is out
+
+
+def test_payload_may_be_a_view():
+    x = torch.randn(50, generator=torch.Generator().manual_seed(2))
+    p = codec.encode(x, bits=6, bucket_size=7)
+    spread = torch.zeros(2 * len(p), dtype=torch.uint8)
+    spread[::2] = p
+    assert_same(codec.decode(spread[::2]), codec.decode(p))
+    assert codec.inspect(spread[::2]) == codec.inspect(p)
+
+
+# ---- 3. error bounds ---------------------------------------------------------------------------
+
+
+def bound_input(kind: str, n: int, gen: np.random.Generator) -> torch.Tensor:
+    if kind == "normal":
+        return torch.from_numpy((gen.standard_normal(n) * 3 + 1).astype(np.float32))
+    if kind == "fp16":
+        return torch.from_numpy((gen.standard_normal(n) * 1000).astype(np.float32)).half()
+    if kind == "bf16":
+        return torch.from_numpy((gen.standard_normal(n) * 1e30).astype(np.float32)).bfloat16()
+    return torch.from_numpy(special_input(kind, n, gen))
+
+
+def check_bound(x: torch.Tensor, p: torch.Tensor, bits: int, bucket: int, stochastic: bool):
+    xf = x.float().numpy().astype(np.float64)
+    y = codec.decode(p, dtype=torch.float32).numpy().astype(np.float64)
+    assert np.isfinite(y).all(), f"non-finite decode: {y[~np.isfinite(y)][:4]}"
+    nq = codec.inspect(p)["count"]
+    if codec.inspect(p)["skip_incomplete_buckets"]:
+        nq -= nq % bucket
+    bound = oracle.error_bound(x.float().numpy()[:nq], bits, bucket)
+    if stochastic:  # |x' - x| < unit plus the same rounding terms
+        L = (1 << bits) - 1
+        X = x.float().numpy()[:nq].astype(np.float64)
+        unit = np.repeat([np.ptp(X[s : s + bucket]) / L for s in range(0, nq, bucket)], bucket)[:nq]
+        bound = bound + 0.5 * unit
+    err = np.abs(y[:nq] - xf[:nq])
+    worst = int(np.argmax(err - bound)) if nq else 0
+    assert (err <= bound).all(), (
+        f"element {worst}: x={xf[worst]!r} decoded={y[worst]!r} error={err[worst]!r} "
+        f"bound={bound[worst]!r}"
+    )
+    assert np.array_equal(y[nq:], xf[nq:]), "raw tail must come back exactly"
+
+
+@pytest.mark.parametrize("bits", ALL_BITS)
+@pytest.mark.parametrize("kind", ["normal", "offset", "fp16", "bf16", "denormal", "mixed_scale"])
+def test_nearest_error_bound(kind, bits):
+    gen = rng("bound", kind, bits)
+    for bucket in (1, 3, 8, 100, 512):
+        for skip in (False, True):
+            x = bound_input(kind, 1029, gen)
+            p = codec.encode(x, bits, bucket, skip_incomplete_buckets=skip)
+            check_bound(x, p, bits, bucket, stochastic=False)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 5, 8])
+@pytest.mark.parametrize("kind", ["normal", "offset", "fp16", "denormal"])
+def test_stochastic_error_bound(kind, bits):
+    gen = rng("sbound", kind, bits)
+    for bucket in (1, 3, 100, 512):
+        x = bound_input(kind, 1029, gen)
+        p = codec.encode(x, bits, bucket, stochastic=True, seed=bucket, stream=bits)
+        check_bound(x, p, bits, bucket, stochastic=True)
+
+
+@pytest.mark.parametrize(
+    "bits",
+    [
+        pytest.param(
+            1,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="bits=1, range > FLT_MAX: unit = (f32)(range / 1) overflows to +Inf, so "
+                "the bucket decodes to NaN (code 0: mn + 0*Inf) and Inf (code 1)",
+            ),
+        ),
+        *range(2, 9),
+    ],
+)
+def test_huge_range_decodes_finite_within_bound(bits):
+    # Ranges of 6.8e38 (the fp32 maximum is 3.4e38) and, in the second half, of 3.5e38.
+    x = torch.tensor(
+        [-3e38, 3e38, 1e38, 0.0, -2.5e38, 1.0, 3.4e38, -3.4e38]
+        + [-1.75e38, 1.75e38, 0.0, 1e-30, -1e38, 1.7e38, 1.74e38, -1.7e38]
+    )
+    for bucket in (4, 8, 16):
+        for stochastic in (False, True):
+            p = codec.encode(x, bits, bucket, stochastic=stochastic, seed=1)
+            check_bound(x, p, bits, bucket, stochastic)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_constant_buckets_decode_exactly(dtype):
+    big = {torch.float32: 3e38, torch.float16: 65504.0, torch.bfloat16: 3e38}[dtype]
+    levels = [0.0, 1.0, -2.5, 1e-40, -1e-45, big, -big, 1234.5678, 6e-8, 1e-3]
+    x = torch.tensor(levels).to(dtype).repeat_interleave(12)
+    for bits in ALL_BITS:
+        for stochastic in (False, True):
+            p = codec.encode(x, bits, 12, stochastic=stochastic, seed=bits)
+            meta = np.frombuffer(as_bytes(p)[24 : 24 + 8 * len(levels)], "<f4").reshape(-1, 2)
+            assert (meta[:, 1] == 0).all()
+            # Value equality (a constant bucket of -0.0 would come back as +0.0: -0 + 0*0 = +0).
+            assert torch.equal(codec.decode(p), x)
+            assert torch.equal(codec.decode(p, dtype=torch.float32), x.float())
+
+
+@pytest.mark.parametrize("position", ["first", "middle", "last"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_nonfinite_bucket_decodes_to_nan(dtype, bad, position):
+    bucket = 8
+    gen = rng("nonfinite", dtype, bad, position)
+    x = torch.from_numpy(gen.standard_normal(5 * bucket + 3).astype(np.float32)).to(dtype)
+    clean = x.clone()
+    k = 2  # the bucket that gets the bad value
+    i = k * bucket + {"first": 0, "middle": 3, "last": bucket - 1}[position]
+    x[i] = bad
+    for bits in (1, 4, 8):
+        p = codec.encode(x, bits, bucket)
+        y = codec.decode(p, dtype=torch.float32)
+        assert torch.isnan(y[k * bucket : (k + 1) * bucket]).all()
+        # The other buckets decode exactly as they would without the bad value.
+        want = codec.decode(codec.encode(clean, bits, bucket), dtype=torch.float32)
+        others = torch.ones(x.numel(), dtype=torch.bool)
+        others[k * bucket : (k + 1) * bucket] = False
+        assert torch.isfinite(y[others]).all()
+        assert_same(y[others], want[others])
+        # decode_add_ propagates the NaN (AMP's GradScaler must see it).
+        acc = torch.ones(x.numel(), dtype=dtype)
+        codec.decode_add_(acc, p)
+        assert torch.isnan(acc[k * bucket : (k + 1) * bucket]).all()
+        assert not torch.isnan(acc[others]).any()
+
+
+# ---- 4. stochastic rounding --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bits,frac", [(1, 0.3), (2, 0.3), (3, 0.9), (5, 0.125), (8, 0.6)])
+def test_stochastic_rounding_is_unbiased(bits, frac):
+    # Every bucket spans [0, 1] (its first two elements), so unit = 1 / L; the other elements lie
+    # at frac of the way between two levels. A stochastic code rounds up with probability frac:
+    # per-element error has mean 0 and sd unit * sqrt(frac * (1 - frac)), so the mean error of N
+    # elements has sd sigma(N) = unit * sqrt(frac (1 - frac) / N). Nearest rounding errs by
+    # -frac * unit (frac < 1/2) or (1 - frac) * unit on every element.
+    L = (1 << bits) - 1
+    unit = 1.0 / L
+    bucket, n, seeds = 512, 1 << 15, 8
+    gen = rng("unbiased", bits, frac)
+    k = gen.integers(0, L, n)
+    x = ((k + frac) / L).astype(np.float32)
+    x[::bucket] = 0.0
+    x[1::bucket] = 1.0
+    keep = np.ones(n, dtype=bool)
+    keep[::bucket] = keep[1::bucket] = False
+    xt = torch.from_numpy(x)
+
+    errors = []
+    for s in range(seeds):
+        p = codec.encode(xt, bits, bucket, stochastic=True, seed=1000 + s, stream=bits)
+        y = codec.decode(p).numpy().astype(np.float64)
+        errors.append((y - x)[keep])
+    errors = np.concatenate(errors)
+    sd = unit * math.sqrt(frac * (1 - frac))
+    for count in (1 << 8, 1 << 12, 1 << 16, errors.size):
+        sigma = sd / math.sqrt(count)
+        mean = errors[:count].mean()
+        assert abs(mean) < 5 * sigma, f"N={count}: mean error {mean} vs sigma {sigma}"
+    # The spread is the one of a Bernoulli(frac) rounding: the 1/sqrt(N) rate above is the real one.
+    assert errors.std() == pytest.approx(sd, rel=0.02)
+    # Every element lands on one of its two neighbouring levels.
+    assert np.all(np.abs(errors) < unit * (1 + 1e-5))
+
+    p = codec.encode(xt, bits, bucket)  # nearest: biased, and the check above catches it
+    nearest = (codec.decode(p).numpy().astype(np.float64) - x)[keep]
+    want_bias = -frac * unit if frac < 0.5 else (1 - frac) * unit
+    assert nearest.mean() == pytest.approx(want_bias, rel=1e-3)
+    assert abs(nearest.mean()) > 50 * sd / math.sqrt(errors.size)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_stochastic_is_reproducible_per_seed_and_stream(dtype):
+    x = torch.randn(5000, generator=torch.Generator().manual_seed(3)).to(dtype)
+
+    def enc(seed, stream):
+        return as_bytes(codec.encode(x, 3, 100, stochastic=True, seed=seed, stream=stream))
+
+    a = enc(42, 7)
+    assert enc(42, 7) == a
+    others = {
+        "stream": enc(42, 8),
+        "seed": enc(43, 7),
+        "swapped": enc(7, 42),
+        "stream 2^63": enc(42, 7 | 1 << 63),
+        "nearest": as_bytes(codec.encode(x, 3, 100)),
+    }
+    for what, b in others.items():
+        assert len(b) == len(a)
+        # Metadata is identical; only the codes differ, and in many places.
+        assert b[24 : 24 + 8 * 50] == a[24 : 24 + 8 * 50], what
+        differ = sum(u != v for u, v in zip(a[24 + 8 * 50 :], b[24 + 8 * 50 :]))
+        assert differ > len(a) // 4, f"{what}: only {differ} code bytes differ"
+
+
+@pytest.mark.parametrize("stochastic", [False, True], ids=["nearest", "stochastic"])
+def test_same_bytes_whatever_the_thread_count(stochastic, restore_threads):
+    n = (1 << 19) + 4321  # several parallel spans
+    gen = rng("threads", stochastic)
+    x = torch.from_numpy((gen.standard_normal(n) * 3).astype(np.float32))
+    acc = torch.from_numpy(gen.standard_normal(n).astype(np.float32))
+    results = []
+    for threads in (1, 2):
+        codec.set_num_threads(threads)
+        assert codec.num_threads() == threads
+        p = codec.encode(x, 3, 100, stochastic=stochastic, seed=17, stream=5)
+        added = acc.clone()
+        codec.decode_add_(added, p)
+        results.append((as_bytes(p), codec.decode(p), added))
+    (p1, y1, a1), (p2, y2, a2) = results
+    assert p1 == p2
+    assert p1 == oracle.encode(x.numpy(), "float32", 3, 100, stochastic, 17, 5)
+    assert_same(y1, y2)
+    assert_same(y1, torch.from_numpy(oracle.decode(p1)))
+    assert_same(a1, a2)
+
+
+# ---- 5. wire size ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bits", ALL_BITS)
+def test_encoded_size(bits):
+    sizes = [0, 1, 2, 7, 8, 9, 15, 16, 17, 100, 511, 512, 513, 1000, 4097]
+    for n in sizes:
+        for bucket in (1, 2, 3, 7, 8, 100, 512, 1000):
+            plain = 24 + 8 * math.ceil(n / bucket) + math.ceil(n * bits / 8)
+            for dtype in DTYPES:
+                x = torch.zeros(n, dtype=dtype)
+                assert codec.encoded_size(n, bits, bucket, dtype) == plain
+                assert len(codec.encode(x, bits, bucket)) == plain
+                nq = n - n % bucket
+                raw = (
+                    24 + 8 * (nq // bucket) + math.ceil(nq * bits / 8) + (n - nq) * x.element_size()
+                )
+                assert codec.encoded_size(n, bits, bucket, dtype, True) == raw
+                assert len(codec.encode(x, bits, bucket, skip_incomplete_buckets=True)) == raw
+
+
+def test_encoded_size_is_proportional_to_bits_and_has_defaults():
+    # Eight codes take exactly `bits` bytes: with n a multiple of 8, the code section is n*b/8.
+    for bits in ALL_BITS:
+        assert codec.encoded_size(4096, bits, 512) - codec.encoded_size(0, bits, 512) == (
+            8 * 8 + 4096 * bits // 8
+        )
+    assert codec.encoded_size(1000) == 24 + 8 * 2 + 500  # 4 bits, buckets of 512
+    assert codec.encoded_size(2**48, 8, 2**32 - 1) == 24 + 8 * 65537 + 2**48
+    with pytest.raises(ValueError, match=r"element count must be in \[0, 2\^48\]"):
+        codec.encoded_size(2**48 + 1)
+    with pytest.raises(ValueError, match="element count"):
+        codec.encoded_size(-1)
+
+
+# ---- 6. bad input ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bits", [0, 9, -1, 16])
+def test_bad_bits(bits):
+    x = torch.ones(10)
+    msg = re.escape(f"bits must be in [1, 8], got {bits}")
+    with pytest.raises(ValueError, match=msg):
+        codec.encode(x, bits=bits)
+    with pytest.raises(ValueError, match=msg):
+        codec.encoded_size(10, bits=bits)
+
+
+@pytest.mark.parametrize("bucket", [0, -3, 2**32])
+def test_bad_bucket_size(bucket):
+    msg = re.escape(f"bucket_size must be in [1, 2^32 - 1], got {bucket}")
+    with pytest.raises(ValueError, match=msg):
+        codec.encode(torch.ones(10), bucket_size=bucket)
+    with pytest.raises(ValueError, match=msg):
+        codec.encoded_size(10, bucket_size=bucket)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float64, torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64]
+)
+def test_unsupported_dtype(dtype):
+    x = torch.zeros(8, dtype=dtype)
+    with pytest.raises(
+        ValueError, match=rf"float32, float16 or bfloat16, got {re.escape(str(dtype))}"
+    ):
+        codec.encode(x)
+    with pytest.raises(ValueError, match=re.escape(str(dtype))):
+        codec.encoded_size(8, dtype=dtype)
+    p = codec.encode(torch.zeros(8))
+    with pytest.raises(ValueError, match=rf"out must be .*got {re.escape(str(dtype))}"):
+        codec.decode(p, out=x)
+    with pytest.raises(ValueError, match=rf"out must be .*got {re.escape(str(dtype))}"):
+        codec.decode_add_(x, p)
+    with pytest.raises(ValueError, match=re.escape(str(dtype))):
+        codec.decode(p, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    "obj", [[1.0, 2.0], np.ones(4, np.float32), 3.0, None], ids=["list", "ndarray", "float", "None"]
+)
+def test_non_tensor_input(obj):
+    name = type(obj).__name__
+    with pytest.raises(TypeError, match=f"tensor must be a torch.Tensor, got {name}"):
+        codec.encode(obj)
+    p = codec.encode(torch.zeros(4))
+    with pytest.raises(TypeError, match=f"out must be a torch.Tensor, got {name}"):
+        codec.decode_add_(obj, p)
+
+
+@pytest.mark.parametrize("seed,stream", [(-1, 0), (0, -1), (2**64, 0), (0, 2**64)])
+def test_seed_and_stream_range(seed, stream):
+    with pytest.raises(ValueError, match=re.escape("seed and stream must be in [0, 2^64)")):
+        codec.encode(torch.ones(4), stochastic=True, seed=seed, stream=stream)
+
+
+GOOD_N = 100
+
+
+def good_payload() -> bytearray:
+    x = torch.arange(GOOD_N, dtype=torch.float32) % 17 - 8
+    return bytearray(as_bytes(codec.encode(x, bits=3, bucket_size=10)))
+
+
+def _set(offset: int, *values: int):
+    def corrupt(b: bytearray) -> bytearray:
+        b[offset : offset + len(values)] = bytes(values)
+        return b
+
+    return corrupt
+
+
+GOOD_SIZE = 24 + 8 * 10 + math.ceil(GOOD_N * 3 / 8)
+CORRUPTIONS = {
+    "magic": (_set(0, ord("X")), "bad magic"),
+    "magic_last": (_set(3, ord("q")), "bad magic"),
+    "version_2": (_set(4, 2), "format version 2, this build reads version 1"),
+    "version_0": (_set(4, 0), "format version 0"),
+    "dtype_3": (_set(5, 3), "unknown dtype code 3"),
+    "dtype_255": (_set(5, 255), "unknown dtype code 255"),
+    "bits_0": (_set(6, 0), r"bits 0 not in \[1, 8\]"),
+    "bits_9": (_set(6, 9), r"bits 9 not in \[1, 8\]"),
+    "bits_4": (_set(6, 4), "truncated"),  # valid bits, but more bytes than there are
+    "bits_2": (_set(6, 2), "trailing bytes"),
+    "flags_4": (_set(7, 4), "unknown flags 0x4"),
+    "flags_80": (_set(7, 0x80), "unknown flags 0x80"),
+    "bucket_0": (_set(8, 0, 0, 0, 0), "bucket size 0"),
+    "bucket_5": (_set(8, 5), "truncated"),
+    "reserved": (_set(13, 1), "reserved field is not 0"),
+    "count_2^48+": (_set(22, 1, 0), r"exceeds 2\^48"),
+    "count_101": (_set(16, 101), "truncated"),
+    "truncated_1": (
+        lambda b: b[:-1],
+        f"truncated: header describes {GOOD_SIZE} bytes, got {GOOD_SIZE - 1}",
+    ),
+    "truncated_header": (lambda b: b[:10], "shorter than the 24-byte header"),
+    "empty": (lambda b: b[:0], "truncated"),
+    "trailing_1": (lambda b: b + b"\0", f"1 trailing bytes after the {GOOD_SIZE}"),
+    "trailing_9": (lambda b: b + bytes(9), "9 trailing bytes"),
+}
+
+
+@pytest.mark.parametrize("entry", ["decode", "decode_out", "decode_add_", "inspect"])
+@pytest.mark.parametrize("case", list(CORRUPTIONS))
+def test_corrupt_header_or_length_is_rejected(case, entry):
+    corrupt, fragment = CORRUPTIONS[case]
+    assert len(good_payload()) == GOOD_SIZE
+    p = from_bytes(corrupt(good_payload()))
+    out = torch.full((GOOD_N,), 3.25)
+    with pytest.raises(ValueError, match=fragment):
+        if entry == "decode":
+            codec.decode(p)
+        elif entry == "decode_out":
+            codec.decode(p, out=out)
+        elif entry == "decode_add_":
+            codec.decode_add_(out, p)
+        else:
+            codec.inspect(p)
+    assert (out == 3.25).all(), "a rejected payload must not touch the output"
+
+
+@pytest.mark.parametrize("shape", [(99,), (101,), (10, 11), (0,)], ids=str)
+def test_wrong_output_element_count(shape):
+    p = from_bytes(good_payload())
+    msg = f"payload holds {GOOD_N} elements but the output has {math.prod(shape)}"
+    for dtype in DTYPES:
+        out = torch.full(shape, 3.0, dtype=dtype)
+        with pytest.raises(ValueError, match=msg):
+            codec.decode(p, out=out)
+        with pytest.raises(ValueError, match=msg):
+            codec.decode_add_(out, p)
+        assert (out == 3.0).all()
+    codec.decode(p, out=torch.empty(4, 25))  # the right count in any shape is fine
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: p.to(torch.int8),
+        lambda p: p.float(),
+        lambda p: p.to(torch.int32),
+        lambda p: bytes(p.numpy()),
+        lambda p: p.numpy(),
+    ],
+    ids=["int8", "float32", "int32", "bytes", "ndarray"],
+)
+def test_payload_must_be_uint8_tensor(make):
+    p = make(from_bytes(good_payload()))
+    msg = "payload must be a uint8 tensor"
+    with pytest.raises(ValueError, match=msg):
+        codec.decode(p)
+    with pytest.raises(ValueError, match=msg):
+        codec.decode_add_(torch.zeros(GOOD_N), p)
+    with pytest.raises(ValueError, match=msg):
+        codec.inspect(p)
+
+
+@pytest.mark.parametrize(
+    "bits,bucket,skip", [(5, 7, False), (1, 1, False), (8, 64, True), (3, 512, True)]
+)
+def test_random_body_corruption_decodes_like_the_spec(bits, bucket, skip):
+    # After the header and length checks any metadata or code bytes are valid input: decoding
+    # them never crashes and follows the spec formula (possibly to Inf or NaN).
+    gen = rng("fuzz", bits, bucket, skip)
+    x = torch.from_numpy(gen.standard_normal(333).astype(np.float32))
+    good = as_bytes(codec.encode(x, bits, bucket, skip_incomplete_buckets=skip))
+    for _trial in range(150):
+        bad = bytearray(good)
+        for _ in range(int(gen.integers(1, 9))):
+            bad[int(gen.integers(24, len(bad)))] = int(gen.integers(0, 256))
+        p = from_bytes(bytes(bad))
+        want = oracle_decode(p)
+        assert_same(codec.decode(p), want, "decode")
+        acc = torch.ones(333, dtype=torch.float16)
+        codec.decode_add_(acc, p)
+        assert_same(acc, (torch.ones(333) + want).half(), "decode_add_")
+
+
+def test_random_header_corruption_is_rejected_or_decoded():
+    gen = rng("header fuzz")
+    x = torch.from_numpy(gen.standard_normal(96).astype(np.float32))
+    good = as_bytes(codec.encode(x, 4, 16))
+    accepted = 0
+    for _trial in range(400):
+        bad = bytearray(good)
+        bad[int(gen.integers(0, 24))] = int(gen.integers(0, 256))
+        p = from_bytes(bytes(bad))
+        try:
+            y = codec.decode(p, dtype=torch.float32)
+        except ValueError:
+            continue
+        accepted += 1  # a header that is still self-consistent: decoded as the spec says
+        assert_same(y, oracle_decode(p))
+    assert accepted > 0
+
+
+# ---- 7. inspect --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stochastic", [False, True], ids=["nearest", "stochastic"])
+@pytest.mark.parametrize("skip", [False, True], ids=["quantize_tail", "raw_tail"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_inspect_returns_the_header(dtype, skip, stochastic):
+    for n, bits, bucket in [(37, 3, 8), (0, 8, 1), (1000, 1, 512), (5, 6, 2**32 - 1)]:
+        p = codec.encode(
+            torch.ones(n, dtype=dtype),
+            bits,
+            bucket,
+            stochastic=stochastic,
+            skip_incomplete_buckets=skip,
+        )
+        info = codec.inspect(p)
+        assert info == {
+            "dtype": NAMES[dtype],
+            "bits": bits,
+            "bucket_size": bucket,
+            "skip_incomplete_buckets": skip,
+            "stochastic": stochastic,
+            "count": n,
+        }
+        parsed = oracle.parse_header(as_bytes(p))
+        assert parsed["flags"] == (1 if skip else 0) | (2 if stochastic else 0)
+        assert parsed["bucket_size"] == bucket and parsed["count"] == n
+
+
+def test_set_num_threads(restore_threads):
+    assert codec.num_threads() >= 1
+    codec.set_num_threads(1)
+    assert codec.num_threads() == 1
+    codec.set_num_threads(2)
+    assert codec.num_threads() == 2
