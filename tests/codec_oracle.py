@@ -162,6 +162,9 @@ def quantize(
         mn = X.min(axis=1)
         mx = X.max(axis=1)
         rng = mx.astype(np.float64) - mn.astype(np.float64)
+        # A step that overflows fp32 (bits=1, range > FLT_MAX) makes the bucket non-finite.
+        finite &= ~(np.where(finite, rng, 0.0) / L > FLT_MAX)
+        mn = np.where(mn == 0, np.float32(0), mn).astype(np.float32)  # +0 minimum
         regular = finite & (rng > 0)  # neither non-finite nor constant
         safe = np.where(regular, rng, 1.0)
         unit = (safe / L).astype(np.float32)

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.dist_helpers import run_ranks
+from dist_helpers import run_ranks
 from torch_cgx.bounds import allreduce_error_bound
 
 
@@ -225,7 +225,7 @@ def body_init(rank, world, init_method):
 
 @pytest.mark.parametrize("kind", ["tcp", "file", "mpirun-env"])
 def test_init_methods(kind, tmp_path):
-    from tests.dist_helpers import free_port
+    from dist_helpers import free_port
 
     method = {
         "tcp": f"tcp://127.0.0.1:{free_port()}",

@@ -446,20 +446,7 @@ def test_stochastic_error_bound(kind, bits):
         check_bound(x, p, bits, bucket, stochastic=True)
 
 
-@pytest.mark.parametrize(
-    "bits",
-    [
-        pytest.param(
-            1,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="bits=1, range > FLT_MAX: unit = (f32)(range / 1) overflows to +Inf, so "
-                "the bucket decodes to NaN (code 0: mn + 0*Inf) and Inf (code 1)",
-            ),
-        ),
-        *range(2, 9),
-    ],
-)
+@pytest.mark.parametrize("bits", range(2, 9))
 def test_huge_range_decodes_finite_within_bound(bits):
     # Ranges of 6.8e38 (the fp32 maximum is 3.4e38) and, in the second half, of 3.5e38.
     x = torch.tensor(
@@ -470,6 +457,18 @@ def test_huge_range_decodes_finite_within_bound(bits):
         for stochastic in (False, True):
             p = codec.encode(x, bits, bucket, stochastic=stochastic, seed=1)
             check_bound(x, p, bits, bucket, stochastic)
+
+
+def test_one_bit_step_beyond_fp32_makes_the_bucket_non_finite():
+    # FORMAT.md step 3: with 1 bit the step is the whole range; past FLT_MAX it cannot be stored,
+    # so the bucket decodes to NaN (never to silently wrong finite values); others are unharmed.
+    x = torch.tensor([-3e38, 3e38, 1e38, 0.0, 1.0, 2.0, 3.0, 4.0])
+    p = codec.encode(x, 1, 4)
+    meta = np.frombuffer(as_bytes(p)[24:40], "<u4").reshape(2, 2)
+    assert (meta[0] == 0x7FC00000).all()
+    y = codec.decode(p)
+    assert torch.isnan(y[:4]).all() and torch.isfinite(y[4:]).all()
+    assert as_bytes(p) == oracle.encode(raw_of(x), "float32", 1, 4)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
