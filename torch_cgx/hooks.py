@@ -8,8 +8,7 @@ The hook averages (DDP's convention). Buckets of the codec run over the concaten
 compressible layers; see docs/algorithms.md.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: DDP checks the hook's annotations at run time.
 from typing import Any, Dict, List, Optional
 
 import torch

@@ -1,0 +1,160 @@
+"""CGX's layer-wise hook and DDP training over the cgx backend, on real ranks."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import torch
+import torch.distributed as dist
+from dist_helpers import run_ranks
+
+from torch_cgx.bounds import allreduce_error_bound
+
+
+def make_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 96),  # weight 3072: compressed; bias 96: exact
+        torch.nn.ReLU(),
+        torch.nn.LayerNorm(96),  # 1-D: exact
+        torch.nn.Linear(96, 8),  # weight 768 < layer_min_size: exact
+    )
+
+
+def local_grads(model, x, y):
+    model.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def body_hook(rank, world):
+    from cgx_utils import CGXState, cgx_hook  # the CGX import path
+
+    dist.init_process_group("cgx")  # CGX_* unset: bits 32, plain allreduce is exact
+    gloo = dist.new_group(backend="gloo")
+    model = make_model(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(make_model(0))
+    state = CGXState(None, layer_min_size=1024, compression_params={"bits": 4, "bucket_size": 128})
+    ddp.register_comm_hook(state, cgx_hook)
+    other = torch.nn.parallel.DistributedDataParallel(make_model(1))
+    other.register_comm_hook(CGXState(dist.group.WORLD, compression_params={"bits": 8}), cgx_hook)
+    for step in range(3):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(16, 32, generator=g), torch.randint(0, 8, (16,), generator=g)
+        per_rank = []
+        for r in range(world):
+            gr = torch.Generator().manual_seed(100 * step + r)
+            xr, yr = torch.randn(16, 32, generator=gr), torch.randint(0, 8, (16,), generator=gr)
+            per_rank.append(local_grads(model, xr, yr))
+        ddp.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        # An allreduce outside DDP between steps must not disturb anything (no call-order registry).
+        t = torch.ones(5000)
+        dist.all_reduce(t)
+        assert torch.equal(t, torch.full((5000,), float(world)))
+        other.zero_grad()
+        torch.nn.functional.cross_entropy(other(x), y).backward()
+        for i, p in enumerate(ddp.parameters()):
+            grads = [pr[i] for pr in per_rank]
+            exact = torch.stack([g.double() for g in grads]).sum(0) / world
+            if p.dim() > 1 and p.numel() >= 1024:
+                bound = allreduce_error_bound([g.reshape(-1) for g in grads], 4, 128, average=True)
+                err = (p.grad.double().reshape(-1) - exact.reshape(-1)).abs()
+                assert bool((err <= bound).all()), f"param {i}: {err.max()} > bound"
+                assert not torch.equal(p.grad, exact.float()), "a compressed layer came out exact"
+            else:
+                # Exact layers: the fp32 sum of two ranks is exact up to one rounding, then / W.
+                assert torch.allclose(p.grad.double(), exact, rtol=1e-6, atol=1e-7), f"param {i}"
+            raw = p.grad.reshape(-1).view(torch.uint8)
+            out = [torch.empty_like(raw) for _ in range(world)]
+            dist.all_gather(out, raw, group=gloo)
+            assert all(torch.equal(o, out[0]) for o in out), f"param {i} differs across ranks"
+    dist.destroy_process_group()
+
+
+def test_cgx_hook_layers_bounds_and_identical_replicas():
+    run_ranks(body_hook, 2)
+
+
+def body_hook_needs_cgx(rank, world):
+    from torch_cgx import CGXState, cgx_hook
+
+    dist.init_process_group("gloo")
+    ddp = torch.nn.parallel.DistributedDataParallel(make_model(0))
+    ddp.register_comm_hook(CGXState(), cgx_hook)
+    with pytest.raises(ValueError, match="not 'cgx'"):
+        torch.nn.functional.cross_entropy(ddp(torch.randn(4, 32)), torch.zeros(4).long()).backward()
+    dist.destroy_process_group()
+
+
+def test_cgx_hook_on_a_non_cgx_group_says_so():
+    run_ranks(body_hook_needs_cgx, 2)
+
+
+def test_cgx_state_validation_and_pickling():
+    from torch_cgx import CGXState
+
+    with pytest.raises(ValueError, match="bits"):
+        CGXState(compression_params={"bits": 9})
+    with pytest.raises(ValueError, match="bucket_size"):
+        CGXState(compression_params={"bucket_size": 0})
+    with pytest.raises(ValueError, match="unknown compression_params"):
+        CGXState(compression_params={"bitz": 4})
+    with pytest.raises(ValueError, match="layer_min_size"):
+        CGXState(layer_min_size=-1)
+    s = pickle.loads(pickle.dumps(CGXState("not-a-group", 7, {"bits": 2})))
+    assert s.process_group is None and s.layer_min_size == 7 and s.compression_params == {"bits": 2}
+
+
+def body_train(rank, world, how, out_path):
+    import os
+
+    if how.startswith("cgx"):
+        os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"] = how.split("-")[1]
+        dist.init_process_group("cgx")
+    else:
+        dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(20, 128), torch.nn.Tanh(), torch.nn.Linear(128, 128), torch.nn.Tanh(),
+        torch.nn.Linear(128, 1),
+    )
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    torch.manual_seed(42)
+    teacher = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    losses = []
+    for step in range(60):
+        gs = torch.Generator().manual_seed(1000 * step + rank)
+        x = torch.randn(64, 20, generator=gs)
+        with torch.no_grad():
+            y = teacher(x)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        t = loss.detach().clone()
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # int-free exact op: same number on all ranks
+        losses.append(t.item())
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(losses, f)
+    dist.destroy_process_group()
+
+
+def test_ddp_training_with_cgx_follows_gloo(tmp_path):
+    curves = {}
+    for how in ("gloo", "cgx-8", "cgx-4"):
+        path = tmp_path / f"{how}.json"
+        run_ranks(body_train, 2, how, str(path))
+        curves[how] = json.loads(path.read_text())
+    gloo = curves["gloo"]
+    assert gloo[-1] < 0.5 * gloo[0], "the reference run did not learn"
+    for how, tol in (("cgx-8", 0.02), ("cgx-4", 0.10)):
+        c = curves[how]
+        assert c != gloo, f"{how} gave Gloo's exact curve: compression did not happen"
+        late = sum(c[-10:]) / 10
+        late_ref = sum(gloo[-10:]) / 10
+        assert abs(late - late_ref) <= tol * late_ref, f"{how}: {late} vs gloo {late_ref}"
