@@ -30,6 +30,34 @@ def _bucket_ranges(x: torch.Tensor, bucket_size: int) -> Tuple[torch.Tensor, tor
     return hi - lo, torch.maximum(hi.abs(), lo.abs())
 
 
+def bucket_bound(
+    range_sum: torch.Tensor,
+    magnitude_sum: torch.Tensor,
+    bits: int,
+    world: int,
+    algorithm: str = "sra",
+    average: bool = False,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """The bound for one bucket, from the sum over ranks of its range (max - min) and of its
+    largest magnitude. These sums are all a rank needs to know, so a benchmark can allreduce
+    them instead of gathering every rank's buffer."""
+    levels = 2**bits - 1
+    rounds = world if algorithm == "ring" else 2
+    final_rounding = {torch.float32: 2**-23, torch.float16: 2**-10, torch.bfloat16: 2**-7}[dtype]
+    err = torch.zeros_like(range_sum, dtype=torch.float64)
+    for _ in range(rounds):
+        err = err + (range_sum + 2 * err) / (2 * levels)
+    err = err * (1 + 1e-3) + (1e-6 + final_rounding) * magnitude_sum
+    return err / world if average else err
+
+
+def bucket_stats(x: torch.Tensor, bucket_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """This rank's per-bucket range and largest magnitude (fp64), for :func:`bucket_bound`."""
+    ranges, mags = _bucket_ranges(x.reshape(1, -1).double(), bucket_size)
+    return ranges[0], mags[0]
+
+
 def allreduce_error_bound(
     inputs: Sequence[torch.Tensor],
     bits: int,
@@ -48,9 +76,6 @@ def allreduce_error_bound(
     """
     x = torch.stack([t.reshape(-1).double() for t in inputs])
     world, n = x.shape
-    levels = 2**bits - 1
-    rounds = world if algorithm == "ring" else 2
-    final_rounding = {torch.float32: 2**-23, torch.float16: 2**-10, torch.bfloat16: 2**-7}[dtype]
     out = torch.empty(n, dtype=torch.float64)
     for p0 in range(0, n, fusion_elements):
         p1 = min(n, p0 + fusion_elements)
@@ -58,12 +83,6 @@ def allreduce_error_bound(
             if e <= b:
                 continue
             ranges, mags = _bucket_ranges(x[:, p0 + b : p0 + e], bucket_size)
-            r_sum, mag = ranges.sum(0), mags.sum(0)
-            err = torch.zeros_like(r_sum)
-            for _ in range(rounds):
-                err = err + (r_sum + 2 * err) / (2 * levels)
-            err = err * (1 + 1e-3) + 1e-6 * mag + final_rounding * mag
-            if average:
-                err = err / world
+            err = bucket_bound(ranges.sum(0), mags.sum(0), bits, world, algorithm, average, dtype)
             out[p0 + b : p0 + e] = err.repeat_interleave(bucket_size)[: e - b]
     return out

@@ -5,7 +5,9 @@
 #include <cstdlib>
 
 #define CGX_KERNEL_NS generic
+#define CGX_KERNEL_AVX2 0
 #include "codec_kernels.inc"
+#undef CGX_KERNEL_AVX2
 #undef CGX_KERNEL_NS
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)

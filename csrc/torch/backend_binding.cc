@@ -33,6 +33,7 @@ void bind_backend(pybind11::module& m) {
       .def("allreduce_with", &ProcessGroupCGX::allreduce_with, py::arg("tensor"),
            py::arg("config"), py::arg("average"), py::call_guard<py::gil_scoped_release>())
       .def("last_bytes_sent", &ProcessGroupCGX::last_bytes_sent)
+      .def("total_bytes_sent", &ProcessGroupCGX::total_bytes_sent)
       // Identifies the C++ object: Python wrappers of it come and go (torch_cgx/backend.py).
       .def("uid", [](const ProcessGroupCGX& pg) { return reinterpret_cast<intptr_t>(&pg); });
 }

@@ -107,6 +107,7 @@ void ProcessGroupCGX::reduce_compressed(at::Tensor& t, const BackendConfig& c, b
   C10dTransport transport(wire_);
   algorithm_.run(transport, work.data_ptr(), to_cgx_dtype(work.scalar_type()), work.numel(), o);
   last_bytes_sent_ = int64_t(algorithm_.bytes_sent());
+  total_bytes_sent_ += last_bytes_sent_;
   if (!work.is_same(t)) t.copy_(work);
 }
 
@@ -119,6 +120,7 @@ void ProcessGroupCGX::reduce_exact(at::Tensor& t, c10d::ReduceOp::RedOpType op) 
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp(op == c10d::ReduceOp::AVG ? c10d::ReduceOp::SUM : op);
   wire_->allreduce(v, o)->wait();
+  total_bytes_sent_ += 2 * (getSize() - 1) * int64_t(work.nbytes()) / getSize();
   if (op == c10d::ReduceOp::AVG) work.div_(getSize());
   if (!work.is_same(t)) t.copy_(work);
 }

@@ -49,6 +49,9 @@ class ProcessGroupCGX : public c10d::Backend {
   void set_config(const BackendConfig& config);
   // Bytes this rank handed to the transport in its last compressed allreduce.
   int64_t last_bytes_sent() const { return last_bytes_sent_; }
+  // Bytes this rank sent in all allreduces it ran itself (compressed, and exact ones counted as a
+  // ring allreduce's 2 (W - 1) / W * size), since creation.
+  int64_t total_bytes_sent() const { return total_bytes_sent_; }
 
   // ---- forwarded to the inner backend ----
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -116,6 +119,7 @@ class ProcessGroupCGX : public c10d::Backend {
   CompressedAllreduce algorithm_;
   uint64_t calls_ = 0;
   std::atomic<int64_t> last_bytes_sent_{0};
+  std::atomic<int64_t> total_bytes_sent_{0};
 
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;

@@ -1,0 +1,163 @@
+"""Allreduce benchmark in the style of nccl-tests' all_reduce_perf, for the cgx backend.
+
+    torchrun --nproc-per-node 4 -m torch_cgx.bench allreduce -b 1M -e 128M -f 2
+
+For every size it times Gloo's uncompressed allreduce and cgx at each (algorithm, bits), all in
+the same run, and checks every cgx result against the exact sum with the bound of
+docs/algorithms.md (``#wrong`` counts elements outside it; it must be 0).
+``time`` is the slowest rank's mean per call; ``algbw = size / time``,
+``busbw = algbw * 2 (W - 1) / W``; ``wire`` is the bytes one rank sends per call (for Gloo, a
+ring's ``2 (W - 1) / W * size``); ``speedup`` is Gloo's time over this row's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+
+import torch_cgx
+from torch_cgx.bench.sizes import format_size, parse_size, size_range
+from torch_cgx.bounds import bucket_bound, bucket_stats
+
+COLUMNS = [
+    ("size(B)", 10), ("count", 10), ("type", 6), ("algo", 5), ("bits", 4), ("time(us)", 10),
+    ("algbw", 7), ("busbw", 7), ("wire(B)", 10), ("maxerr", 9), ("relerr", 9), ("#wrong", 6),
+    ("speedup", 7),
+]
+
+
+def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="torch_cgx.bench allreduce", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-b", "--minbytes", default="1M", type=parse_size)
+    p.add_argument("-e", "--maxbytes", default="128M", type=parse_size)
+    p.add_argument("-f", "--stepfactor", default=2, type=int)
+    p.add_argument("-n", "--iters", default=10, type=int, help="timed calls per size (max)")
+    p.add_argument("-w", "--warmup", default=2, type=int)
+    p.add_argument("--max-seconds", default=2.0, type=float,
+                   help="fewer iterations where one measurement would take longer")
+    p.add_argument("--bits", default="8,4,2", help="cgx bit widths (comma separated)")
+    p.add_argument("--algorithms", default="sra,ring")
+    p.add_argument("--bucket-size", default=512, type=int)
+    p.add_argument("--json", default=None, help="write the records here (rank 0)")
+    p.add_argument("--quiet", action="store_true", help="no table (records only)")
+    return p.parse_args(argv)
+
+
+def _time_calls(fn, iters: int, warmup: int, max_seconds: float, gloo) -> float:
+    """Mean seconds per call on the slowest rank; iterations capped by max_seconds."""
+    for _ in range(warmup):
+        fn()
+    dist.barrier(group=gloo)
+    start = time.perf_counter()
+    fn()
+    first = time.perf_counter() - start
+    n = max(1, min(iters - 1, int(max_seconds / max(first, 1e-6))))
+    n = torch.tensor([n], dtype=torch.int64)
+    dist.all_reduce(n, op=dist.ReduceOp.MIN, group=gloo)  # every rank runs the same count
+    dist.barrier(group=gloo)
+    start = time.perf_counter()
+    for _ in range(int(n)):
+        fn()
+    t = torch.tensor([(time.perf_counter() - start) / int(n)], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
+    return float(t)
+
+
+def _errors(y: torch.Tensor, exact: torch.Tensor, bound: torch.Tensor) -> tuple:
+    err = (y.double() - exact).abs()
+    rel = float(err.norm() / exact.norm().clamp_min(1e-300))
+    return float(err.max()), rel, int((err > bound).sum())
+
+
+def run(args: argparse.Namespace) -> List[dict]:
+    if not dist.is_initialized():
+        dist.init_process_group("cgx")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    gloo = dist.new_group(backend="gloo")
+    bits_list = [int(b) for b in args.bits.split(",") if b]
+    algorithms = [a for a in args.algorithms.split(",") if a]
+    records = []
+    for size in size_range(args.minbytes, args.maxbytes, args.stepfactor):
+        count = size // 4
+        g = torch.Generator().manual_seed(1234 + rank)
+        x = torch.randn(count, generator=g)
+        exact = x.double()
+        dist.all_reduce(exact, group=gloo)
+        ranges, mags = bucket_stats(x, args.bucket_size)
+        dist.all_reduce(ranges, group=gloo)
+        dist.all_reduce(mags, group=gloo)
+        y = x.clone()
+        t_gloo = _time_calls(lambda: dist.all_reduce(y, group=gloo), args.iters, args.warmup,
+                             args.max_seconds, gloo)
+        base = {"size": size, "count": count, "type": "float", "redop": "sum", "world": world}
+        records.append(dict(base, algo="gloo", bits=32, time_us=t_gloo * 1e6,
+                            wire=int(2 * (world - 1) / world * size), maxerr=0.0, relerr=0.0,
+                            wrong=0, speedup=1.0))
+        for algorithm in algorithms:
+            for bits in bits_list:
+                torch_cgx.set_config(bits=bits, bucket_size=args.bucket_size, algorithm=algorithm)
+                y = x.clone()
+                dist.all_reduce(y)  # checked call
+                bound = bucket_bound(ranges, mags, bits, world, algorithm)
+                bound = bound.repeat_interleave(args.bucket_size)[:count]
+                maxerr, relerr, wrong = _errors(y, exact, bound)
+                wire = torch.tensor([torch_cgx.cgx_backend().last_bytes_sent()], dtype=torch.float64)
+                dist.all_reduce(wire, group=gloo)
+                t = _time_calls(lambda: dist.all_reduce(y), args.iters, args.warmup,
+                                args.max_seconds, gloo)
+                records.append(dict(base, algo=algorithm, bits=bits, time_us=t * 1e6,
+                                    wire=int(float(wire) / world), maxerr=maxerr, relerr=relerr,
+                                    wrong=wrong, speedup=t_gloo / t))
+        if rank == 0 and not args.quiet:
+            for r in records[-(1 + len(algorithms) * len(bits_list)):]:
+                print(format_row(r), flush=True)
+    return records
+
+
+def format_row(r: dict) -> str:
+    t = r["time_us"] * 1e-6
+    algbw = r["size"] / t / 1e9
+    busbw = algbw * 2 * (r["world"] - 1) / r["world"]
+    cells = [
+        str(r["size"]), str(r["count"]), r["type"], r["algo"], str(r["bits"]), f"{r['time_us']:.1f}",
+        f"{algbw:.3f}", f"{busbw:.3f}", str(r["wire"]), f"{r['maxerr']:.2e}", f"{r['relerr']:.2e}",
+        str(r["wrong"]), f"{r['speedup']:.2f}",
+    ]
+    return " ".join(c.rjust(w) for c, (_, w) in zip(cells, COLUMNS))
+
+
+def header(world: int) -> str:
+    names = " ".join(n.rjust(w) for n, w in COLUMNS)
+    return (f"# torch_cgx allreduce benchmark: {world} ranks, torch {torch.__version__}, "
+            f"codec ISA {torch_cgx._C.isa()}, {torch_cgx.codec.num_threads()} codec threads\n"
+            f"# algbw, busbw in GB/s; wire = bytes sent per rank per call\n{names}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    if not dist.is_initialized():
+        dist.init_process_group("cgx")
+    if dist.get_rank() == 0 and not args.quiet:
+        print(header(dist.get_world_size()), flush=True)
+    records = run(args)
+    wrong = sum(r["wrong"] for r in records)
+    if dist.get_rank() == 0:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(records, f, indent=1)
+        if not args.quiet:
+            print(f"# out of bound: {wrong} elements" + ("" if wrong == 0 else "  <-- WRONG"))
+    dist.destroy_process_group()
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
