@@ -277,6 +277,37 @@ def test_dead_peer_gives_an_error_not_a_hang(tmp_path):
     assert float(open(marker).read()) < 60
 
 
+def body_peer_stalls(rank, world, marker):
+    import datetime
+    import time
+
+    import torch_cgx
+
+    dist.init_process_group("cgx", timeout=datetime.timedelta(seconds=5))
+    torch_cgx.set_config(bits=4)
+    x = torch.ones(100_000)
+    dist.all_reduce(x)
+    if rank == 1:
+        time.sleep(30)  # alive but silent
+        os._exit(0)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError):
+        dist.all_reduce(x, async_op=True).wait()
+    with open(marker, "w") as f:
+        f.write(str(time.monotonic() - start))
+    os._exit(0)
+
+
+def test_stalled_peer_gives_an_error_within_the_timeout(tmp_path):
+    marker = str(tmp_path / "elapsed")
+    try:
+        run_ranks(body_peer_stalls, 2, marker, timeout=90)
+    except Exception:
+        pass
+    assert os.path.exists(marker), "rank 0 did not get an error"
+    assert float(open(marker).read()) < 20  # timeout 5 s, plus slack for a loaded machine
+
+
 def test_launcher_env_mapping():
     from torch_cgx.launch import apply_launcher_env
 

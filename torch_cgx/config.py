@@ -90,12 +90,12 @@ class CGXConfig:
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "CGXConfig":
         """Reads the ``CGX_*`` variables; a malformed value raises ValueError naming it."""
         env = os.environ if env is None else env
-        values = {}
+        values, names = {}, dict(_ENV)
         for field in dataclasses.fields(cls):
             var = _ENV[field.name]
             raw = env.get(var)
             if raw is None and field.name == "algorithm":
-                var = "CGX_INNER_REDUCTION_TYPE"
+                var = names["algorithm"] = "CGX_INNER_REDUCTION_TYPE"  # CGX's name
                 raw = env.get(var)
             if raw is None or raw.strip() == "":
                 continue
@@ -103,7 +103,7 @@ class CGXConfig:
         config = cls.__new__(cls)
         for field in dataclasses.fields(cls):
             object.__setattr__(config, field.name, values.get(field.name, field.default))
-        config.validate(names=_ENV)
+        config.validate(names=names)
         return config
 
     def replace(self, **changes) -> "CGXConfig":
