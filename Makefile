@@ -26,7 +26,7 @@ core-test: .stamp-deps
 py-test: build
 	$(PY) -m pytest tests -q --timeout=600
 
-test: core-test py-test
+test: lint core-test py-test
 
 demo: build
 	$(PY) -m torch_cgx.demo
@@ -37,11 +37,11 @@ bench: build
 lint:
 	ruff check torch_cgx cgx_utils tests setup.py
 	ruff format --check torch_cgx cgx_utils tests setup.py
-	clang-format --dry-run --Werror $$(git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.cu')
+	clang-format --dry-run --Werror $$(git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.inc' 'csrc/*.cu')
 
 format:
 	ruff format torch_cgx cgx_utils tests setup.py
-	clang-format -i $$(git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.cu')
+	clang-format -i $$(git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.inc' 'csrc/*.cu')
 
 clean:
 	rm -rf build torch_cgx/*.so .stamp-deps

@@ -18,9 +18,16 @@ def free_port() -> int:
 def _entry(rank, fn, world, port, env, args):
     os.environ.update(env)
     os.environ.update(
-        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-         "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "GLOO_SOCKET_IFNAME": "lo",
-         "OMP_NUM_THREADS": "1", "CGX_CODEC_THREADS": "1"}
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "GLOO_SOCKET_IFNAME": "lo",
+            "OMP_NUM_THREADS": "1",
+            "CGX_CODEC_THREADS": "1",
+        }
     )
     import torch
 
@@ -28,11 +35,15 @@ def _entry(rank, fn, world, port, env, args):
     fn(rank, world, *args)
 
 
-def run_ranks(fn: Callable, world: int, *args, env: Optional[Dict[str, str]] = None,
-              timeout: float = 120) -> None:
+def run_ranks(
+    fn: Callable, world: int, *args, env: Optional[Dict[str, str]] = None, timeout: float = 120
+) -> None:
     """Starts `world` processes running fn(rank, world, *args); re-raises the first failure."""
     ctx = mp.start_processes(
-        _entry, args=(fn, world, free_port(), env or {}, args), nprocs=world, join=False,
+        _entry,
+        args=(fn, world, free_port(), env or {}, args),
+        nprocs=world,
+        join=False,
         start_method="spawn",
     )
     while not ctx.join(timeout=timeout):

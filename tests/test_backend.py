@@ -10,8 +10,8 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-
 from dist_helpers import run_ranks
+
 from torch_cgx.bounds import allreduce_error_bound
 
 
@@ -22,7 +22,11 @@ def rank_input(rank: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor
 
 def check_same_on_all_ranks(t: torch.Tensor, gloo) -> None:
     """Bit-identical: compare raw bytes of every rank's result through a plain Gloo group."""
-    raw = t.contiguous().view(-1).view(torch.uint8) if t.numel() else torch.zeros(0, dtype=torch.uint8)
+    raw = (
+        t.contiguous().view(-1).view(torch.uint8)
+        if t.numel()
+        else torch.zeros(0, dtype=torch.uint8)
+    )
     gathered = [torch.empty_like(raw) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, raw, group=gloo)
     for r, g in enumerate(gathered):
@@ -38,8 +42,9 @@ def check_allreduce(rank, world, n, dtype, op, bits, bucket, algorithm, gloo, se
     average = op == dist.ReduceOp.AVG
     if average:
         exact /= world
-    bound = allreduce_error_bound(inputs, bits, bucket, algorithm, average,
-                                  fusion_mb * 2**20 // x.element_size(), dtype)
+    bound = allreduce_error_bound(
+        inputs, bits, bucket, algorithm, average, fusion_mb * 2**20 // x.element_size(), dtype
+    )
     err = (y.double() - exact).abs()
     assert y.dtype == dtype and y.shape == x.shape
     assert bool((err <= bound).all()), (
@@ -62,12 +67,14 @@ def body_allreduce(rank, world):
                 for n in (16, 997, 65537):
                     for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
                         seed += 1
-                        check_allreduce(rank, world, n, dtype, op, bits, bucket, algorithm, gloo,
-                                        seed, 64)
+                        check_allreduce(
+                            rank, world, n, dtype, op, bits, bucket, algorithm, gloo, seed, 64
+                        )
     # Larger than the fusion buffer (1 MiB = 262144 fp32): three pieces.
     torch_cgx.set_config(bits=4, bucket_size=512, fusion_buffer_mb=1, algorithm="sra")
-    check_allreduce(rank, world, 600_001, torch.float32, dist.ReduceOp.SUM, 4, 512, "sra", gloo,
-                    99, 1)
+    check_allreduce(
+        rank, world, 600_001, torch.float32, dist.ReduceOp.SUM, 4, 512, "sra", gloo, 99, 1
+    )
     dist.destroy_process_group()
 
 
@@ -96,7 +103,9 @@ def body_shapes_and_exact_paths(rank, world):
     view = m[:, ::3]
     dist.all_reduce(view)
     assert torch.equal(m[:, 1::3], before[:, 1::3]) and torch.equal(m[:, 2::3], before[:, 2::3])
-    inputs = [rank_input(r, 200 * 30, torch.float32, 6).reshape(200, 30)[:, ::3] for r in range(world)]
+    inputs = [
+        rank_input(r, 200 * 30, torch.float32, 6).reshape(200, 30)[:, ::3] for r in range(world)
+    ]
     exact = torch.stack([t.double() for t in inputs]).sum(0)
     bound = allreduce_error_bound([t.contiguous() for t in inputs], 4, 64).reshape(200, 10)
     assert bool(((view.double() - exact).abs() <= bound).all())
@@ -171,7 +180,9 @@ def body_forwarded(rank, world):
     if rank == 0:
         assert [x[0].item() for x in g] == [float(r) for r in range(world)]
     s = torch.empty(2)
-    dist.scatter(s, [torch.full((2,), float(j)) for j in range(world)] if rank == 0 else None, src=0)
+    dist.scatter(
+        s, [torch.full((2,), float(j)) for j in range(world)] if rank == 0 else None, src=0
+    )
     assert torch.equal(s, torch.full((2,), float(rank)))
     red = torch.full((4,), 1.0)
     dist.reduce(red, dst=0)
@@ -236,7 +247,6 @@ def test_init_methods(kind, tmp_path):
 
 
 def body_mismatch(rank, world):
-    import torch_cgx
 
     os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"] = "4" if rank == 0 else "8"
     with pytest.raises(ValueError, match="cgx settings differ between ranks"):
@@ -311,7 +321,11 @@ def test_stalled_peer_gives_an_error_within_the_timeout(tmp_path):
 def test_launcher_env_mapping():
     from torch_cgx.launch import apply_launcher_env
 
-    env = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+    env = {
+        "OMPI_COMM_WORLD_RANK": "3",
+        "OMPI_COMM_WORLD_SIZE": "8",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    }
     assert apply_launcher_env(env)
     assert env["RANK"] == "3" and env["WORLD_SIZE"] == "8" and env["LOCAL_RANK"] == "1"
     assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == "29500"
@@ -320,5 +334,3 @@ def test_launcher_env_mapping():
     env = {"RANK": "0", "WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "9"}
     assert not apply_launcher_env(env) and env["RANK"] == "0"
     assert not apply_launcher_env({})
-
-

@@ -9,7 +9,12 @@ from torch_cgx.config import CGXConfig
 
 def test_defaults_are_cgx_defaults():
     c = CGXConfig.from_env({})
-    assert (c.bits, c.bucket_size, c.skip_incomplete_buckets, c.fusion_buffer_mb) == (32, 512, False, 64)
+    assert (c.bits, c.bucket_size, c.skip_incomplete_buckets, c.fusion_buffer_mb) == (
+        32,
+        512,
+        False,
+        64,
+    )
     assert c.algorithm == "sra" and not c.compressed and c.minimal_size == 16
 
 

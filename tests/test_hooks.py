@@ -118,7 +118,10 @@ def body_train(rank, world, how, out_path):
         dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(20, 128), torch.nn.Tanh(), torch.nn.Linear(128, 128), torch.nn.Tanh(),
+        torch.nn.Linear(20, 128),
+        torch.nn.Tanh(),
+        torch.nn.Linear(128, 128),
+        torch.nn.Tanh(),
         torch.nn.Linear(128, 1),
     )
     ddp = torch.nn.parallel.DistributedDataParallel(model)

@@ -65,7 +65,7 @@ def _register() -> None:
         dist.Backend.register_backend("cgx", _create, devices=["cpu", "cuda"])
 
 
-def cgx_backend(group: Optional[dist.ProcessGroup] = None) -> "_C.ProcessGroupCGX":
+def cgx_backend(group: Optional[dist.ProcessGroup] = None) -> _C.ProcessGroupCGX:
     """The cgx backend object behind ``group`` (default: the world); ValueError if it is not cgx."""
     if not dist.is_initialized():
         raise ValueError("torch.distributed is not initialized: call init_process_group('cgx')")

@@ -55,8 +55,9 @@ def encoded_size(
     """Exact payload size in bytes: 24 + 8 * buckets + ceil(numel * bits / 8) (+ raw tail)."""
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
-    return _C.encoded_size(int(numel), _DTYPES[dtype], int(bits), int(bucket_size),
-                           bool(skip_incomplete_buckets))
+    return _C.encoded_size(
+        int(numel), _DTYPES[dtype], int(bits), int(bucket_size), bool(skip_incomplete_buckets)
+    )
 
 
 def encode(
@@ -78,8 +79,15 @@ def encode(
     _check_float(tensor, "tensor")
     if not 0 <= seed < 2**64 or not 0 <= stream < 2**64:
         raise ValueError("seed and stream must be in [0, 2^64)")
-    return _C.encode(tensor.contiguous(), int(bits), int(bucket_size),
-                     bool(skip_incomplete_buckets), bool(stochastic), int(seed), int(stream))
+    return _C.encode(
+        tensor.contiguous(),
+        int(bits),
+        int(bucket_size),
+        bool(skip_incomplete_buckets),
+        bool(stochastic),
+        int(seed),
+        int(stream),
+    )
 
 
 def inspect(payload: torch.Tensor) -> dict:
@@ -87,8 +95,9 @@ def inspect(payload: torch.Tensor) -> dict:
     return _C.inspect(_check_payload(payload))
 
 
-def decode(payload: torch.Tensor, out: Optional[torch.Tensor] = None,
-           dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def decode(
+    payload: torch.Tensor, out: Optional[torch.Tensor] = None, dtype: Optional[torch.dtype] = None
+) -> torch.Tensor:
     """Decodes a payload into ``out`` (any shape with the payload's element count) or into a new
     1-D tensor of ``dtype`` (default: the encoded tensor's dtype). Returns the decoded tensor."""
     payload = _check_payload(payload)

@@ -9,9 +9,9 @@ variable                                       default    meaning
 ``CGX_COMPRESSION_MINIMAL_SIZE``               16         smaller tensors are reduced exactly
                                                           (values below 16 count as 16, as in CGX)
 ``CGX_FUSION_BUFFER_SIZE_MB``                  64         largest piece reduced at once (MiB)
-``CGX_REDUCTION_ALGORITHM``                    sra        ``sra`` (scatter-reduce-allgather) or
-                                                          ``ring``; CGX's ``CGX_INNER_REDUCTION_TYPE``
-                                                          (SRA|Ring) is read when this is unset
+``CGX_REDUCTION_ALGORITHM``                    sra        ``sra`` (scatter-reduce-allgather)
+                                                          or ``ring``; when unset, CGX's
+                                                          ``CGX_INNER_REDUCTION_TYPE`` (SRA|Ring)
 ``CGX_COMPRESSION_STOCHASTIC``                 0          stochastic rounding (unbiased)
 ``CGX_COMPRESSION_SEED``                       0          seed of the stochastic rounding
 =============================================  =========  =========================================
@@ -73,7 +73,9 @@ class CGXConfig:
         if not _is_int(self.minimal_size) or self.minimal_size < 0:
             raise bad("minimal_size", "must be an integer >= 0", self.minimal_size)
         if not _is_int(self.fusion_buffer_mb) or not 1 <= self.fusion_buffer_mb <= 1 << 20:
-            raise bad("fusion_buffer_mb", "must be an integer number of MiB >= 1", self.fusion_buffer_mb)
+            raise bad(
+                "fusion_buffer_mb", "must be an integer number of MiB >= 1", self.fusion_buffer_mb
+            )
         if self.algorithm not in ALGORITHMS:
             raise bad("algorithm", f"must be one of {sorted(ALGORITHMS)}", self.algorithm)
         if not _is_int(self.seed) or not 0 <= self.seed < 2**64:
@@ -87,7 +89,7 @@ class CGXConfig:
         return self.bits <= 8
 
     @classmethod
-    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "CGXConfig":
+    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> CGXConfig:
         """Reads the ``CGX_*`` variables; a malformed value raises ValueError naming it."""
         env = os.environ if env is None else env
         values, names = {}, dict(_ENV)
@@ -106,13 +108,13 @@ class CGXConfig:
         config.validate(names=names)
         return config
 
-    def replace(self, **changes) -> "CGXConfig":
+    def replace(self, **changes) -> CGXConfig:
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise ValueError(f"unknown cgx setting(s): {sorted(unknown)}")
         return dataclasses.replace(self, **changes)
 
-    def to_native(self) -> "_C.BackendConfig":
+    def to_native(self) -> _C.BackendConfig:
         native = _C.BackendConfig()
         native.bits = self.bits
         native.bucket_size = self.bucket_size

@@ -33,8 +33,24 @@ def _allreduce_table() -> None:
     if dist.get_rank() == 0:
         print(f"\n== allreduce, {WORLD} ranks on this machine (loopback) ==", flush=True)
         print(allreduce.header(WORLD), flush=True)
-    args = allreduce.parse_args(["-b", "1M", "-e", "16M", "-f", "4", "--bits", "8,4",
-                                 "--algorithms", "sra", "-n", "5", "-w", "1"])
+    args = allreduce.parse_args(
+        [
+            "-b",
+            "1M",
+            "-e",
+            "16M",
+            "-f",
+            "4",
+            "--bits",
+            "8,4",
+            "--algorithms",
+            "sra",
+            "-n",
+            "5",
+            "-w",
+            "1",
+        ]
+    )
     allreduce.run(args)
 
 
@@ -45,8 +61,13 @@ def _train(hook: str, steps: int) -> tuple:
     rank = dist.get_rank()
     torch.manual_seed(0)
     teacher = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
-    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
-                                torch.nn.ReLU(), torch.nn.Linear(512, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 1),
+    )
     group = dist.new_group(backend="gloo") if hook == "gloo" else None
     ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
     if hook.startswith("cgx"):
@@ -96,9 +117,11 @@ def worker() -> None:
             print(f"{(i + 1) * 10:>4}  " + "".join(f"{runs[h][0][i]:>12.7f}" for h in hows))
         print("ms/step" + "".join(f"{runs[h][1] * 1e3:>12.1f}" for h in hows)[1:])
         print("KB/step" + "".join(f"{runs[h][2] / 1e3:>12.1f}" for h in hows)[1:])
-        print("\ncgx-b: the CGX hook at b bits per value (layers under 1024 values and biases "
-              "exact).\nKB/step: bytes one rank sends per step. On loopback, memory is the network: compression saves bytes, not time. "
-              "See docs/benchmarks.md for slow links.")
+        print(
+            "\ncgx-b: the CGX hook at b bits per value (layers under 1024 values and biases "
+            "exact).\nKB/step: bytes one rank sends per step. On loopback, memory is the "
+            "network: compression saves bytes, not time.\nSee docs/benchmarks.md for slow links."
+        )
     dist.destroy_process_group()
 
 
@@ -108,11 +131,26 @@ def main() -> int:
     if parser.parse_args().worker:
         worker()
         return 0
-    env = dict(os.environ, GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-               OMP_NUM_THREADS="1", CGX_CODEC_THREADS=os.environ.get("CGX_CODEC_THREADS", "1"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
-           "--master-addr", "127.0.0.1", "--master-port", os.environ.get("CGX_DEMO_PORT", "29511"),
-           "-m", "torch_cgx.demo", "--worker"]
+    env = dict(
+        os.environ,
+        GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+        OMP_NUM_THREADS="1",
+        CGX_CODEC_THREADS=os.environ.get("CGX_CODEC_THREADS", "1"),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(WORLD),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        os.environ.get("CGX_DEMO_PORT", "29511"),
+        "-m",
+        "torch_cgx.demo",
+        "--worker",
+    ]
     return subprocess.call(cmd, env=env)
 
 

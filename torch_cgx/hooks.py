@@ -51,7 +51,10 @@ class CGXState:
 
     def __getstate__(self):
         # The process group cannot be pickled; it is set again after loading (PyTorch's habit).
-        return {"layer_min_size": self.layer_min_size, "compression_params": self.compression_params}
+        return {
+            "layer_min_size": self.layer_min_size,
+            "compression_params": self.compression_params,
+        }
 
     def __setstate__(self, state):
         self.process_group = None

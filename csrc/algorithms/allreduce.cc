@@ -11,12 +11,11 @@ namespace {
 
 uint64_t stream_of(const AllreduceOptions& o, uint64_t piece, int rank, int chunk, int phase) {
   uint64_t s = splitmix64(splitmix64(o.call_index) ^ piece);
-  return splitmix64(s ^ (uint64_t(uint32_t(rank)) << 32 | uint64_t(uint32_t(chunk)) << 2 |
-                         uint64_t(phase)));
+  return splitmix64(
+      s ^ (uint64_t(uint32_t(rank)) << 32 | uint64_t(uint32_t(chunk)) << 2 | uint64_t(phase)));
 }
 
-CodecParams params_for(const AllreduceOptions& o, uint64_t piece, int rank, int chunk,
-                       int phase) {
+CodecParams params_for(const AllreduceOptions& o, uint64_t piece, int rank, int chunk, int phase) {
   CodecParams p = o.codec;
   p.stream = stream_of(o, piece, rank, chunk, phase);
   return p;
@@ -39,9 +38,7 @@ void grow(std::vector<T>& v, size_t n) {
 
 }  // namespace
 
-const char* algorithm_name(Algorithm a) {
-  return a == Algorithm::kRing ? "ring" : "sra";
-}
+const char* algorithm_name(Algorithm a) { return a == Algorithm::kRing ? "ring" : "sra"; }
 
 Range chunk_range(int64_t count, int ranks, int64_t bucket_size, int j) {
   const int64_t per = (count + ranks - 1) / ranks;
@@ -81,8 +78,8 @@ void CompressedAllreduce::sra(Transport& t, uint8_t* data, DType dtype, int64_t 
   size_t send_total = 0, recv_total = 0;
   for (int j = 0; j < world; ++j) {
     if (j == me) continue;
-    send_sizes[j] = encoded_size(chunk_range(count, world, o.codec.bucket_size, j).size(), dtype,
-                                 o.codec);
+    send_sizes[j] =
+        encoded_size(chunk_range(count, world, o.codec.bucket_size, j).size(), dtype, o.codec);
     recv_sizes[j] = encoded_size(mine.size(), dtype, o.codec);
     send_total += send_sizes[j];
     recv_total += recv_sizes[j];
@@ -142,8 +139,8 @@ void CompressedAllreduce::ring(Transport& t, uint8_t* data, DType dtype, int64_t
     if (s < world - 2) {
       out = in;
       out_bytes = encoded_size(in.size(), DType::kFloat32, o.codec);
-      encode(acc_.data(), DType::kFloat32, in.size(), params_for(o, piece, me, k, 1),
-             send_.data(), out_bytes);
+      encode(acc_.data(), DType::kFloat32, in.size(), params_for(o, piece, me, k, 1), send_.data(),
+             out_bytes);
     }
   }
   finish(t, data, dtype, count, o, piece, (me + 1) % world);
@@ -160,8 +157,8 @@ void CompressedAllreduce::finish(Transport& t, uint8_t* data, DType dtype, int64
     for (int64_t i = 0; i < mine.size(); ++i) acc_[size_t(i)] /= w;
   }
   // Payload slots are padded to the largest chunk's size so that a plain allgather carries them.
-  const size_t slot = encoded_size(chunk_range(count, world, bucket, 0).size(), DType::kFloat32,
-                                   o.codec);
+  const size_t slot =
+      encoded_size(chunk_range(count, world, bucket, 0).size(), DType::kFloat32, o.codec);
   grow(send_, slot);
   grow(recv_, slot * size_t(world));
   const size_t my_bytes = encoded_size(mine.size(), DType::kFloat32, o.codec);

@@ -25,9 +25,9 @@ const char* algorithm_name(Algorithm a);
 struct AllreduceOptions {
   CodecParams codec;  // bits, bucket size, raw tail, rounding, seed (streams are set per message)
   Algorithm algorithm = Algorithm::kScatterReduceAllgather;
-  bool average = false;                 // divide the sum by the group size
+  bool average = false;                    // divide the sum by the group size
   size_t fusion_bytes = size_t(64) << 20;  // largest piece, in bytes of the buffer's dtype
-  uint64_t call_index = 0;              // makes each call's random streams distinct
+  uint64_t call_index = 0;                 // makes each call's random streams distinct
 };
 
 // [begin, end) of chunk `j` of a piece of `count` elements split over `ranks`.

@@ -47,8 +47,8 @@ void check_count(int64_t count) {
 void decode_impl(const uint8_t* payload, size_t size, void* out, DType out_dtype, int64_t count,
                  bool add) {
   const PayloadInfo info = inspect(payload, size);
-  CGX_CHECK_ARG(info.count == count, "payload holds ", info.count,
-                " elements but the output has ", count);
+  CGX_CHECK_ARG(info.count == count, "payload holds ", info.count, " elements but the output has ",
+                count);
   CGX_CHECK_ARG(out != nullptr || count == 0, "output buffer is null");
   const Layout l = make_layout(count, info.dtype, info.bits, info.bucket_size, info.raw_tail);
   const int64_t span = span_elements(info.bucket_size, l.quantized);
@@ -85,8 +85,7 @@ void validate(const CodecParams& p) {
 size_t encoded_size(int64_t count, DType dtype, const CodecParams& params) {
   validate(params);
   check_count(count);
-  return make_layout(count, dtype, params.bits, params.bucket_size,
-                     params.skip_incomplete_buckets)
+  return make_layout(count, dtype, params.bits, params.bucket_size, params.skip_incomplete_buckets)
       .total;
 }
 
@@ -107,8 +106,8 @@ void encode(const void* in, DType dtype, int64_t count, const CodecParams& param
   put<uint32_t>(out + 12, 0);
   put<uint64_t>(out + 16, uint64_t(count));
 
-  const Layout l = make_layout(count, dtype, params.bits, params.bucket_size,
-                               params.skip_incomplete_buckets);
+  const Layout l =
+      make_layout(count, dtype, params.bits, params.bucket_size, params.skip_incomplete_buckets);
   const RngKey key = rng_key(params.seed, params.stream);
   const int64_t span = span_elements(params.bucket_size, l.quantized);
   const int64_t tasks = (l.quantized + span - 1) / span;

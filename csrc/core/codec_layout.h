@@ -18,7 +18,8 @@ struct Layout {
   size_t total = 0;
 };
 
-inline Layout make_layout(int64_t count, DType dtype, int bits, int64_t bucket_size, bool raw_tail) {
+inline Layout make_layout(int64_t count, DType dtype, int bits, int64_t bucket_size,
+                          bool raw_tail) {
   Layout l;
   l.count = count;
   l.quantized = raw_tail ? count - count % bucket_size : count;

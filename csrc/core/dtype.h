@@ -70,7 +70,7 @@ inline uint16_t float_to_half(float f) {
     return uint16_t(sign | 0x7c00u | (u > 0x7f800000u ? 0x200u | ((u >> 13) & 0x3ffu) : 0u));
   }
   if (u >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // >= 65520 rounds to Inf
-  if (u < 0x38800000u) {                                    // below 2^-14: subnormal half
+  if (u < 0x38800000u) {                                  // below 2^-14: subnormal half
     return uint16_t(sign | uint16_t(std::nearbyint(bits_float(u) * 0x1p24f)));
   }
   u += 0xc8000fffu + ((u >> 13) & 1u);  // rebias exponent, round to nearest even

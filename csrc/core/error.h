@@ -23,9 +23,9 @@ template <typename... Args>
 }  // namespace cgx
 
 // Check a condition on caller-provided input; the message pieces are streamed together.
-#define CGX_CHECK_ARG(cond, ...)          \
-  do {                                    \
-    if (!(cond)) {                        \
-      ::cgx::throw_invalid(__VA_ARGS__);  \
-    }                                     \
+#define CGX_CHECK_ARG(cond, ...)         \
+  do {                                   \
+    if (!(cond)) {                       \
+      ::cgx::throw_invalid(__VA_ARGS__); \
+    }                                    \
   } while (0)

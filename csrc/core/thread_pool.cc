@@ -122,6 +122,8 @@ Pool& pool() {
 
 int num_threads() { return pool().size(); }
 void set_num_threads(int n) { pool().resize(n); }
-void parallel_for(int64_t n_tasks, const std::function<void(int64_t)>& fn) { pool().run(n_tasks, fn); }
+void parallel_for(int64_t n_tasks, const std::function<void(int64_t)>& fn) {
+  pool().run(n_tasks, fn);
+}
 
 }  // namespace cgx

@@ -1,12 +1,13 @@
 // The compressed allreduce algorithms with ranks as threads: replicas bit-identical, results
 // within the error bound of docs/algorithms.md, fusion pieces, odd sizes, every dtype.
+#include "algorithms/allreduce.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 #include <thread>
 
-#include "algorithms/allreduce.h"
 #include "in_memory_transport.h"
 
 namespace cgx {

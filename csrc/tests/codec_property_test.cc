@@ -42,8 +42,7 @@ void expect_within_bound(const std::vector<float>& x, const std::vector<float>& 
     }
     const double unit = (mx - mn) / levels;
     const double bound = unit * (0.5 + 4 * levels * 0x1p-24) +
-                         0x1p-23 * std::max(std::fabs(mn), std::fabs(mx)) +
-                         0x1p-149 * (levels + 1);
+                         0x1p-23 * std::max(std::fabs(mn), std::fabs(mx)) + 0x1p-149 * (levels + 1);
     for (int64_t i = s; i < e; ++i) {
       if (i >= quantized) {
         ASSERT_EQ(x[i], y[i]) << "raw tail element " << i;
@@ -114,8 +113,8 @@ TEST(CodecProperty, ExtremeRanges) {
   p.bits = 4;
   p.bucket_size = 4;
   // Huge range (max - min overflows fp32), denormals, a constant bucket, a bucket of zeros.
-  std::vector<float> x = {-3e38f, 3e38f, 1e38f, 0.f,   1e-40f, 3e-41f, -2e-42f, 7e-45f,
-                          2.5f,   2.5f,  2.5f,  2.5f,  0.f,    0.f,    0.f,     0.f};
+  std::vector<float> x = {-3e38f, 3e38f, 1e38f, 0.f,  1e-40f, 3e-41f, -2e-42f, 7e-45f,
+                          2.5f,   2.5f,  2.5f,  2.5f, 0.f,    0.f,    0.f,     0.f};
   auto enc = encode_vec(x, p);
   std::vector<float> y(x.size());
   decode(enc.data(), enc.size(), y.data(), DType::kFloat32, int64_t(x.size()));

@@ -22,16 +22,16 @@ void bind_backend(pybind11::module& m) {
       .def_readwrite("stochastic", &BackendConfig::stochastic)
       .def_readwrite("seed", &BackendConfig::seed);
 
-  py::class_<ProcessGroupCGX, c10d::Backend, c10::intrusive_ptr<ProcessGroupCGX>>(
-      m, "ProcessGroupCGX")
+  py::class_<ProcessGroupCGX, c10d::Backend, c10::intrusive_ptr<ProcessGroupCGX>>(m,
+                                                                                  "ProcessGroupCGX")
       .def(py::init<int, int, c10::intrusive_ptr<c10d::Backend>, c10::intrusive_ptr<c10d::Backend>,
                     BackendConfig>(),
            py::arg("rank"), py::arg("size"), py::arg("inner"), py::arg("wire"), py::arg("config"),
            py::call_guard<py::gil_scoped_release>())
       .def("config", &ProcessGroupCGX::config)
       .def("set_config", &ProcessGroupCGX::set_config)
-      .def("allreduce_with", &ProcessGroupCGX::allreduce_with, py::arg("tensor"),
-           py::arg("config"), py::arg("average"), py::call_guard<py::gil_scoped_release>())
+      .def("allreduce_with", &ProcessGroupCGX::allreduce_with, py::arg("tensor"), py::arg("config"),
+           py::arg("average"), py::call_guard<py::gil_scoped_release>())
       .def("last_bytes_sent", &ProcessGroupCGX::last_bytes_sent)
       .def("total_bytes_sent", &ProcessGroupCGX::total_bytes_sent)
       // Identifies the C++ object: Python wrappers of it come and go (torch_cgx/backend.py).

@@ -5,8 +5,9 @@ namespace cgx::binding {
 CGXWork::CGXWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
     : c10d::Work(rank, type),
       outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))) {}
+      future_(
+          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+}
 
 bool CGXWork::isCompleted() { return future_->completed(); }
 

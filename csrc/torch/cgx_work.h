@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/core/ivalue.h>
+
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 namespace cgx::binding {

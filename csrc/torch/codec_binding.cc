@@ -15,7 +15,8 @@ namespace {
 
 at::Tensor encode(const at::Tensor& input, int bits, int64_t bucket_size, bool skip_incomplete,
                   bool stochastic, uint64_t seed, uint64_t stream) {
-  TORCH_CHECK(input.device().is_cpu() && input.is_contiguous(), "encode takes a contiguous CPU tensor");
+  TORCH_CHECK(input.device().is_cpu() && input.is_contiguous(),
+              "encode takes a contiguous CPU tensor");
   CodecParams p;
   p.bits = bits;
   p.bucket_size = bucket_size;
@@ -34,9 +35,9 @@ at::Tensor encode(const at::Tensor& input, int bits, int64_t bucket_size, bool s
 }
 
 void decode_into(const at::Tensor& payload, at::Tensor& out, bool add) {
-  TORCH_CHECK(payload.device().is_cpu() && payload.is_contiguous() &&
-                  payload.scalar_type() == at::kByte,
-              "payload must be a contiguous CPU uint8 tensor");
+  TORCH_CHECK(
+      payload.device().is_cpu() && payload.is_contiguous() && payload.scalar_type() == at::kByte,
+      "payload must be a contiguous CPU uint8 tensor");
   TORCH_CHECK(out.device().is_cpu() && out.is_contiguous(), "out must be a contiguous CPU tensor");
   const DType dtype = to_cgx_dtype(out.scalar_type());
   pybind11::gil_scoped_release no_gil;
@@ -50,9 +51,9 @@ void decode_into(const at::Tensor& payload, at::Tensor& out, bool add) {
 }
 
 pybind11::dict inspect(const at::Tensor& payload) {
-  TORCH_CHECK(payload.device().is_cpu() && payload.is_contiguous() &&
-                  payload.scalar_type() == at::kByte,
-              "payload must be a contiguous CPU uint8 tensor");
+  TORCH_CHECK(
+      payload.device().is_cpu() && payload.is_contiguous() && payload.scalar_type() == at::kByte,
+      "payload must be a contiguous CPU uint8 tensor");
   const PayloadInfo info = cgx::inspect(payload.data_ptr<uint8_t>(), size_t(payload.numel()));
   pybind11::dict d;
   d["dtype"] = dtype_name(info.dtype);

@@ -24,8 +24,7 @@ inline DType to_cgx_dtype(c10::ScalarType t) {
     case c10::kBFloat16:
       return DType::kBFloat16;
     default:
-      throw_invalid("the codec takes float32, float16 or bfloat16 tensors, got ",
-                    c10::toString(t));
+      throw_invalid("the codec takes float32, float16 or bfloat16 tensors, got ", c10::toString(t));
   }
 }
 

@@ -236,9 +236,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter_tensor_coalesced(
   return inner_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::alltoall_base(
-    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
-    std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                              std::vector<int64_t>& output_splits,
+                                                              std::vector<int64_t>& input_splits,
+                                                              const c10d::AllToAllOptions& opts) {
   return inner_->alltoall_base(output, input, output_splits, input_splits, opts);
 }
 

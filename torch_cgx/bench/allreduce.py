@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from typing import List, Optional
@@ -23,26 +22,43 @@ import torch
 import torch.distributed as dist
 
 import torch_cgx
-from torch_cgx.bench.sizes import format_size, parse_size, size_range
+from torch_cgx.bench.sizes import parse_size, size_range
 from torch_cgx.bounds import bucket_bound, bucket_stats
 
 COLUMNS = [
-    ("size(B)", 10), ("count", 10), ("type", 6), ("algo", 5), ("bits", 4), ("time(us)", 10),
-    ("algbw", 7), ("busbw", 7), ("wire(B)", 10), ("maxerr", 9), ("relerr", 9), ("#wrong", 6),
+    ("size(B)", 10),
+    ("count", 10),
+    ("type", 6),
+    ("algo", 5),
+    ("bits", 4),
+    ("time(us)", 10),
+    ("algbw", 7),
+    ("busbw", 7),
+    ("wire(B)", 10),
+    ("maxerr", 9),
+    ("relerr", 9),
+    ("#wrong", 6),
     ("speedup", 7),
 ]
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="torch_cgx.bench allreduce", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="torch_cgx.bench allreduce",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("-b", "--minbytes", default="1M", type=parse_size)
     p.add_argument("-e", "--maxbytes", default="128M", type=parse_size)
     p.add_argument("-f", "--stepfactor", default=2, type=int)
     p.add_argument("-n", "--iters", default=10, type=int, help="timed calls per size (max)")
     p.add_argument("-w", "--warmup", default=2, type=int)
-    p.add_argument("--max-seconds", default=2.0, type=float,
-                   help="fewer iterations where one measurement would take longer")
+    p.add_argument(
+        "--max-seconds",
+        default=2.0,
+        type=float,
+        help="fewer iterations where one measurement would take longer",
+    )
     p.add_argument("--bits", default="8,4,2", help="cgx bit widths (comma separated)")
     p.add_argument("--algorithms", default="sra,ring")
     p.add_argument("--bucket-size", default=512, type=int)
@@ -95,12 +111,27 @@ def run(args: argparse.Namespace) -> List[dict]:
         dist.all_reduce(ranges, group=gloo)
         dist.all_reduce(mags, group=gloo)
         y = x.clone()
-        t_gloo = _time_calls(lambda: dist.all_reduce(y, group=gloo), args.iters, args.warmup,
-                             args.max_seconds, gloo)
+        t_gloo = _time_calls(
+            lambda y=y: dist.all_reduce(y, group=gloo),
+            args.iters,
+            args.warmup,
+            args.max_seconds,
+            gloo,
+        )
         base = {"size": size, "count": count, "type": "float", "redop": "sum", "world": world}
-        records.append(dict(base, algo="gloo", bits=32, time_us=t_gloo * 1e6,
-                            wire=int(2 * (world - 1) / world * size), maxerr=0.0, relerr=0.0,
-                            wrong=0, speedup=1.0))
+        records.append(
+            dict(
+                base,
+                algo="gloo",
+                bits=32,
+                time_us=t_gloo * 1e6,
+                wire=int(2 * (world - 1) / world * size),
+                maxerr=0.0,
+                relerr=0.0,
+                wrong=0,
+                speedup=1.0,
+            )
+        )
         for algorithm in algorithms:
             for bits in bits_list:
                 torch_cgx.set_config(bits=bits, bucket_size=args.bucket_size, algorithm=algorithm)
@@ -109,15 +140,28 @@ def run(args: argparse.Namespace) -> List[dict]:
                 bound = bucket_bound(ranges, mags, bits, world, algorithm)
                 bound = bound.repeat_interleave(args.bucket_size)[:count]
                 maxerr, relerr, wrong = _errors(y, exact, bound)
-                wire = torch.tensor([torch_cgx.cgx_backend().last_bytes_sent()], dtype=torch.float64)
+                wire = torch.tensor(
+                    [torch_cgx.cgx_backend().last_bytes_sent()], dtype=torch.float64
+                )
                 dist.all_reduce(wire, group=gloo)
-                t = _time_calls(lambda: dist.all_reduce(y), args.iters, args.warmup,
-                                args.max_seconds, gloo)
-                records.append(dict(base, algo=algorithm, bits=bits, time_us=t * 1e6,
-                                    wire=int(float(wire) / world), maxerr=maxerr, relerr=relerr,
-                                    wrong=wrong, speedup=t_gloo / t))
+                t = _time_calls(
+                    lambda y=y: dist.all_reduce(y), args.iters, args.warmup, args.max_seconds, gloo
+                )
+                records.append(
+                    dict(
+                        base,
+                        algo=algorithm,
+                        bits=bits,
+                        time_us=t * 1e6,
+                        wire=int(float(wire) / world),
+                        maxerr=maxerr,
+                        relerr=relerr,
+                        wrong=wrong,
+                        speedup=t_gloo / t,
+                    )
+                )
         if rank == 0 and not args.quiet:
-            for r in records[-(1 + len(algorithms) * len(bits_list)):]:
+            for r in records[-(1 + len(algorithms) * len(bits_list)) :]:
                 print(format_row(r), flush=True)
     return records
 
@@ -127,18 +171,30 @@ def format_row(r: dict) -> str:
     algbw = r["size"] / t / 1e9
     busbw = algbw * 2 * (r["world"] - 1) / r["world"]
     cells = [
-        str(r["size"]), str(r["count"]), r["type"], r["algo"], str(r["bits"]), f"{r['time_us']:.1f}",
-        f"{algbw:.3f}", f"{busbw:.3f}", str(r["wire"]), f"{r['maxerr']:.2e}", f"{r['relerr']:.2e}",
-        str(r["wrong"]), f"{r['speedup']:.2f}",
+        str(r["size"]),
+        str(r["count"]),
+        r["type"],
+        r["algo"],
+        str(r["bits"]),
+        f"{r['time_us']:.1f}",
+        f"{algbw:.3f}",
+        f"{busbw:.3f}",
+        str(r["wire"]),
+        f"{r['maxerr']:.2e}",
+        f"{r['relerr']:.2e}",
+        str(r["wrong"]),
+        f"{r['speedup']:.2f}",
     ]
     return " ".join(c.rjust(w) for c, (_, w) in zip(cells, COLUMNS))
 
 
 def header(world: int) -> str:
     names = " ".join(n.rjust(w) for n, w in COLUMNS)
-    return (f"# torch_cgx allreduce benchmark: {world} ranks, torch {torch.__version__}, "
-            f"codec ISA {torch_cgx._C.isa()}, {torch_cgx.codec.num_threads()} codec threads\n"
-            f"# algbw, busbw in GB/s; wire = bytes sent per rank per call\n{names}")
+    return (
+        f"# torch_cgx allreduce benchmark: {world} ranks, torch {torch.__version__}, "
+        f"codec ISA {torch_cgx._C.isa()}, {torch_cgx.codec.num_threads()} codec threads\n"
+        f"# algbw, busbw in GB/s; wire = bytes sent per rank per call\n{names}"
+    )
 
 
 def main(argv: Optional[List[str]] = None) -> int:
