@@ -2,12 +2,15 @@
 
     torchrun --nproc-per-node 4 -m torch_cgx.bench allreduce -b 1M -e 128M -f 2
 
-For every size it times Gloo's uncompressed allreduce and cgx at each (algorithm, bits), all in
-the same run, and checks every cgx result against the exact sum with the bound of
-docs/algorithms.md (``#wrong`` counts elements outside it; it must be 0).
+For every size it times Gloo's uncompressed allreduce, the ``--baselines`` (PyTorch's fp16 / bf16
+/ per-channel 8-bit / PowerSGD schemes, see torch_cgx/bench/baselines.py; ``all`` for every one)
+and cgx at each (algorithm, bits), all in the same run, and checks every cgx result against the
+exact sum with the bound of docs/algorithms.md (``#wrong`` counts elements outside it; it must be
+0; ``-`` for baselines, which have no such bound).
 ``time`` is the slowest rank's mean per call; ``algbw = size / time``,
 ``busbw = algbw * 2 (W - 1) / W``; ``wire`` is the bytes one rank sends per call (for Gloo, a
-ring's ``2 (W - 1) / W * size``); ``speedup`` is Gloo's time over this row's.
+ring's ``2 (W - 1) / W * size``); ``speedup`` is Gloo's time over this row's and ``ideal``
+Gloo's bytes over this row's (the speedup if only bytes on the wire counted: 32 / bits per value).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 import torch_cgx
+from torch_cgx.bench.baselines import METHODS
 from torch_cgx.bench.sizes import parse_size, size_range
 from torch_cgx.bounds import bucket_bound, bucket_stats
 
@@ -29,7 +33,7 @@ COLUMNS = [
     ("size(B)", 10),
     ("count", 10),
     ("type", 6),
-    ("algo", 5),
+    ("algo", 11),
     ("bits", 4),
     ("time(us)", 10),
     ("algbw", 7),
@@ -39,6 +43,7 @@ COLUMNS = [
     ("relerr", 9),
     ("#wrong", 6),
     ("speedup", 7),
+    ("ideal", 6),
 ]
 
 
@@ -62,6 +67,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--bits", default="8,4,2", help="cgx bit widths (comma separated)")
     p.add_argument("--algorithms", default="sra,ring")
     p.add_argument("--bucket-size", default=512, type=int)
+    p.add_argument("--baselines", default="gloo", help=f"gloo, all, or some of {sorted(METHODS)}")
     p.add_argument("--json", default=None, help="write the records here (rank 0)")
     p.add_argument("--quiet", action="store_true", help="no table (records only)")
     return p.parse_args(argv)
@@ -87,10 +93,19 @@ def _time_calls(fn, iters: int, warmup: int, max_seconds: float, gloo) -> float:
     return float(t)
 
 
-def _errors(y: torch.Tensor, exact: torch.Tensor, bound: torch.Tensor) -> tuple:
+def _errors(y: torch.Tensor, exact: torch.Tensor, bound: Optional[torch.Tensor]) -> tuple:
     err = (y.double() - exact).abs()
     rel = float(err.norm() / exact.norm().clamp_min(1e-300))
-    return float(err.max()), rel, int((err > bound).sum())
+    wrong = -1 if bound is None else int((err > bound).sum())
+    return float(err.max()), rel, wrong
+
+
+def _baselines(spec: str) -> List[str]:
+    names = sorted(METHODS) if spec == "all" else [m for m in spec.split(",") if m]
+    unknown = [m for m in names if m not in METHODS]
+    if unknown:
+        raise SystemExit(f"unknown baseline(s) {unknown}; choose from {sorted(METHODS)} or all")
+    return ["gloo"] + [m for m in names if m != "gloo"]
 
 
 def run(args: argparse.Namespace) -> List[dict]:
@@ -100,6 +115,7 @@ def run(args: argparse.Namespace) -> List[dict]:
     gloo = dist.new_group(backend="gloo")
     bits_list = [int(b) for b in args.bits.split(",") if b]
     algorithms = [a for a in args.algorithms.split(",") if a]
+    baselines = _baselines(args.baselines)
     records = []
     for size in size_range(args.minbytes, args.maxbytes, args.stepfactor):
         count = size // 4
@@ -110,28 +126,20 @@ def run(args: argparse.Namespace) -> List[dict]:
         ranges, mags = bucket_stats(x, args.bucket_size)
         dist.all_reduce(ranges, group=gloo)
         dist.all_reduce(mags, group=gloo)
-        y = x.clone()
-        t_gloo = _time_calls(
-            lambda y=y: dist.all_reduce(y, group=gloo),
-            args.iters,
-            args.warmup,
-            args.max_seconds,
-            gloo,
-        )
         base = {"size": size, "count": count, "type": "float", "redop": "sum", "world": world}
-        records.append(
-            dict(
-                base,
-                algo="gloo",
-                bits=32,
-                time_us=t_gloo * 1e6,
-                wire=int(2 * (world - 1) / world * size),
-                maxerr=0.0,
-                relerr=0.0,
-                wrong=0,
-                speedup=1.0,
+        rows = []
+        for name in baselines:
+            bits, method, wire_of = METHODS[name]
+            y = x.clone()
+            method(y, gloo)  # checked call
+            maxerr, relerr, _ = _errors(y, exact, None)
+            t = _time_calls(
+                lambda y=y, m=method: m(y, gloo), args.iters, args.warmup, args.max_seconds, gloo
             )
-        )
+            rows.append(
+                dict(base, algo=name, bits=bits, time_us=t * 1e6, wire=int(wire_of(count, world)),
+                     maxerr=maxerr, relerr=relerr, wrong=-1 if name != "gloo" else 0)
+            )  # fmt: skip
         for algorithm in algorithms:
             for bits in bits_list:
                 torch_cgx.set_config(bits=bits, bucket_size=args.bucket_size, algorithm=algorithm)
@@ -147,22 +155,16 @@ def run(args: argparse.Namespace) -> List[dict]:
                 t = _time_calls(
                     lambda y=y: dist.all_reduce(y), args.iters, args.warmup, args.max_seconds, gloo
                 )
-                records.append(
-                    dict(
-                        base,
-                        algo=algorithm,
-                        bits=bits,
-                        time_us=t * 1e6,
-                        wire=int(float(wire) / world),
-                        maxerr=maxerr,
-                        relerr=relerr,
-                        wrong=wrong,
-                        speedup=t_gloo / t,
-                    )
-                )
-        if rank == 0 and not args.quiet:
-            for r in records[-(1 + len(algorithms) * len(bits_list)) :]:
+                rows.append(
+                    dict(base, algo=algorithm, bits=bits, time_us=t * 1e6,
+                         wire=int(float(wire) / world), maxerr=maxerr, relerr=relerr, wrong=wrong)
+                )  # fmt: skip
+        for r in rows:
+            r["speedup"] = rows[0]["time_us"] / r["time_us"]
+            r["ideal"] = rows[0]["wire"] / max(r["wire"], 1)
+            if rank == 0 and not args.quiet:
                 print(format_row(r), flush=True)
+        records += rows
     return records
 
 
@@ -182,8 +184,9 @@ def format_row(r: dict) -> str:
         str(r["wire"]),
         f"{r['maxerr']:.2e}",
         f"{r['relerr']:.2e}",
-        str(r["wrong"]),
+        str(r["wrong"]) if r["wrong"] >= 0 else "-",
         f"{r['speedup']:.2f}",
+        f"{r['ideal']:.2f}",
     ]
     return " ".join(c.rjust(w) for c, (_, w) in zip(cells, COLUMNS))
 
@@ -204,7 +207,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if dist.get_rank() == 0 and not args.quiet:
         print(header(dist.get_world_size()), flush=True)
     records = run(args)
-    wrong = sum(r["wrong"] for r in records)
+    wrong = sum(max(r["wrong"], 0) for r in records)
     if dist.get_rank() == 0:
         if args.json:
             with open(args.json, "w") as f:
