@@ -29,9 +29,13 @@ def test_env_values_are_read():
             "CGX_REDUCTION_ALGORITHM": "Ring",
             "CGX_COMPRESSION_STOCHASTIC": "true",
             "CGX_COMPRESSION_SEED": "7",
+            "CGX_PIPELINE_SEGMENT_MB": "0",
         }
     )
-    assert c == CGXConfig(4, 1024, True, 0, 8, "ring", True, 7)
+    assert c == CGXConfig(
+        bits=4, bucket_size=1024, skip_incomplete_buckets=True, minimal_size=0,
+        fusion_buffer_mb=8, algorithm="ring", stochastic=True, seed=7, pipeline_segment_mb=0,
+    )  # fmt: skip
     assert CGXConfig.from_env({"CGX_INNER_REDUCTION_TYPE": "SRA"}).algorithm == "sra"
     assert CGXConfig.from_env({"CGX_INNER_REDUCTION_TYPE": "Ring"}).algorithm == "ring"
 
@@ -52,6 +56,7 @@ def test_env_values_are_read():
         ("CGX_INNER_REDUCTION_TYPE", "butterfly"),
         ("CGX_COMPRESSION_SKIP_INCOMPLETE_BUCKETS", "2"),
         ("CGX_COMPRESSION_SEED", "-1"),
+        ("CGX_PIPELINE_SEGMENT_MB", "-8"),
     ],
 )
 def test_bad_env_value_names_the_variable(var, value):

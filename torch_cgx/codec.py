@@ -69,8 +69,12 @@ def encode(
     seed: int = 0,
     stream: int = 0,
     skip_incomplete_buckets: bool = False,
+    out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Quantizes ``tensor`` (any shape, read in row-major order) to a uint8 payload.
+
+    ``out``: a 1-D uint8 tensor of exactly :func:`encoded_size` bytes to write into (no
+    allocation per call); the payload is returned either way.
 
     ``stochastic=True`` rounds up with probability equal to the fractional part (unbiased),
     drawing from a counter-based generator keyed by ``(seed, stream, element index)``: the same
@@ -79,6 +83,8 @@ def encode(
     _check_float(tensor, "tensor")
     if not 0 <= seed < 2**64 or not 0 <= stream < 2**64:
         raise ValueError("seed and stream must be in [0, 2^64)")
+    if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != torch.uint8):
+        raise ValueError("out must be a uint8 tensor of exactly encoded_size() bytes")
     return _C.encode(
         tensor.contiguous(),
         int(bits),
@@ -87,6 +93,7 @@ def encode(
         bool(stochastic),
         int(seed),
         int(stream),
+        out,
     )
 
 

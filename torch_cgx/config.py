@@ -12,6 +12,9 @@ variable                                       default    meaning
 ``CGX_REDUCTION_ALGORITHM``                    sra        ``sra`` (scatter-reduce-allgather)
                                                           or ``ring``; when unset, CGX's
                                                           ``CGX_INNER_REDUCTION_TYPE`` (SRA|Ring)
+``CGX_PIPELINE_SEGMENT_MB``                    8          SRA pipelines segments of this size
+                                                          (encode one while another is sent);
+                                                          0 = no pipeline
 ``CGX_COMPRESSION_STOCHASTIC``                 0          stochastic rounding (unbiased)
 ``CGX_COMPRESSION_SEED``                       0          seed of the stochastic rounding
 =============================================  =========  =========================================
@@ -39,6 +42,7 @@ _ENV = {
     "minimal_size": "CGX_COMPRESSION_MINIMAL_SIZE",
     "fusion_buffer_mb": "CGX_FUSION_BUFFER_SIZE_MB",
     "algorithm": "CGX_REDUCTION_ALGORITHM",
+    "pipeline_segment_mb": "CGX_PIPELINE_SEGMENT_MB",
     "stochastic": "CGX_COMPRESSION_STOCHASTIC",
     "seed": "CGX_COMPRESSION_SEED",
 }
@@ -54,6 +58,7 @@ class CGXConfig:
     minimal_size: int = 16
     fusion_buffer_mb: int = 64
     algorithm: str = "sra"
+    pipeline_segment_mb: int = 8
     stochastic: bool = False
     seed: int = 0
 
@@ -76,6 +81,9 @@ class CGXConfig:
             raise bad(
                 "fusion_buffer_mb", "must be an integer number of MiB >= 1", self.fusion_buffer_mb
             )
+        if not _is_int(self.pipeline_segment_mb) or not 0 <= self.pipeline_segment_mb <= 1 << 20:
+            raise bad("pipeline_segment_mb", "must be an integer number of MiB >= 0",
+                      self.pipeline_segment_mb)  # fmt: skip
         if self.algorithm not in ALGORITHMS:
             raise bad("algorithm", f"must be one of {sorted(ALGORITHMS)}", self.algorithm)
         if not _is_int(self.seed) or not 0 <= self.seed < 2**64:
@@ -122,6 +130,7 @@ class CGXConfig:
         native.minimal_size = self.minimal_size
         native.fusion_buffer_bytes = self.fusion_buffer_mb << 20
         native.algorithm = ALGORITHMS[self.algorithm]
+        native.pipeline_segment_bytes = self.pipeline_segment_mb << 20
         native.stochastic = self.stochastic
         native.seed = self.seed
         return native

@@ -46,6 +46,26 @@ Range chunk_range(int64_t count, int ranks, int64_t bucket_size, int j) {
   return Range{std::min(count, chunk * j), std::min(count, chunk * (j + 1))};
 }
 
+struct CompressedAllreduce::Segment {
+  int64_t begin = 0;  // first element of the segment in the piece
+  int64_t count = 0;
+  DType dtype = DType::kFloat32;
+  const AllreduceOptions* opts = nullptr;
+  uint64_t id = 0;  // distinguishes the segment's random streams
+  int world = 1;
+  int me = 0;
+  std::vector<size_t> send_sizes, recv_sizes;
+  size_t send_offset = 0, recv_offset = 0;  // stage 1 buffers
+  size_t slot = 0;                          // stage 2: one padded payload per rank
+  size_t final_send_offset = 0, final_recv_offset = 0;
+
+  Range chunk(int j) const { return chunk_range(count, world, opts->codec.bucket_size, j); }
+  size_t esize() const { return elem_size(dtype); }
+};
+
+CompressedAllreduce::CompressedAllreduce() = default;
+CompressedAllreduce::~CompressedAllreduce() = default;
+
 void CompressedAllreduce::run(Transport& t, void* data, DType dtype, int64_t count,
                               const AllreduceOptions& o) {
   validate(o.codec);
@@ -69,45 +89,144 @@ void CompressedAllreduce::run(Transport& t, void* data, DType dtype, int64_t cou
   }
 }
 
+// ---- scatter-reduce-allgather -----------------------------------------------------------------
+
 void CompressedAllreduce::sra(Transport& t, uint8_t* data, DType dtype, int64_t count,
                               const AllreduceOptions& o, uint64_t piece) {
-  const int world = t.size(), me = t.rank();
-  const size_t esize = elem_size(dtype);
-  const Range mine = chunk_range(count, world, o.codec.bucket_size, me);
-  std::vector<size_t> send_sizes(world, 0), recv_sizes(world, 0);
-  size_t send_total = 0, recv_total = 0;
-  for (int j = 0; j < world; ++j) {
-    if (j == me) continue;
-    send_sizes[j] =
-        encoded_size(chunk_range(count, world, o.codec.bucket_size, j).size(), dtype, o.codec);
-    recv_sizes[j] = encoded_size(mine.size(), dtype, o.codec);
-    send_total += send_sizes[j];
-    recv_total += recv_sizes[j];
+  const int64_t bucket = o.codec.bucket_size;
+  int64_t seg_elems = count;
+  if (o.segment_bytes > 0) {
+    seg_elems = std::max<int64_t>(1, int64_t(o.segment_bytes / elem_size(dtype)) / bucket) * bucket;
+  }
+  const int64_t nseg = (count + seg_elems - 1) / seg_elems;
+  // Lay out every segment's buffers first: nothing may move while the comm thread works.
+  std::vector<Segment> segs(static_cast<size_t>(nseg));
+  size_t send_total = 0, recv_total = 0, final_total = 0, gathered_total = 0;
+  for (int64_t k = 0; k < nseg; ++k) {
+    Segment& s = segs[size_t(k)];
+    s.begin = k * seg_elems;
+    s.count = std::min(seg_elems, count - s.begin);
+    s.dtype = dtype;
+    s.opts = &o;
+    s.id = piece * 1000003u + uint64_t(k);
+    s.world = t.size();
+    s.me = t.rank();
+    s.send_sizes.assign(size_t(s.world), 0);
+    s.recv_sizes.assign(size_t(s.world), 0);
+    const size_t mine = encoded_size(s.chunk(s.me).size(), dtype, o.codec);
+    for (int j = 0; j < s.world; ++j) {
+      if (j == s.me) continue;
+      s.send_sizes[size_t(j)] = encoded_size(s.chunk(j).size(), dtype, o.codec);
+      s.recv_sizes[size_t(j)] = mine;
+    }
+    s.send_offset = send_total;
+    s.recv_offset = recv_total;
+    for (int j = 0; j < s.world; ++j) {
+      send_total += s.send_sizes[size_t(j)];
+      recv_total += s.recv_sizes[size_t(j)];
+    }
+    s.slot = encoded_size(s.chunk(0).size(), DType::kFloat32, o.codec);
+    s.final_send_offset = final_total;
+    s.final_recv_offset = gathered_total;
+    final_total += s.slot;
+    gathered_total += s.slot * size_t(s.world);
+    // Stage 1 sends W - 1 payloads; stage 2's slot reaches every other rank.
+    bytes_sent_ += send_total - s.send_offset + s.slot * size_t(s.world - 1);
   }
   grow(send_, send_total);
   grow(recv_, recv_total);
-  // 1. Encode every chunk this rank does not own; chunk j goes to rank j.
-  size_t off = 0;
-  for (int j = 0; j < world; ++j) {
-    if (j == me) continue;
-    const Range c = chunk_range(count, world, o.codec.bucket_size, j);
-    encode(data + c.begin * int64_t(esize), dtype, c.size(), params_for(o, piece, me, j, 0),
-           send_.data() + off, send_sizes[j]);
-    off += send_sizes[j];
+  grow(final_send_, final_total);
+  grow(final_recv_, gathered_total);
+
+  auto exchange = [this, &t](const Segment& s) {
+    t.alltoallv(send_.data() + s.send_offset, s.send_sizes, recv_.data() + s.recv_offset,
+                s.recv_sizes);
+  };
+  auto gather = [this, &t](const Segment& s) {
+    t.allgather(final_send_.data() + s.final_send_offset, s.slot,
+                final_recv_.data() + s.final_recv_offset);
+  };
+
+  if (nseg == 1) {
+    const Segment& s = segs[0];
+    sra_encode(s, data);
+    exchange(s);
+    sra_reduce(s, data);
+    gather(s);
+    sra_decode(s, data);
+    return;
   }
-  t.alltoallv(send_.data(), send_sizes, recv_.data(), recv_sizes);
-  bytes_sent_ += send_total;
-  // 2. The owner adds the W - 1 received copies of its chunk to its own, uncompressed, in fp32.
-  grow(acc_, size_t(mine.size()));
-  load_fp32(data, dtype, mine.begin, mine.size(), acc_.data());
-  off = 0;
-  for (int j = 0; j < world; ++j) {
-    if (j == me) continue;
-    decode_add(recv_.data() + off, recv_sizes[j], acc_.data(), DType::kFloat32, mine.size());
-    off += recv_sizes[j];
+  // Pipeline. The comm thread runs exchange(0), exchange(1), gather(0), exchange(2), gather(1),
+  // ... in this post order on every rank, while this thread encodes segment k + 1 during
+  // exchange(k) and reduces / decodes as segments arrive.
+  if (!comm_) comm_ = std::make_unique<SerialExecutor>();
+  std::vector<SerialExecutor::Ticket> exchanged(static_cast<size_t>(nseg));
+  std::vector<SerialExecutor::Ticket> gathered(static_cast<size_t>(nseg));
+  try {
+    sra_encode(segs[0], data);
+    exchanged[0] = comm_->post([&, k = 0] { exchange(segs[size_t(k)]); });
+    for (int64_t k = 0; k < nseg; ++k) {
+      if (k + 1 < nseg) {
+        sra_encode(segs[size_t(k + 1)], data);
+        exchanged[size_t(k + 1)] = comm_->post([&, k] { exchange(segs[size_t(k + 1)]); });
+      }
+      comm_->wait(exchanged[size_t(k)]);
+      sra_reduce(segs[size_t(k)], data);
+      gathered[size_t(k)] = comm_->post([&, k] { gather(segs[size_t(k)]); });
+      if (k >= 1) {
+        comm_->wait(gathered[size_t(k - 1)]);
+        sra_decode(segs[size_t(k - 1)], data);
+      }
+    }
+    comm_->wait(gathered[size_t(nseg - 1)]);
+    sra_decode(segs[size_t(nseg - 1)], data);
+  } catch (...) {
+    comm_->drain();  // no task may outlive the buffers and segments it points to
+    throw;
   }
-  finish(t, data, dtype, count, o, piece, me);
+  comm_->drain();
 }
+
+// 1. Encode every chunk this rank does not own; chunk j goes to rank j.
+void CompressedAllreduce::sra_encode(const Segment& s, const uint8_t* data) {
+  size_t off = s.send_offset;
+  for (int j = 0; j < s.world; ++j) {
+    if (j == s.me) continue;
+    const Range c = s.chunk(j);
+    encode(data + (s.begin + c.begin) * int64_t(s.esize()), s.dtype, c.size(),
+           params_for(*s.opts, s.id, s.me, j, 0), send_.data() + off, s.send_sizes[size_t(j)]);
+    off += s.send_sizes[size_t(j)];
+  }
+}
+
+// 2-3. The owner adds the W - 1 received copies of its chunk to its own, uncompressed, in fp32,
+// averages if asked, and encodes the result into its stage-2 slot.
+void CompressedAllreduce::sra_reduce(const Segment& s, const uint8_t* data) {
+  const Range mine = s.chunk(s.me);
+  grow(acc_, size_t(mine.size()));
+  load_fp32(data, s.dtype, s.begin + mine.begin, mine.size(), acc_.data());
+  size_t off = s.recv_offset;
+  for (int j = 0; j < s.world; ++j) {
+    if (j == s.me) continue;
+    decode_add(recv_.data() + off, s.recv_sizes[size_t(j)], acc_.data(), DType::kFloat32,
+               mine.size());
+    off += s.recv_sizes[size_t(j)];
+  }
+  encode_final(*s.opts, s.world, mine.size(), params_for(*s.opts, s.id, s.me, s.me, 2),
+               final_send_.data() + s.final_send_offset, s.slot);
+}
+
+// 4. Every rank decodes every reduced payload, its own included: replicas stay bit-identical.
+void CompressedAllreduce::sra_decode(const Segment& s, uint8_t* data) {
+  for (int r = 0; r < s.world; ++r) {
+    const Range c = s.chunk(r);
+    decode(final_recv_.data() + s.final_recv_offset + size_t(r) * s.slot,
+           encoded_size(c.size(), DType::kFloat32, s.opts->codec),
+           data + (s.begin + c.begin) * int64_t(s.esize()), s.dtype, c.size());
+  }
+}
+
+// ---- ring ---------------------------------------------------------------------------------------
 
 void CompressedAllreduce::ring(Transport& t, uint8_t* data, DType dtype, int64_t count,
                                const AllreduceOptions& o, uint64_t piece) {
@@ -139,41 +258,38 @@ void CompressedAllreduce::ring(Transport& t, uint8_t* data, DType dtype, int64_t
     if (s < world - 2) {
       out = in;
       out_bytes = encoded_size(in.size(), DType::kFloat32, o.codec);
-      encode(acc_.data(), DType::kFloat32, in.size(), params_for(o, piece, me, k, 1), send_.data(),
-             out_bytes);
+      encode(acc_.data(), DType::kFloat32, in.size(), params_for(o, piece, me, k, 1),
+             send_.data(), out_bytes);
     }
   }
-  finish(t, data, dtype, count, o, piece, (me + 1) % world);
+  // Rank r now holds the sum of chunk r + 1: encode it, allgather, decode every chunk.
+  const int owned = next;
+  const size_t slot = encoded_size(max_chunk, DType::kFloat32, o.codec);
+  grow(final_send_, slot);
+  grow(final_recv_, slot * size_t(world));
+  encode_final(o, world, chunk_range(count, world, bucket, owned).size(),
+               params_for(o, piece, me, owned, 2), final_send_.data(), slot);
+  t.allgather(final_send_.data(), slot, final_recv_.data());
+  bytes_sent_ += slot * size_t(world - 1);
+  for (int r = 0; r < world; ++r) {
+    const Range c = chunk_range(count, world, bucket, (r + 1) % world);
+    decode(final_recv_.data() + size_t(r) * slot,
+           encoded_size(c.size(), DType::kFloat32, o.codec), data + c.begin * int64_t(esize),
+           dtype, c.size());
+  }
 }
 
-void CompressedAllreduce::finish(Transport& t, uint8_t* data, DType dtype, int64_t count,
-                                 const AllreduceOptions& o, uint64_t piece, int owned) {
-  const int world = t.size(), me = t.rank();
-  const size_t esize = elem_size(dtype);
-  const int64_t bucket = o.codec.bucket_size;
-  const Range mine = chunk_range(count, world, bucket, owned);
+// The reduced chunk in acc_ (averaged if asked) as an fp32 payload, zero-padded to `slot` bytes
+// so that a plain allgather carries every rank's.
+void CompressedAllreduce::encode_final(const AllreduceOptions& o, int world, int64_t n,
+                                       const CodecParams& p, uint8_t* dst, size_t slot) {
   if (o.average) {
     const float w = float(world);
-    for (int64_t i = 0; i < mine.size(); ++i) acc_[size_t(i)] /= w;
+    for (int64_t i = 0; i < n; ++i) acc_[size_t(i)] /= w;
   }
-  // Payload slots are padded to the largest chunk's size so that a plain allgather carries them.
-  const size_t slot =
-      encoded_size(chunk_range(count, world, bucket, 0).size(), DType::kFloat32, o.codec);
-  grow(send_, slot);
-  grow(recv_, slot * size_t(world));
-  const size_t my_bytes = encoded_size(mine.size(), DType::kFloat32, o.codec);
-  encode(acc_.data(), DType::kFloat32, mine.size(), params_for(o, piece, me, owned, 2),
-         send_.data(), my_bytes);
-  std::memset(send_.data() + my_bytes, 0, slot - my_bytes);
-  t.allgather(send_.data(), slot, recv_.data());
-  bytes_sent_ += slot * size_t(world - 1);  // each slot reaches every other rank
-  // Every rank decodes the same bytes, the owner included: replicas stay bit-identical.
-  for (int r = 0; r < world; ++r) {
-    const int chunk = o.algorithm == Algorithm::kRing ? (r + 1) % world : r;
-    const Range c = chunk_range(count, world, bucket, chunk);
-    decode(recv_.data() + size_t(r) * slot, encoded_size(c.size(), DType::kFloat32, o.codec),
-           data + c.begin * int64_t(esize), dtype, c.size());
-  }
+  const size_t bytes = encoded_size(n, DType::kFloat32, o.codec);
+  encode(acc_.data(), DType::kFloat32, n, p, dst, bytes);
+  std::memset(dst + bytes, 0, slot - bytes);
 }
 
 }  // namespace cgx

@@ -2,15 +2,19 @@
 // payloads that cannot be summed in transit. Steps, bytes on the wire and error bounds of each
 // algorithm are in docs/algorithms.md.
 //
-// Vocabulary: a *piece* is at most `fusion_bytes` of the buffer, reduced as one unit; a piece is
-// cut into one *chunk* per rank, chunk boundaries on bucket boundaries; rank j *owns* chunk j
-// (SRA) and reduces it.
+// Vocabulary: a *piece* is at most `fusion_bytes` of the buffer, reduced as one unit; SRA cuts a
+// piece into *segments* of `segment_bytes` (whole buckets) that flow through a pipeline; a
+// segment (ring: a piece) is cut into one *chunk* per rank, chunk boundaries on bucket
+// boundaries; rank j *owns* chunk j (SRA) and reduces it.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include <memory>
+
 #include "core/codec.h"
+#include "serial_executor.h"
 #include "transport.h"
 
 namespace cgx {
@@ -27,6 +31,9 @@ struct AllreduceOptions {
   Algorithm algorithm = Algorithm::kScatterReduceAllgather;
   bool average = false;                    // divide the sum by the group size
   size_t fusion_bytes = size_t(64) << 20;  // largest piece, in bytes of the buffer's dtype
+  // SRA pipeline: segments of about this many bytes are encoded while the previous one is on
+  // the wire; 0 or >= the piece: one segment, no pipeline.
+  size_t segment_bytes = size_t(8) << 20;
   uint64_t call_index = 0;                 // makes each call's random streams distinct
 };
 
@@ -41,6 +48,9 @@ Range chunk_range(int64_t count, int ranks, int64_t bucket_size, int j);
 // Holds the working buffers, reused from call to call (they only grow).
 class CompressedAllreduce {
  public:
+  CompressedAllreduce();
+  ~CompressedAllreduce();
+
   // Reduces `count` elements of `dtype` at `data` in place across the transport's ranks. Every
   // rank ends with bit-identical values.
   void run(Transport& t, void* data, DType dtype, int64_t count, const AllreduceOptions& opts);
@@ -49,18 +59,24 @@ class CompressedAllreduce {
   size_t bytes_sent() const { return bytes_sent_; }
 
  private:
+  struct Segment;
   void sra(Transport& t, uint8_t* data, DType dtype, int64_t count, const AllreduceOptions& o,
            uint64_t piece);
+  void sra_encode(const Segment& s, const uint8_t* data);
+  void sra_reduce(const Segment& s, const uint8_t* data);
+  void sra_decode(const Segment& s, uint8_t* data);
   void ring(Transport& t, uint8_t* data, DType dtype, int64_t count, const AllreduceOptions& o,
             uint64_t piece);
-  // Encodes the owner's reduced chunk, decodes it into its place and allgathers the payloads.
-  void finish(Transport& t, uint8_t* data, DType dtype, int64_t count, const AllreduceOptions& o,
-              uint64_t piece, int owned);
+  void encode_final(const AllreduceOptions& o, int world, int64_t n, const CodecParams& p,
+                    uint8_t* dst, size_t slot);
 
   std::vector<uint8_t> send_;
   std::vector<uint8_t> recv_;
+  std::vector<uint8_t> final_send_;
+  std::vector<uint8_t> final_recv_;
   std::vector<float> acc_;
   size_t bytes_sent_ = 0;
+  std::unique_ptr<SerialExecutor> comm_;  // started on the first pipelined call
 };
 
 }  // namespace cgx

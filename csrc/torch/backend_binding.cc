@@ -18,6 +18,7 @@ void bind_backend(pybind11::module& m) {
       .def_readwrite("skip_incomplete_buckets", &BackendConfig::skip_incomplete_buckets)
       .def_readwrite("minimal_size", &BackendConfig::minimal_size)
       .def_readwrite("fusion_buffer_bytes", &BackendConfig::fusion_buffer_bytes)
+      .def_readwrite("pipeline_segment_bytes", &BackendConfig::pipeline_segment_bytes)
       .def_readwrite("algorithm", &BackendConfig::algorithm)
       .def_readwrite("stochastic", &BackendConfig::stochastic)
       .def_readwrite("seed", &BackendConfig::seed);

@@ -3,6 +3,7 @@
 #include "codec_binding.h"
 
 #include <ATen/ops/empty.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "core/codec.h"
@@ -14,7 +15,8 @@ namespace cgx::binding {
 namespace {
 
 at::Tensor encode(const at::Tensor& input, int bits, int64_t bucket_size, bool skip_incomplete,
-                  bool stochastic, uint64_t seed, uint64_t stream) {
+                  bool stochastic, uint64_t seed, uint64_t stream,
+                  std::optional<at::Tensor> out) {
   TORCH_CHECK(input.device().is_cpu() && input.is_contiguous(),
               "encode takes a contiguous CPU tensor");
   CodecParams p;
@@ -26,12 +28,22 @@ at::Tensor encode(const at::Tensor& input, int bits, int64_t bucket_size, bool s
   p.stream = stream;
   const DType dtype = to_cgx_dtype(input.scalar_type());
   const size_t size = encoded_size(input.numel(), dtype, p);
-  at::Tensor out = at::empty({int64_t(size)}, input.options().dtype(at::kByte));
+  at::Tensor payload;
+  if (out) {  // reuse the caller's buffer: no allocation (and page faults) per call
+    payload = *out;
+    CGX_CHECK_ARG(payload.device().is_cpu() && payload.is_contiguous() &&
+                      payload.scalar_type() == at::kByte && payload.dim() == 1,
+                  "out must be a contiguous 1-D CPU uint8 tensor");
+    CGX_CHECK_ARG(size_t(payload.numel()) == size, "out has ", payload.numel(),
+                  " bytes; this payload needs exactly ", size);
+  } else {
+    payload = at::empty({int64_t(size)}, input.options().dtype(at::kByte));
+  }
   {
     pybind11::gil_scoped_release no_gil;
-    cgx::encode(input.data_ptr(), dtype, input.numel(), p, out.data_ptr<uint8_t>(), size);
+    cgx::encode(input.data_ptr(), dtype, input.numel(), p, payload.data_ptr<uint8_t>(), size);
   }
-  return out;
+  return payload;
 }
 
 void decode_into(const at::Tensor& payload, at::Tensor& out, bool add) {

@@ -103,6 +103,7 @@ void ProcessGroupCGX::reduce_compressed(at::Tensor& t, const BackendConfig& c, b
   o.algorithm = Algorithm(c.algorithm);
   o.average = average;
   o.fusion_bytes = size_t(c.fusion_buffer_bytes);
+  o.segment_bytes = size_t(c.pipeline_segment_bytes);
   o.call_index = calls_++;
   C10dTransport transport(wire_);
   algorithm_.run(transport, work.data_ptr(), to_cgx_dtype(work.scalar_type()), work.numel(), o);
