@@ -132,6 +132,37 @@ def verify_torch_ops(x: torch.Tensor, bits: int, bucket_size: int) -> None:
 # ---- timing ---------------------------------------------------------------------------------
 
 
+class OtherLoad:
+    """CPU time used by *other* processes while a measurement runs, as a fraction of all cores
+    (0 = the machine was otherwise idle, 1 = every core was busy with something else). Read
+    from /proc/stat minus this process's own CPU time; ``None`` where /proc/stat is missing or
+    the window is shorter than 0.25 s."""
+
+    def __init__(self) -> None:
+        self._start = self._sample()
+
+    @staticmethod
+    def _sample():
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(v) for v in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        tick = os.sysconf("SC_CLK_TCK")
+        busy = (sum(fields[:8]) - fields[3] - fields[4]) / tick  # all but idle and iowait
+        t = os.times()
+        return busy, t.user + t.system, time.monotonic()
+
+    def fraction(self) -> float | None:
+        end = self._sample()
+        if self._start is None or end is None:
+            return None
+        busy, own, wall = (e - s for e, s in zip(end, self._start))
+        if wall < 0.25:  # /proc/stat counts in ticks (10 ms): too coarse for shorter windows
+            return None
+        return min(1.0, max(0.0, (busy - own) / (wall * (os.cpu_count() or 1))))
+
+
 def _time_interleaved(
     fns: Dict[str, Callable[[], object]], iters: Dict[str, int], warmup: int
 ) -> Dict[str, float]:
@@ -216,7 +247,9 @@ def codec_table(
                         ),
                     }
                     n_per_op = {op: n_iters if op in OPS[:3] else n_torch for op in OPS}
+                    load = OtherLoad()
                     secs = _time_interleaved(fns, n_per_op, warmup)
+                    other_load = load.fraction()
                     nbytes = 4 * numel
                     gbps = {op: nbytes / secs[op] / 1e9 for op in OPS}
                     rec = {
@@ -235,6 +268,7 @@ def codec_table(
                         "payload_bytes": payload.numel(),
                         "torch_payload_bytes": torch_payload.numel(),
                         "compression_ratio": nbytes / payload.numel(),
+                        "other_load": other_load,
                     }
                     for op in OPS:
                         rec[f"{op}_s"] = secs[op]
@@ -275,6 +309,7 @@ _COLUMNS = (
     ("t_enc", 5, lambda r: f"{r['torch_encode_gbps']:.2f}"),
     ("t_dec", 5, lambda r: f"{r['torch_decode_add_gbps']:.2f}"),
     ("ratio", 5, lambda r: f"{r['compression_ratio']:.1f}"),
+    ("other", 5, lambda r: "-" if r["other_load"] is None else f"{100 * r['other_load']:.0f}%"),
 )
 
 
@@ -298,7 +333,9 @@ def format_table(records: Sequence[dict]) -> str:
     lines += [
         "encode: torch_cgx.codec.encode(), which allocates its payload on every call (there is no",
         "  encode-into API); dec_add: decode_add_ into a preallocated fp32 tensor; t_enc, t_dec:",
-        "  the torch-ops codec (GB/s); ratio: fp32 bytes / payload bytes",
+        "  the torch-ops codec (GB/s); ratio: fp32 bytes / payload bytes; other: CPU time of",
+        "  other processes during the row, % of all cores (a high value makes the row unreliable;",
+        "  - : row too short to tell)",
     ]
     return "\n".join(lines)
 
