@@ -25,7 +25,7 @@ NUMBER_KEYS = [f"{op}_{kind}" for op in bench_codec.OPS for kind in ("s", "gbps"
 def test_main_quick_writes_verified_records(tmp_path, capsys):
     path = tmp_path / "codec.json"
     args = ["--quick", "--sizes", "0.03125", "--bits", "2,4", "--threads", "1,all"]
-    assert bench_codec.main([*args, "--iters", "2", "--json", str(path)]) == 0
+    assert bench_codec.main([*args, "--iters", "2", "--retries", "0", "--json", str(path)]) == 0
     records = json.loads(path.read_text())
     threads = sorted({1, codec.num_threads()})
     assert len(records) == 2 * len(threads)
@@ -43,7 +43,7 @@ def test_main_quick_writes_verified_records(tmp_path, capsys):
 
 def test_codec_table_restores_threads():
     before = (torch.get_num_threads(), codec.num_threads())
-    records = bench_codec.codec_table([1 / 64], [1, 8], [1], iters=1, warmup=0)
+    records = bench_codec.codec_table([1 / 64], [1, 8], [1], iters=1, warmup=0, retries=0)
     assert [r["bits"] for r in records] == [1, 8]
     assert (torch.get_num_threads(), codec.num_threads()) == before
 
