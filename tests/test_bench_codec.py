@@ -1,0 +1,76 @@
+"""Smoke test of ``python -m torch_cgx.bench codec`` (tiny sizes, a few seconds)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from torch_cgx import codec
+from torch_cgx.bench import __main__ as bench_main
+from torch_cgx.bench import codec as bench_codec
+from torch_cgx.bench import torch_ops_codec
+
+NUMBER_KEYS = [f"{op}_{kind}" for op in bench_codec.OPS for kind in ("s", "gbps")] + [
+    "encode_vs_memcpy",
+    "encode_vs_torch",
+    "decode_add_vs_memcpy",
+    "decode_add_vs_torch",
+    "compression_ratio",
+]
+
+
+def test_main_quick_writes_verified_records(tmp_path, capsys):
+    path = tmp_path / "codec.json"
+    args = ["--quick", "--sizes", "0.03125", "--bits", "2,4", "--threads", "1,all"]
+    assert bench_codec.main([*args, "--iters", "2", "--retries", "0", "--json", str(path)]) == 0
+    records = json.loads(path.read_text())
+    threads = sorted({1, codec.num_threads()})
+    assert len(records) == 2 * len(threads)
+    assert {(r["bits"], r["threads"]) for r in records} == {(b, t) for b in (2, 4) for t in threads}
+    for r in records:
+        assert r["verified"] is True
+        assert r["numel"] == 0.03125 * (1 << 20) // 4
+        assert r["payload_bytes"] == codec.encoded_size(r["numel"], r["bits"], 512)
+        for key in NUMBER_KEYS:
+            assert math.isfinite(r[key]) and r[key] > 0, key
+    out = capsys.readouterr().out
+    assert "isa=" in out and "torch " in out and "verified=yes" in out
+    assert bench_codec.format_table(records) in out
+
+
+def test_codec_table_restores_threads():
+    before = (torch.get_num_threads(), codec.num_threads())
+    records = bench_codec.codec_table([1 / 64], [1, 8], [1], iters=1, warmup=0, retries=0)
+    assert [r["bits"] for r in records] == [1, 8]
+    assert (torch.get_num_threads(), codec.num_threads()) == before
+
+
+def test_verify_catches_a_corrupt_payload():
+    x = torch.randn(3000)
+    payload = codec.encode(x, 4, 512)
+    bench_codec.verify_codec(x, payload, 4, 512)
+    payload[-50] ^= 0xFF
+    with pytest.raises(bench_codec.VerifyError):
+        bench_codec.verify_codec(x, payload, 4, 512)
+
+
+@pytest.mark.parametrize("bits", torch_ops_codec.SUPPORTED_BITS)
+@pytest.mark.parametrize("numel,bucket", [(1, 512), (1000, 512), (4096, 512), (999, 7)])
+def test_torch_ops_codec_round_trip(bits, numel, bucket):
+    x = torch.randn(numel) * 4
+    payload = torch_ops_codec.encode(x, bits, bucket)
+    assert payload.numel() == torch_ops_codec.encoded_size(numel, bits, bucket)
+    assert torch_ops_codec.max_abs_error_ok(x, bits, bucket)
+    base = torch.ones(numel)
+    torch_ops_codec.decode_add_(base, payload, bits, bucket)
+    decoded = torch_ops_codec.decode_add_(torch.zeros(numel), payload, bits, bucket)
+    torch.testing.assert_close(base, decoded + 1)
+
+
+def test_dispatcher():
+    assert bench_main.SUBCOMMANDS["codec"] == "torch_cgx.bench.codec"
+    assert bench_main.main(["no-such-subcommand"]) == 2
+    assert bench_main.main([]) == 2

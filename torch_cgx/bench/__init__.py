@@ -1,0 +1,1 @@
+"""Benchmarks of torch_cgx: ``python -m torch_cgx.bench <subcommand> [args]``."""
