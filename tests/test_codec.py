@@ -875,3 +875,17 @@ def test_set_num_threads(restore_threads):
     assert codec.num_threads() == 1
     codec.set_num_threads(2)
     assert codec.num_threads() == 2
+
+
+def test_encode_into_a_preallocated_payload():
+    x = torch.randn(5000)
+    want = codec.encode(x, 3, 100)
+    out = torch.full((codec.encoded_size(5000, 3, 100),), 7, dtype=torch.uint8)
+    got = codec.encode(x, 3, 100, out=out)
+    assert got.data_ptr() == out.data_ptr() and torch.equal(out, want)
+    with pytest.raises(ValueError, match="needs exactly"):
+        codec.encode(x, 3, 100, out=torch.empty(out.numel() - 1, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="uint8"):
+        codec.encode(x, 3, 100, out=torch.empty(out.numel(), dtype=torch.int8))
+    with pytest.raises(ValueError, match="1-D"):
+        codec.encode(x, 3, 100, out=torch.empty(1, out.numel(), dtype=torch.uint8))
