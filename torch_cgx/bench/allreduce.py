@@ -11,6 +11,12 @@ exact sum with the bound of docs/algorithms.md (``#wrong`` counts elements outsi
 ``busbw = algbw * 2 (W - 1) / W``; ``wire`` is the bytes one rank sends per call (for Gloo, a
 ring's ``2 (W - 1) / W * size``); ``speedup`` is Gloo's time over this row's and ``ideal``
 Gloo's bytes over this row's (the speedup if only bytes on the wire counted: 32 / bits per value).
+
+Emulated hosts (root, iproute2; docs/hosts.md): ``--hosts W --link RATE [--latency T]`` runs the
+benchmark as W ranks, one per network namespace, each behind a link of RATE (tc syntax: 100mbit,
+1gbit, 10gbit) in both directions, with ``--latency`` one-way delay (needs netem):
+
+    python -m torch_cgx.bench.allreduce --hosts 2 --link 1gbit -b 4M -e 16M -f 4 --bits 4
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import torch.distributed as dist
 
 import torch_cgx
 from torch_cgx.bench.baselines import METHODS
+from torch_cgx.bench.hosts import maybe_run_on_hosts
 from torch_cgx.bench.sizes import parse_size, size_range
 from torch_cgx.bounds import bucket_bound, bucket_stats
 
@@ -201,6 +208,9 @@ def header(world: int) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    rc = maybe_run_on_hosts(sys.argv[1:] if argv is None else argv, "torch_cgx.bench.allreduce")
+    if rc is not None:
+        return rc
     args = parse_args(argv)
     if not dist.is_initialized():
         dist.init_process_group("cgx")

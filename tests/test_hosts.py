@@ -1,0 +1,153 @@
+"""The emulated multi-host harness (torch_cgx/bench/hosts.py): namespaces, links, cleanup, ranks.
+
+Skipped where emulated hosts cannot be built (not root, no iproute2, no netns): the reason is
+the skip message. The option parsing tests run everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from torch_cgx.bench import hosts as H
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+
+
+@pytest.fixture(scope="module")
+def netns():
+    try:
+        H.check_prerequisites()
+    except H.HostsUnavailable as e:
+        pytest.skip(e.reason)
+
+
+def _prefix(tag: str) -> str:
+    return f"cgxt{os.getpid()}{tag}"
+
+
+def _assert_gone(prefix: str, links_before: set) -> None:
+    assert not [n for n in H._netns_list() if n.startswith(prefix)]
+    links = set(H._root_links())
+    assert not [n for n in links if n.startswith(prefix)]
+    assert links <= links_before, links - links_before
+
+
+def test_hosts_exist_connect_and_vanish(netns):
+    prefix, before = _prefix("a"), set(H._root_links())
+    with H.emulated_hosts(2, "100mbit", prefix=prefix) as hosts:
+        assert [h.rank for h in hosts] == [0, 1] and hosts[0].ip != hosts[1].ip
+        names = H._netns_list()
+        assert f"{prefix}-br" in names and all(h.netns in names for h in hosts)
+        for h in hosts:
+            links = H._cmd("ip", "-n", h.netns, "-o", "addr", "show", "dev", "eth0").stdout
+            assert f"{h.ip}/24" in links
+            # Both directions are shaped: the host's egress and the bridge port towards it.
+            for ns, dev in ((h.netns, "eth0"), (f"{prefix}-br", f"p{h.rank}")):
+                qd = H._cmd("tc", "-n", ns, "qdisc", "show", "dev", dev).stdout
+                assert "tbf" in qd and "rate 100Mbit" in qd, qd
+        for a, b in ((hosts[0], hosts[1]), (hosts[1], hosts[0])):  # TCP both ways
+            m = H.measure_link(a, b, 256 << 10, rounds=2)
+            assert m["bytes"] == 256 << 10 and m["rtt_us"] > 0
+        assert set(H._root_links()) == before  # nothing was created in our namespace
+    _assert_gone(prefix, before)
+
+
+def test_cleanup_on_exception(netns):
+    prefix, before = _prefix("b"), set(H._root_links())
+    with pytest.raises(ZeroDivisionError):
+        with H.emulated_hosts(3, "1gbit", prefix=prefix):
+            assert len([n for n in H._netns_list() if n.startswith(prefix)]) == 4
+            1 / 0  # noqa: B018
+    _assert_gone(prefix, before)
+
+
+def test_cleanup_on_sigterm(netns):
+    prefix, before = _prefix("c"), set(H._root_links())
+    code = (
+        "import sys, time\n"
+        "from torch_cgx.bench import hosts as H\n"
+        f"with H.emulated_hosts(2, '1gbit', prefix={prefix!r}):\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=20) == 128 + signal.SIGTERM
+    finally:
+        if p.poll() is None:
+            p.kill()
+    _assert_gone(prefix, before)
+
+
+def test_run_on_hosts_compressed_allreduce(netns, capsys):
+    prefix, before = _prefix("d"), set(H._root_links())
+    env = {"PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
+    rc = H.run_on_hosts(2, "1gbit", None, "hosts_worker", ["allreduce"], 120, env, prefix=prefix)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "rank 0: ok via 10.213." in out  # rank 0 forwarded; rank 1 quiet on success
+    assert "rank 1" not in out
+    _assert_gone(prefix, before)
+
+
+def test_run_on_hosts_failing_rank(netns, capsys):
+    prefix, before = _prefix("e"), set(H._root_links())
+    env = {"PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
+    start = time.monotonic()
+    rc = H.run_on_hosts(
+        2, "1gbit", None, "hosts_worker", ["fail", "1", "3"], 60, env, prefix=prefix
+    )
+    assert rc == 3
+    assert time.monotonic() - start < 20  # rank 0 (sleeping) was killed, not waited for
+    assert "rank 1 exited with 3" in capsys.readouterr().err
+    _assert_gone(prefix, before)
+
+
+def test_maybe_run_on_hosts_parsing(monkeypatch, capsys):
+    assert H.maybe_run_on_hosts(["-b", "4M", "--bits", "4"], "m") is None
+    with pytest.raises(SystemExit, match="--link"):
+        H.maybe_run_on_hosts(["-b", "4M", "--hosts", "2"], "m")
+    with pytest.raises(SystemExit, match="--hosts"):
+        H.maybe_run_on_hosts(["--link", "1gbit"], "m")
+    with pytest.raises(SystemExit, match="rate"):
+        H.maybe_run_on_hosts(["--hosts", "2", "--link", "fast"], "m")
+
+    calls = []
+    monkeypatch.setattr(H, "check_prerequisites", lambda latency=False: None)
+    monkeypatch.setattr(H, "run_on_hosts", lambda *a, **k: calls.append(a) or 7)
+    argv = ["-b", "4M", "--hosts", "3", "--link=10gbit", "--latency", "1ms", "-e", "8M"]
+    assert H.maybe_run_on_hosts(argv, "mod") == 7
+    assert calls == [(3, "10gbit", "1ms", "mod", ["-b", "4M", "-e", "8M"])]
+
+    def unavailable(latency=False):
+        raise H.HostsUnavailable("needs root")
+
+    monkeypatch.setattr(H, "check_prerequisites", unavailable)
+    assert H.maybe_run_on_hosts(["--hosts", "2", "--link", "1gbit"], "mod") == 2
+    assert "needs root" in capsys.readouterr().err
+
+
+def test_rates_and_burst():
+    assert H.parse_rate("100mbit") == 10**8 and H.parse_rate("10Gbit") == 10**10
+    assert H.parse_rate("125mbps") == 10**9 and H.parse_time("1ms") == pytest.approx(1e-3)
+    for rate in (10**8, 10**9, 10**10, 10**11):
+        p = H.tbf_params(rate)
+        assert p["burst"] >= rate / 8 / H.HZ and p["burst"] >= H.MIN_BURST
+        assert p["limit"] > p["burst"]
+    with pytest.raises(ValueError):
+        H.parse_rate("1gb")
