@@ -12,7 +12,7 @@ variable                                       default    meaning
 ``CGX_REDUCTION_ALGORITHM``                    sra        ``sra`` (scatter-reduce-allgather)
                                                           or ``ring``; when unset, CGX's
                                                           ``CGX_INNER_REDUCTION_TYPE`` (SRA|Ring)
-``CGX_PIPELINE_SEGMENT_MB``                    8          SRA pipelines segments of this size
+``CGX_PIPELINE_SEGMENT_MB``                    4          SRA pipelines segments of this size
                                                           (encode one while another is sent);
                                                           0 = no pipeline
 ``CGX_COMPRESSION_STOCHASTIC``                 0          stochastic rounding (unbiased)
@@ -58,7 +58,7 @@ class CGXConfig:
     minimal_size: int = 16
     fusion_buffer_mb: int = 64
     algorithm: str = "sra"
-    pipeline_segment_mb: int = 8
+    pipeline_segment_mb: int = 4
     stochastic: bool = False
     seed: int = 0
 

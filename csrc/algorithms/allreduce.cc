@@ -199,20 +199,26 @@ void CompressedAllreduce::sra_encode(const Segment& s, const uint8_t* data) {
   }
 }
 
-// 2-3. The owner adds the W - 1 received copies of its chunk to its own, uncompressed, in fp32,
-// averages if asked, and encodes the result into its stage-2 slot.
-void CompressedAllreduce::sra_reduce(const Segment& s, const uint8_t* data) {
+// 2-3. The owner adds the W - 1 received copies of its chunk to its own, uncompressed, in fp32
+// (in place for fp32 data: the final decode overwrites the chunk anyway), averages if asked,
+// and encodes the result into its stage-2 slot.
+void CompressedAllreduce::sra_reduce(const Segment& s, uint8_t* data) {
   const Range mine = s.chunk(s.me);
-  grow(acc_, size_t(mine.size()));
-  load_fp32(data, s.dtype, s.begin + mine.begin, mine.size(), acc_.data());
+  float* acc;
+  if (s.dtype == DType::kFloat32) {
+    acc = reinterpret_cast<float*>(data + (s.begin + mine.begin) * 4);
+  } else {
+    grow(acc_, size_t(mine.size()));
+    acc = acc_.data();
+    load_fp32(data, s.dtype, s.begin + mine.begin, mine.size(), acc);
+  }
   size_t off = s.recv_offset;
   for (int j = 0; j < s.world; ++j) {
     if (j == s.me) continue;
-    decode_add(recv_.data() + off, s.recv_sizes[size_t(j)], acc_.data(), DType::kFloat32,
-               mine.size());
+    decode_add(recv_.data() + off, s.recv_sizes[size_t(j)], acc, DType::kFloat32, mine.size());
     off += s.recv_sizes[size_t(j)];
   }
-  encode_final(*s.opts, s.world, mine.size(), params_for(*s.opts, s.id, s.me, s.me, 2),
+  encode_final(*s.opts, s.world, acc, mine.size(), params_for(*s.opts, s.id, s.me, s.me, 2),
                final_send_.data() + s.final_send_offset, s.slot);
 }
 
@@ -258,8 +264,8 @@ void CompressedAllreduce::ring(Transport& t, uint8_t* data, DType dtype, int64_t
     if (s < world - 2) {
       out = in;
       out_bytes = encoded_size(in.size(), DType::kFloat32, o.codec);
-      encode(acc_.data(), DType::kFloat32, in.size(), params_for(o, piece, me, k, 1),
-             send_.data(), out_bytes);
+      encode(acc_.data(), DType::kFloat32, in.size(), params_for(o, piece, me, k, 1), send_.data(),
+             out_bytes);
     }
   }
   // Rank r now holds the sum of chunk r + 1: encode it, allgather, decode every chunk.
@@ -267,28 +273,27 @@ void CompressedAllreduce::ring(Transport& t, uint8_t* data, DType dtype, int64_t
   const size_t slot = encoded_size(max_chunk, DType::kFloat32, o.codec);
   grow(final_send_, slot);
   grow(final_recv_, slot * size_t(world));
-  encode_final(o, world, chunk_range(count, world, bucket, owned).size(),
+  encode_final(o, world, acc_.data(), chunk_range(count, world, bucket, owned).size(),
                params_for(o, piece, me, owned, 2), final_send_.data(), slot);
   t.allgather(final_send_.data(), slot, final_recv_.data());
   bytes_sent_ += slot * size_t(world - 1);
   for (int r = 0; r < world; ++r) {
     const Range c = chunk_range(count, world, bucket, (r + 1) % world);
-    decode(final_recv_.data() + size_t(r) * slot,
-           encoded_size(c.size(), DType::kFloat32, o.codec), data + c.begin * int64_t(esize),
-           dtype, c.size());
+    decode(final_recv_.data() + size_t(r) * slot, encoded_size(c.size(), DType::kFloat32, o.codec),
+           data + c.begin * int64_t(esize), dtype, c.size());
   }
 }
 
-// The reduced chunk in acc_ (averaged if asked) as an fp32 payload, zero-padded to `slot` bytes
-// so that a plain allgather carries every rank's.
-void CompressedAllreduce::encode_final(const AllreduceOptions& o, int world, int64_t n,
+// The reduced chunk `acc` (averaged here if asked) as an fp32 payload, zero-padded to `slot`
+// bytes so that a plain allgather carries every rank's.
+void CompressedAllreduce::encode_final(const AllreduceOptions& o, int world, float* acc, int64_t n,
                                        const CodecParams& p, uint8_t* dst, size_t slot) {
   if (o.average) {
     const float w = float(world);
-    for (int64_t i = 0; i < n; ++i) acc_[size_t(i)] /= w;
+    for (int64_t i = 0; i < n; ++i) acc[i] /= w;
   }
   const size_t bytes = encoded_size(n, DType::kFloat32, o.codec);
-  encode(acc_.data(), DType::kFloat32, n, p, dst, bytes);
+  encode(acc, DType::kFloat32, n, p, dst, bytes);
   std::memset(dst + bytes, 0, slot - bytes);
 }
 

@@ -9,9 +9,8 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
-
 #include <memory>
+#include <vector>
 
 #include "core/codec.h"
 #include "serial_executor.h"
@@ -33,8 +32,8 @@ struct AllreduceOptions {
   size_t fusion_bytes = size_t(64) << 20;  // largest piece, in bytes of the buffer's dtype
   // SRA pipeline: segments of about this many bytes are encoded while the previous one is on
   // the wire; 0 or >= the piece: one segment, no pipeline.
-  size_t segment_bytes = size_t(8) << 20;
-  uint64_t call_index = 0;                 // makes each call's random streams distinct
+  size_t segment_bytes = size_t(4) << 20;
+  uint64_t call_index = 0;  // makes each call's random streams distinct
 };
 
 // [begin, end) of chunk `j` of a piece of `count` elements split over `ranks`.
@@ -63,12 +62,12 @@ class CompressedAllreduce {
   void sra(Transport& t, uint8_t* data, DType dtype, int64_t count, const AllreduceOptions& o,
            uint64_t piece);
   void sra_encode(const Segment& s, const uint8_t* data);
-  void sra_reduce(const Segment& s, const uint8_t* data);
+  void sra_reduce(const Segment& s, uint8_t* data);
   void sra_decode(const Segment& s, uint8_t* data);
   void ring(Transport& t, uint8_t* data, DType dtype, int64_t count, const AllreduceOptions& o,
             uint64_t piece);
-  void encode_final(const AllreduceOptions& o, int world, int64_t n, const CodecParams& p,
-                    uint8_t* dst, size_t slot);
+  void encode_final(const AllreduceOptions& o, int world, float* acc, int64_t n,
+                    const CodecParams& p, uint8_t* dst, size_t slot);
 
   std::vector<uint8_t> send_;
   std::vector<uint8_t> recv_;

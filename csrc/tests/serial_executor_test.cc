@@ -1,10 +1,10 @@
 // The comm side of the pipeline: order, failure propagation, skipping after a failure, drain.
+#include "algorithms/serial_executor.h"
+
 #include <gtest/gtest.h>
 
 #include <stdexcept>
 #include <vector>
-
-#include "algorithms/serial_executor.h"
 
 namespace cgx {
 namespace {
