@@ -13,6 +13,8 @@ from typing import List
 SUBCOMMANDS = {
     "codec": "torch_cgx.bench.codec",
     "allreduce": "torch_cgx.bench.allreduce",
+    "train": "torch_cgx.bench.train",
+    "hosts": "torch_cgx.bench.hosts",
 }
 
 
