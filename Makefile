@@ -15,7 +15,8 @@ deps: .stamp-deps
 # Incremental (ninja): an edit to one .cc recompiles that file only.
 build: .stamp-deps
 	$(PY) setup.py -q build_ext --inplace
-	@cd / && $(PY) -c "import torch_cgx" 2>/dev/null || \
+	@cd / && $(PY) -c "import torch_cgx, sys; sys.exit(not torch_cgx.__file__.startswith('$(CURDIR)/'))" \
+	  2>/dev/null || \
 	  CGX_SKIP_EXT=1 $(PY) -m pip install -q --no-build-isolation --no-deps -e $(CURDIR)
 
 core-test: .stamp-deps
