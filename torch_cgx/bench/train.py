@@ -326,13 +326,13 @@ class SerialHook:
         def finish(inner: torch.futures.Future) -> None:
             try:
                 out.set_result(inner.value())
-            except Exception as e:  # noqa: BLE001  (handed to DDP's wait)
+            except Exception as e:  # handed to DDP's wait
                 out.set_exception(e)
 
         def start(_=None) -> None:
             try:
                 self.hook(self.state, bucket).add_done_callback(finish)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 out.set_exception(e)
 
         prev, self.prev = self.prev, out
