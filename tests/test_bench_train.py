@@ -1,0 +1,170 @@
+"""The training benchmark (torch_cgx.bench.train) on 2 real ranks, and the plotting helpers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from dist_helpers import run_ranks
+
+PNG = b"\x89PNG\r\n\x1a\n"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECORD_KEYS = {
+    "workload",
+    "method",
+    "bits",
+    "world",
+    "params",
+    "steps",
+    "warmup",
+    "batch_per_rank",
+    "global_batch",
+    "step_ms",
+    "comm_overhead_ms",
+    "overhead_ratio_vs_gloo",
+    "samples_per_s",
+    "wire_bytes_per_step",
+    "final_loss",
+    "loss_delta_vs_gloo_pct",
+    "eval",
+    "losses",
+    "step_times_ms",
+    "wall_s",
+}
+
+
+def is_png(path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(8) == PNG
+
+
+def body_train(rank, world, json_path, png_path):
+    from torch_cgx.bench import train
+
+    argv = ["--workloads", "digits", "--methods", "gloo,cgx4,noop", "--steps", "30"]
+    argv += ["--log-every", "10", "--json", json_path, "--plot", png_path]
+    assert train.main(argv) == 0
+
+
+def test_train_digits_two_ranks(tmp_path):
+    json_path, png_path = str(tmp_path / "out" / "train.json"), str(tmp_path / "train.png")
+    run_ranks(body_train, 2, json_path, png_path)
+    with open(json_path) as f:
+        out = json.load(f)
+    assert out["meta"]["world"] == 2
+    assert out["meta"]["workloads"]["digits"]["params"] > 0
+    records = {r["method"]: r for r in out["records"]}
+    assert list(records) == ["gloo", "cgx4", "noop"]
+    for m, r in records.items():
+        assert RECORD_KEYS <= set(r), f"{m}: missing {RECORD_KEYS - set(r)}"
+        assert r["workload"] == "digits" and r["world"] == 2 and r["steps"] == 30
+        assert r["global_batch"] == 2 * r["batch_per_rank"]
+        assert len(r["losses"]) == len(r["step_times_ms"]) == len(r["wall_s"]) == 30
+        numbers = [r["step_ms"], r["samples_per_s"], r["final_loss"], r["wire_bytes_per_step"]]
+        numbers += r["losses"] + r["step_times_ms"] + r["wall_s"] + list(r["eval"].values())
+        assert all(math.isfinite(v) for v in numbers), m
+        assert r["step_ms"] > 0 and r["samples_per_s"] > 0
+        assert all(b >= a for a, b in zip(r["wall_s"], r["wall_s"][1:])), "wall clock goes back"
+        assert math.isfinite(r["comm_overhead_ms"])
+        assert 0 <= r["eval"]["test_acc"] <= 1
+    assert records["gloo"]["bits"] == 32 and records["cgx4"]["bits"] == 4
+    # The same seed and batches: the first step's loss is the same for every method (same
+    # initial weights, nothing reduced yet when it is computed).
+    first = [r["losses"][0] for r in records.values()]
+    assert max(first) - min(first) < 1e-6, first
+    # noop communicates nothing and is the reference of the overhead.
+    assert records["noop"]["wire_bytes_per_step"] == 0
+    assert records["noop"]["comm_overhead_ms"] == 0
+    # Gloo sends a ring's 2 (W - 1) / W = 1x the fp32 gradients; 4-bit cgx less than a quarter.
+    grad_bytes = 4 * records["gloo"]["params"]
+    assert records["gloo"]["wire_bytes_per_step"] == pytest.approx(grad_bytes)
+    assert 0 < records["cgx4"]["wire_bytes_per_step"] < grad_bytes / 4
+    # Comparisons against gloo.
+    assert records["gloo"]["loss_delta_vs_gloo_pct"] == 0
+    assert math.isfinite(records["cgx4"]["loss_delta_vs_gloo_pct"])
+    # It learns: gloo's loss over the last 5 of 30 steps is well below the first 5.
+    loss = records["gloo"]["losses"]
+    assert sum(loss[-5:]) / 5 < sum(loss[:5]) / 5 - 0.2, loss
+    assert is_png(png_path)
+
+
+def test_train_module_runs_alone_as_one_process(tmp_path):
+    """``python -m torch_cgx.bench.train`` with no launcher variables: one rank, env:// init."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env.update(PYTHONPATH=REPO, OMP_NUM_THREADS="1", CGX_CODEC_THREADS="1")
+    json_path = tmp_path / "one.json"
+    cmd = [sys.executable, "-m", "torch_cgx.bench.train", "--workloads", "digits"]
+    cmd += ["--methods", "gloo,cgx2,noop", "--steps", "4", "--warmup", "1"]
+    cmd += ["--json", str(json_path)]
+    proc = subprocess.run(
+        cmd, env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| digits | cgx2 |" in proc.stdout
+    records = json.loads(json_path.read_text())["records"]
+    assert [r["world"] for r in records] == [1, 1, 1]
+    assert all(len(r["losses"]) == 4 for r in records)
+
+
+def test_method_and_workload_flags():
+    from torch_cgx.bench import train
+
+    assert train.parse_methods("gloo,cgx3,noop") == ["gloo", "cgx3", "noop"]
+    for bad in ("gloo,cgx9", "nccl", "gloo,gloo", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            train.parse_methods(bad)
+    with pytest.raises(argparse.ArgumentTypeError):
+        train.parse_workloads("gpt2,mnist")
+    args = train.parse_args(["--steps", "7", "--digits-batch", "5"])
+    assert args.gpt2_steps == args.digits_steps == 7 and args.digits_batch == 5
+    assert args.methods == list(train.METHODS) and args.workloads == ["gpt2", "digits"]
+
+
+def test_comparisons_and_table():
+    from torch_cgx.bench import train
+
+    def rec(method, step_ms, loss):
+        return {
+            "workload": "w",
+            "method": method,
+            "step_ms": step_ms,
+            "samples_per_s": 1.0,
+            "wire_bytes_per_step": 0.0,
+            "final_loss": loss,
+            "eval": {},
+            "comm_overhead_ms": None,
+            "overhead_ratio_vs_gloo": None,
+            "loss_delta_vs_gloo_pct": None,
+        }
+
+    records = [rec("gloo", 30.0, 2.0), rec("cgx4", 15.0, 2.1), rec("noop", 10.0, 1.9)]
+    train.add_comparisons(records)
+    gloo, cgx4, noop = records
+    assert gloo["comm_overhead_ms"] == 20 and cgx4["comm_overhead_ms"] == 5
+    assert cgx4["overhead_ratio_vs_gloo"] == pytest.approx(0.25)
+    assert cgx4["loss_delta_vs_gloo_pct"] == pytest.approx(5.0)
+    assert noop["comm_overhead_ms"] == 0
+    text = train.table(records)
+    assert "| w | cgx4 | 15.0 | 5.0 | 0.25x |" in text
+    assert text.count("\n") == 4
+
+
+def test_plot_allreduce_writes_png(tmp_path):
+    from torch_cgx.bench.plots import allreduce_label, plot_allreduce
+
+    records = []
+    for size in (2**20, 2**22, 2**24):
+        for algo, bits, speed in (("gloo", 32, 1.0), ("sra", 4, 3.0), ("ring", 2, 2.5)):
+            t_us = size / (speed * 1e9) * 1e6
+            records.append({"size": size, "algo": algo, "bits": bits, "time_us": t_us, "world": 4})
+    assert allreduce_label(records[0]) == "gloo" and allreduce_label(records[1]) == "sra-4bit"
+    path = str(tmp_path / "allreduce.png")
+    assert plot_allreduce(records, path) == path
+    assert is_png(path) and os.path.getsize(path) > 1000
+    with pytest.raises(ValueError):
+        plot_allreduce([], str(tmp_path / "empty.png"))
