@@ -15,8 +15,7 @@ namespace cgx::binding {
 namespace {
 
 at::Tensor encode(const at::Tensor& input, int bits, int64_t bucket_size, bool skip_incomplete,
-                  bool stochastic, uint64_t seed, uint64_t stream,
-                  std::optional<at::Tensor> out) {
+                  bool stochastic, uint64_t seed, uint64_t stream, std::optional<at::Tensor> out) {
   TORCH_CHECK(input.device().is_cpu() && input.is_contiguous(),
               "encode takes a contiguous CPU tensor");
   CodecParams p;

@@ -24,7 +24,7 @@ struct BackendConfig {
   int64_t minimal_size = 16;  // elements; smaller tensors are reduced exactly
   int64_t fusion_buffer_bytes = int64_t(64) << 20;
   int64_t pipeline_segment_bytes = int64_t(4) << 20;  // 0: no pipeline
-  int algorithm = 0;  // cgx::Algorithm
+  int algorithm = 0;                                  // cgx::Algorithm
   bool stochastic = false;
   uint64_t seed = 0;
 };
