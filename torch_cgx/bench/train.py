@@ -652,6 +652,12 @@ def run(args: argparse.Namespace) -> tuple:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    from torch_cgx.bench.hosts import maybe_run_on_hosts
+
+    # --hosts W --link RATE: run as W ranks on emulated hosts (docs/hosts.md).
+    rc = maybe_run_on_hosts(sys.argv[1:] if argv is None else argv, "torch_cgx.bench.train")
+    if rc is not None:
+        return rc
     args = parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
