@@ -162,7 +162,7 @@ def test_plot_allreduce_writes_png(tmp_path):
         for algo, bits, speed in (("gloo", 32, 1.0), ("sra", 4, 3.0), ("ring", 2, 2.5)):
             t_us = size / (speed * 1e9) * 1e6
             records.append({"size": size, "algo": algo, "bits": bits, "time_us": t_us, "world": 4})
-    assert allreduce_label(records[0]) == "gloo" and allreduce_label(records[1]) == "sra-4bit"
+    assert allreduce_label(records[0]) == "gloo" and allreduce_label(records[1]) == "cgx-sra-4bit"
     path = str(tmp_path / "allreduce.png")
     assert plot_allreduce(records, path) == path
     assert is_png(path) and os.path.getsize(path) > 1000

@@ -21,10 +21,15 @@ def _figure(rows: int, cols: int, width: float, height: float):
     return fig, axes
 
 
+_CGX_ALGOS = ("sra", "ring")
+
+
 def allreduce_label(record: dict) -> str:
-    """``algo`` for uncompressed rows (bits 32), ``algo-Nbit`` otherwise."""
-    bits = int(record["bits"])
-    return record["algo"] if bits == 32 else f"{record['algo']}-{bits}bit"
+    """``cgx-<algo>-<N>bit`` for cgx rows; the method's own name (gloo, fp16, powersgd1, ...)
+    for the others, whose names already say what they send."""
+    if record["algo"] in _CGX_ALGOS:
+        return f"cgx-{record['algo']}-{int(record['bits'])}bit"
+    return record["algo"]
 
 
 def plot_allreduce(records: Iterable[dict], path: str, title: str = "") -> str:
@@ -50,9 +55,12 @@ def plot_allreduce(records: Iterable[dict], path: str, title: str = "") -> str:
             lines[label].append((size, size / t / 1e9))
     fig, axes = _figure(1, 1, 7.0, 4.5)
     ax = axes[0][0]
-    for label in lines:  # first-seen order: the records' own method order
+    colors = _colors(len(lines))
+    for i, label in enumerate(lines):  # first-seen order: the records' own method order
         pts = sorted(lines[label])
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=label)
+        style = "-" if label.startswith("cgx") else "--"  # cgx solid, the others dashed
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3, label=label,
+                color=colors[i])  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")
@@ -60,9 +68,16 @@ def plot_allreduce(records: Iterable[dict], path: str, title: str = "") -> str:
     world_note = ", ".join(f"W={w}" for w in worlds)
     ax.set_title(title or f"allreduce bandwidth ({world_note})")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.savefig(path, dpi=110)
     return path
+
+
+def _colors(n: int) -> list:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab20" if n > 10 else "tab10"]
+    return [cmap(i % cmap.N) for i in range(n)]
 
 
 def _smooth(values: Sequence[float], window: int) -> List[float]:
