@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "core/dtype.h"
+#include "core/rng.h"
 
 #ifdef __CUDACC__
 #define CGX_HD __host__ __device__ __forceinline__
@@ -170,27 +171,11 @@ CGX_HD void store_u32(uint8_t* p, uint32_t v) {
 
 // ---- stochastic-rounding generator (core/rng.h) ---------------------------------------------
 
-struct Key {
-  uint32_t k0;
-  uint32_t k1;
-};
+using Key = RngKey;
 
-CGX_HD uint32_t fmix32(uint32_t h) {
-  h ^= h >> 16;
-  h *= 0x85ebca6bu;
-  h ^= h >> 13;
-  h *= 0xc2b2ae35u;
-  h ^= h >> 16;
-  return h;
-}
-
-// Uniform in [0, 1) with 24 random bits, for element `index` of the buffer.
-CGX_HD float uniform(Key key, uint64_t index) {
-  const uint32_t lo = uint32_t(index);
-  const uint32_t hi = uint32_t(index >> 32);
-  const uint32_t h = fmix32(fmix32(lo ^ key.k0) + (key.k1 ^ (hi * 0x9e3779b1u)));
-  return fmul(float(h >> 8), 0x1p-24f);  // both exact
-}
+// Uniform in [0, 1) with 24 random bits, for element `index` of the buffer: core/rng.h's, which
+// is __host__ __device__ under nvcc (its one multiplication is exact: no rounding to match).
+CGX_HD float uniform(Key key, uint64_t index) { return rng_uniform(key, index); }
 
 // ---- encode: bucket range, bucket parameters, quantization, packing -----------------------
 
