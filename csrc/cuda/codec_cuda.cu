@@ -16,9 +16,6 @@
 namespace cgx::cuda {
 namespace {
 
-static_assert(uint32_t(kErrMagic) == dev::kErrMagic && uint32_t(kErrCount) == dev::kErrCount,
-              "codec_cuda.h and codec_device.h disagree on the error bits");
-
 constexpr int kThreads = 256;  // threads per block, all kernels
 constexpr int kWarps = kThreads / 32;
 constexpr int64_t kMaxBlocks = int64_t(1) << 20;  // grid-stride loops beyond this

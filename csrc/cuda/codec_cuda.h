@@ -22,6 +22,7 @@
 
 #include "core/codec.h"
 #include "core/dtype.h"
+#include "header_error.h"
 
 namespace cgx::cuda {
 
@@ -45,18 +46,6 @@ void encode(const void* in, DType dtype, int64_t count, const CodecParams& param
 // The header that encode(in, dtype, count, params, ...) writes, as a PayloadInfo: what a
 // receiver passes as `expected` to the asynchronous decode below.
 PayloadInfo payload_info(DType dtype, int64_t count, const CodecParams& params);
-
-// Bits of the decode error flag, one per header field that differs from the expected one.
-enum HeaderError : uint32_t {
-  kErrMagic = 1u << 0,
-  kErrVersion = 1u << 1,
-  kErrDType = 1u << 2,
-  kErrBits = 1u << 3,
-  kErrFlags = 1u << 4,
-  kErrBucketSize = 1u << 5,
-  kErrReserved = 1u << 6,
-  kErrCount = 1u << 7,
-};
 
 // "bad magic, bits differ" ... for a nonzero error flag; "" for 0.
 std::string describe_header_error(uint32_t flags);

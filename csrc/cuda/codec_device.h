@@ -20,6 +20,7 @@
 
 #include "core/dtype.h"
 #include "core/rng.h"
+#include "header_error.h"
 
 #ifdef __CUDACC__
 #define CGX_HD __host__ __device__ __forceinline__
@@ -338,17 +339,7 @@ CGX_HD float load_tail(const uint8_t* tail, DType dt, int64_t j) {
 
 // ---- header ---------------------------------------------------------------------------------
 
-// Bits of the decode error flag: which header fields differ from what the caller expected.
-enum : uint32_t {
-  kErrMagic = 1u << 0,
-  kErrVersion = 1u << 1,
-  kErrDType = 1u << 2,
-  kErrBits = 1u << 3,
-  kErrFlags = 1u << 4,
-  kErrBucketSize = 1u << 5,
-  kErrReserved = 1u << 6,
-  kErrCount = 1u << 7,
-};
+// The error flag bits are cgx::cuda::HeaderError (header_error.h).
 
 constexpr uint8_t kFlagRawTail = 1;
 constexpr uint8_t kFlagStochastic = 2;

@@ -305,10 +305,10 @@ TEST(CodecCudaLogic, HeaderMismatchNamesEachField) {
   const struct {
     int byte;
     uint32_t flag;
-  } fields[] = {{0, dev::kErrMagic},      {3, dev::kErrMagic},       {4, dev::kErrVersion},
-                {5, dev::kErrDType},      {6, dev::kErrBits},        {7, dev::kErrFlags},
-                {8, dev::kErrBucketSize}, {11, dev::kErrBucketSize}, {12, dev::kErrReserved},
-                {15, dev::kErrReserved},  {16, dev::kErrCount},      {23, dev::kErrCount}};
+  } fields[] = {{0, cuda::kErrMagic},      {3, cuda::kErrMagic},       {4, cuda::kErrVersion},
+                {5, cuda::kErrDType},      {6, cuda::kErrBits},        {7, cuda::kErrFlags},
+                {8, cuda::kErrBucketSize}, {11, cuda::kErrBucketSize}, {12, cuda::kErrReserved},
+                {15, cuda::kErrReserved},  {16, cuda::kErrCount},      {23, cuda::kErrCount}};
   for (const auto& f : fields) {
     auto bad = payload;
     bad[size_t(f.byte)] ^= 0x01;
@@ -317,7 +317,7 @@ TEST(CodecCudaLogic, HeaderMismatchNamesEachField) {
   auto two = payload;
   two[6] = 5;
   two[16] = 1;
-  EXPECT_EQ(dev::header_mismatch(two.data(), h), dev::kErrBits | dev::kErrCount);
+  EXPECT_EQ(dev::header_mismatch(two.data(), h), cuda::kErrBits | cuda::kErrCount);
 }
 
 }  // namespace
