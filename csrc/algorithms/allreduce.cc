@@ -100,7 +100,8 @@ void CompressedAllreduce::sra(Transport& t, uint8_t* data, DType dtype, int64_t 
   }
   const int64_t nseg = (count + seg_elems - 1) / seg_elems;
   // Lay out every segment's buffers first: nothing may move while the comm thread works.
-  std::vector<Segment> segs(static_cast<size_t>(nseg));
+  segments_.resize(size_t(nseg));  // reused across calls, like the byte buffers
+  std::vector<Segment>& segs = segments_;
   size_t send_total = 0, recv_total = 0, final_total = 0, gathered_total = 0;
   for (int64_t k = 0; k < nseg; ++k) {
     Segment& s = segs[size_t(k)];
@@ -160,8 +161,9 @@ void CompressedAllreduce::sra(Transport& t, uint8_t* data, DType dtype, int64_t 
   // ... in this post order on every rank, while this thread encodes segment k + 1 during
   // exchange(k) and reduces / decodes as segments arrive.
   if (!comm_) comm_ = std::make_unique<SerialExecutor>();
-  std::vector<SerialExecutor::Ticket> exchanged(static_cast<size_t>(nseg));
-  std::vector<SerialExecutor::Ticket> gathered(static_cast<size_t>(nseg));
+  tickets_.assign(2 * size_t(nseg), 0);
+  SerialExecutor::Ticket* exchanged = tickets_.data();
+  SerialExecutor::Ticket* gathered = tickets_.data() + nseg;
   try {
     sra_encode(segs[0], data);
     exchanged[0] = comm_->post([&, k = 0] { exchange(segs[size_t(k)]); });

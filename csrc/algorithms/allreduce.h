@@ -74,6 +74,8 @@ class CompressedAllreduce {
   std::vector<uint8_t> final_send_;
   std::vector<uint8_t> final_recv_;
   std::vector<float> acc_;
+  std::vector<Segment> segments_;                // SRA segment layouts of the current piece
+  std::vector<SerialExecutor::Ticket> tickets_;  // pipeline: exchange and gather per segment
   size_t bytes_sent_ = 0;
   std::unique_ptr<SerialExecutor> comm_;  // started on the first pipelined call
 };

@@ -50,6 +50,29 @@ inline std::vector<uint8_t> random_input(int64_t n, DType dtype, uint32_t seed, 
 // Values that exercise every branch of docs/FORMAT.md, in buckets of 4 (bits 1..8): a range
 // wider than FLT_MAX, denormals, constant buckets, signed zeros, NaN / Inf buckets, a bucket
 // within a factor two of overflow (the 1-bit overflow rule), tiny and huge magnitudes.
+// Calls case_fn(input, dtype, n, params) over the property matrix: dtype x bits 1..8 x
+// property_sizes() x property_buckets() x raw tail off / on (nearest rounding). Stops as soon as
+// case_fn returns false (the caller's test hit a fatal failure).
+template <typename Fn>
+void for_each_property_case(Fn&& case_fn) {
+  for (DType dtype : kDTypes) {
+    for (int bits = 1; bits <= 8; ++bits) {
+      for (int64_t n : property_sizes()) {
+        const auto in = random_input(n, dtype, uint32_t(n * 31 + bits));
+        for (int64_t bucket : property_buckets()) {
+          for (bool raw : {false, true}) {
+            CodecParams p;
+            p.bits = bits;
+            p.bucket_size = bucket;
+            p.skip_incomplete_buckets = raw;
+            if (!case_fn(in, dtype, n, p)) return;
+          }
+        }
+      }
+    }
+  }
+}
+
 inline std::vector<float> extreme_values() {
   const float nan = std::nanf("");
   const float inf = INFINITY;

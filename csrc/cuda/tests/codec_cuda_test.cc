@@ -168,23 +168,11 @@ class CudaCodec : public ::testing::Test {
 TEST_F(CudaCodec, PropertyMatrixMatchesCpu) {
   // bits 1..8 x sizes x buckets x raw tail x fp32 / fp16 / bf16 x nearest / stochastic encode;
   // decode and decode_add into each dtype.
-  for (DType dtype : testing::kDTypes) {
-    for (int bits = 1; bits <= 8; ++bits) {
-      for (int64_t n : testing::property_sizes()) {
-        const auto in = testing::random_input(n, dtype, uint32_t(n * 31 + bits));
-        for (int64_t bucket : testing::property_buckets()) {
-          for (bool raw : {false, true}) {
-            CodecParams p;
-            p.bits = bits;
-            p.bucket_size = bucket;
-            p.skip_incomplete_buckets = raw;
-            check_case(in, dtype, n, p, true);
-            if (HasFatalFailure()) return;
-          }
-        }
-      }
-    }
-  }
+  testing::for_each_property_case(
+      [this](const std::vector<uint8_t>& in, DType dtype, int64_t n, const CodecParams& p) {
+        check_case(in, dtype, n, p, true);
+        return !HasFatalFailure();
+      });
 }
 
 TEST_F(CudaCodec, LargeBucketsMatchCpu) {
