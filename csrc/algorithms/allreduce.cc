@@ -31,6 +31,17 @@ void load_fp32(const uint8_t* data, DType dtype, int64_t begin, int64_t n, float
   for (int64_t i = 0; i < n; ++i) acc[i] = load_as_float(src, dtype, i);
 }
 
+// Bytes of the largest reduced-chunk payload (fp32) of a piece: the allgather's slot. Not always
+// chunk 0's: with a raw tail, a shorter last chunk can carry more bytes than a full one.
+size_t final_slot(int64_t count, int world, const CodecParams& p) {
+  size_t slot = 0;
+  for (int j = 0; j < world; ++j) {
+    slot = std::max(slot, encoded_size(chunk_range(count, world, p.bucket_size, j).size(),
+                                       DType::kFloat32, p));
+  }
+  return slot;
+}
+
 template <typename T>
 void grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
@@ -38,7 +49,11 @@ void grow(std::vector<T>& v, size_t n) {
 
 }  // namespace
 
-const char* algorithm_name(Algorithm a) { return a == Algorithm::kRing ? "ring" : "sra"; }
+Algorithm algorithm_from_int(int value) {
+  CGX_CHECK_ARG(value == int(Algorithm::kScatterReduceAllgather) || value == int(Algorithm::kRing),
+                "unknown allreduce algorithm ", value, " (0: sra, 1: ring)");
+  return Algorithm(value);
+}
 
 Range chunk_range(int64_t count, int ranks, int64_t bucket_size, int j) {
   const int64_t per = (count + ranks - 1) / ranks;
@@ -69,6 +84,7 @@ CompressedAllreduce::~CompressedAllreduce() = default;
 void CompressedAllreduce::run(Transport& t, void* data, DType dtype, int64_t count,
                               const AllreduceOptions& o) {
   validate(o.codec);
+  algorithm_from_int(int(o.algorithm));
   CGX_CHECK_ARG(count >= 0, "element count must be >= 0, got ", count);
   CGX_CHECK_ARG(o.fusion_bytes >= elem_size(dtype), "fusion buffer must hold one element");
   bytes_sent_ = 0;
@@ -126,7 +142,7 @@ void CompressedAllreduce::sra(Transport& t, uint8_t* data, DType dtype, int64_t 
       send_total += s.send_sizes[size_t(j)];
       recv_total += s.recv_sizes[size_t(j)];
     }
-    s.slot = encoded_size(s.chunk(0).size(), DType::kFloat32, o.codec);
+    s.slot = final_slot(s.count, s.world, o.codec);
     s.final_send_offset = final_total;
     s.final_recv_offset = gathered_total;
     final_total += s.slot;
@@ -243,8 +259,12 @@ void CompressedAllreduce::ring(Transport& t, uint8_t* data, DType dtype, int64_t
   const int next = (me + 1) % world, prev = (me + world - 1) % world;
   const int64_t bucket = o.codec.bucket_size;
   const int64_t max_chunk = chunk_range(count, world, bucket, 0).size();
-  const size_t max_payload = std::max(encoded_size(max_chunk, dtype, o.codec),
-                                      encoded_size(max_chunk, DType::kFloat32, o.codec));
+  size_t max_payload = 0;
+  for (int j = 0; j < world; ++j) {
+    const int64_t n = chunk_range(count, world, bucket, j).size();
+    max_payload = std::max({max_payload, encoded_size(n, dtype, o.codec),
+                            encoded_size(n, DType::kFloat32, o.codec)});
+  }
   grow(send_, max_payload);
   grow(recv_, max_payload);
   grow(acc_, size_t(max_chunk));
@@ -272,7 +292,7 @@ void CompressedAllreduce::ring(Transport& t, uint8_t* data, DType dtype, int64_t
   }
   // Rank r now holds the sum of chunk r + 1: encode it, allgather, decode every chunk.
   const int owned = next;
-  const size_t slot = encoded_size(max_chunk, DType::kFloat32, o.codec);
+  const size_t slot = final_slot(count, world, o.codec);
   grow(final_send_, slot);
   grow(final_recv_, slot * size_t(world));
   encode_final(o, world, acc_.data(), chunk_range(count, world, bucket, owned).size(),
@@ -295,6 +315,8 @@ void CompressedAllreduce::encode_final(const AllreduceOptions& o, int world, flo
     for (int64_t i = 0; i < n; ++i) acc[i] /= w;
   }
   const size_t bytes = encoded_size(n, DType::kFloat32, o.codec);
+  CGX_CHECK_ARG(bytes <= slot, "internal: a ", bytes, "-byte payload does not fit its ", slot,
+                "-byte slot");
   encode(acc, DType::kFloat32, n, p, dst, bytes);
   std::memset(dst + bytes, 0, slot - bytes);
 }

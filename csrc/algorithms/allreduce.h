@@ -23,7 +23,8 @@ enum class Algorithm : uint8_t {
   kRing = 1,                    // W - 1 re-quantizing hops, then a compressed allgather
 };
 
-const char* algorithm_name(Algorithm a);
+// The algorithm with this numeric value; InvalidArgument for any other value.
+Algorithm algorithm_from_int(int value);
 
 struct AllreduceOptions {
   CodecParams codec;  // bits, bucket size, raw tail, rounding, seed (streams are set per message)

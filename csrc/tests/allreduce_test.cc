@@ -1,6 +1,7 @@
 // The compressed allreduce algorithms with ranks as threads: replicas bit-identical, results
 // within the error bound of docs/algorithms.md, fusion pieces, odd sizes, every dtype.
 #include "algorithms/allreduce.h"
+#include "algorithms/error_bound.h"
 
 #include <gtest/gtest.h>
 
@@ -8,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "core/error.h"
 #include "in_memory_transport.h"
 
 namespace cgx {
@@ -23,6 +25,8 @@ struct Case {
   bool average;
   DType dtype;
   size_t segment_bytes = size_t(8) << 20;
+  bool skip_incomplete = false;
+  bool stochastic = false;
 };
 
 std::vector<std::vector<float>> inputs(int world, int64_t count, uint32_t seed) {
@@ -35,28 +39,26 @@ std::vector<std::vector<float>> inputs(int world, int64_t count, uint32_t seed) 
   return x;
 }
 
-// docs/algorithms.md: per bucket, with R = sum of the ranks' ranges in the bucket, every
-// quantization of a value adds at most (range of what is quantized) / (2L), and that range is at
-// most R plus twice the error so far. SRA quantizes twice (first stage by W - 1 ranks, each
-// with its own range: bounded by R / (2L) together), ring W times.
+// The bound of docs/algorithms.md (error_bound.h) for one bucket [b0, b1) of the ranks' inputs.
 double bound(const std::vector<std::vector<float>>& x, int64_t b0, int64_t b1, const Case& c) {
-  const double levels = (1 << c.bits) - 1;
   double r_sum = 0.0, mag = 0.0;
   for (const auto& v : x) {
-    double mn = v[b0], mx = v[b0];
+    double mn = v[size_t(b0)], mx = v[size_t(b0)];
     for (int64_t i = b0; i < b1; ++i) {
-      mn = std::min<double>(mn, v[i]);
-      mx = std::max<double>(mx, v[i]);
+      mn = std::min<double>(mn, v[size_t(i)]);
+      mx = std::max<double>(mx, v[size_t(i)]);
     }
     r_sum += mx - mn;
     mag += std::max(std::fabs(mn), std::fabs(mx));
   }
-  const int rounds = c.algorithm == Algorithm::kRing ? c.world : 2;
-  double err = 0.0;
-  for (int k = 0; k < rounds; ++k) err += (r_sum + 2 * err) / (2 * levels);
-  err = err * (1 + 1e-3) + 1e-6 * mag;  // fp32 roundings (docs/FORMAT.md bound, summed)
-  if (c.dtype != DType::kFloat32) err += mag * (c.dtype == DType::kFloat16 ? 0x1p-10 : 0x1p-7);
-  return c.average ? err / c.world : err;
+  BoundParams p;
+  p.bits = c.bits;
+  p.world = c.world;
+  p.algorithm = c.algorithm;
+  p.average = c.average;
+  p.rounding = c.stochastic ? Rounding::kStochastic : Rounding::kNearest;
+  p.dtype = c.dtype;
+  return bucket_error_bound(r_sum, mag, p);
 }
 
 void run_case(const Case& c) {
@@ -78,6 +80,9 @@ void run_case(const Case& c) {
   o.average = c.average;
   o.fusion_bytes = c.fusion_bytes;
   o.segment_bytes = c.segment_bytes;
+  o.codec.skip_incomplete_buckets = c.skip_incomplete;
+  o.codec.rounding = c.stochastic ? Rounding::kStochastic : Rounding::kNearest;
+  o.codec.seed = 11;
   std::vector<std::thread> threads;
   for (int r = 0; r < c.world; ++r) {
     threads.emplace_back([&, r] {
@@ -175,6 +180,49 @@ TEST(Allreduce, PipelineEqualsSequentialPiecesOfTheSameBoundaries) {
   }
   EXPECT_EQ(x, y);
   EXPECT_NE(x, inputs(world, count, 3));
+}
+
+// The raw tail of the last chunk can need more bytes than chunk 0's payload: 1000 values on 2
+// ranks at bucket 512 (chunks 512 and 488: the second all raw), 997 on 4 (chunks 256 x 3 and
+// 229). Both algorithms, pipelined or not, with odd pieces and segments.
+TEST(Allreduce, SkipIncompleteBucketsSendsTheTailRaw) {
+  for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing}) {
+    for (auto dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      for (int world : {2, 3, 4}) {
+        for (int64_t count : {1, 997, 1000, 20011}) {
+          Case c{world, count, alg, 8, 512, 1 << 20, world == 3, dtype};
+          c.skip_incomplete = true;
+          if (count == 20011) c.segment_bytes = 4096;
+          run_case(c);
+        }
+      }
+    }
+  }
+}
+
+TEST(Allreduce, StochasticRoundingWithinItsBound) {
+  for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing}) {
+    for (int world : {2, 4}) {
+      for (int bits : {1, 2, 4}) {
+        Case c{world, 4099, alg, bits, 64, 1 << 20, false, DType::kFloat32};
+        c.stochastic = true;
+        c.segment_bytes = 2048;
+        run_case(c);
+      }
+    }
+  }
+}
+
+TEST(Allreduce, UnknownAlgorithmIsRejected) {
+  testing::Hub hub;
+  testing::InMemoryTransport t(hub, 0, 1);
+  std::vector<float> x(100, 1.0f);
+  AllreduceOptions o;
+  o.algorithm = Algorithm(7);
+  CompressedAllreduce ar;
+  EXPECT_THROW(ar.run(t, x.data(), DType::kFloat32, 100, o), InvalidArgument);
+  EXPECT_THROW((void)algorithm_from_int(-1), InvalidArgument);
+  EXPECT_EQ(algorithm_from_int(1), Algorithm::kRing);
 }
 
 TEST(Allreduce, SingleRankIsIdentity) {
