@@ -2,11 +2,25 @@
 
 import glob
 import os
+import re
 
 from setuptools import find_packages, setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+try:
+    import torch
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+except ImportError:
+    raise SystemExit(
+        "torch_cgx builds against the torch already installed (its C++ ABI is not stable): "
+        "install torch first, then `pip install --no-build-isolation .` (with build isolation "
+        "pip would build against a different, freshly downloaded torch)"
+    ) from None
 
 os.environ.setdefault("MAX_JOBS", "2")
+
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_cgx", "version.py")) as f:
+    VERSION = re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
+TORCH_VERSION = torch.__version__.split("+")[0]
 
 sources = sorted(glob.glob("csrc/core/*.cc") + glob.glob("csrc/algorithms/*.cc"))
 sources += sorted(glob.glob("csrc/torch/*.cc"))
@@ -20,6 +34,7 @@ if os.environ.get("CGX_SKIP_EXT") != "1":
             "torch_cgx._C",
             sources,
             include_dirs=[os.path.abspath("csrc")],
+            define_macros=[("CGX_BUILT_WITH_TORCH", f'"{TORCH_VERSION}"')],
             extra_compile_args=[
                 "-O3",
                 "-Wall",
@@ -33,10 +48,16 @@ if os.environ.get("CGX_SKIP_EXT") != "1":
 
 setup(
     name="torch_cgx",
-    version="0.1.0",
+    version=VERSION,
     description="Compressed allreduce for torch.distributed: the cgx backend, hooks, compressors",
     packages=find_packages(include=["torch_cgx", "torch_cgx.*", "cgx_utils"]),
     ext_modules=ext_modules,
     cmdclass={"build_ext": BuildExtension},
     python_requires=">=3.9",
+    # The extension only loads with the torch it was built against (checked at import).
+    install_requires=[f"torch=={TORCH_VERSION}"],
+    extras_require={
+        # python -m torch_cgx.bench train / plots
+        "bench": ["numpy", "transformers", "scikit-learn", "matplotlib"],
+    },
 )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import time
 from typing import Callable, Dict, Optional
 
 import torch.multiprocessing as mp
@@ -36,15 +38,32 @@ def _entry(rank, fn, world, port, env, args):
 
 
 def run_ranks(
-    fn: Callable, world: int, *args, env: Optional[Dict[str, str]] = None, timeout: float = 120
+    fn: Callable,
+    world: int,
+    *args,
+    env: Optional[Dict[str, str]] = None,
+    timeout: float = 120,
+    port: Optional[int] = None,
 ) -> None:
-    """Starts `world` processes running fn(rank, world, *args); re-raises the first failure."""
+    """Starts `world` processes running fn(rank, world, *args); re-raises the first failure.
+
+    A hang fails: after `timeout` seconds in all, every rank still running is killed and
+    TimeoutError raised."""
     ctx = mp.start_processes(
         _entry,
-        args=(fn, world, free_port(), env or {}, args),
+        args=(fn, world, port or free_port(), env or {}, args),
         nprocs=world,
         join=False,
         start_method="spawn",
     )
-    while not ctx.join(timeout=timeout):
-        pass
+    deadline = time.monotonic() + timeout
+    try:
+        while not ctx.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                alive = [r for r, p in enumerate(ctx.processes) if p.is_alive()]
+                raise TimeoutError(f"ranks {alive} still running after {timeout:g} s (a hang?)")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)
+                p.join(5)

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from dist_helpers import run_ranks
 
-from torch_cgx.bounds import allreduce_error_bound
+from torch_cgx.bounds import allreduce_error_bound, sra_rms_error_estimate
 
 
 def rank_input(rank: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -33,7 +33,9 @@ def check_same_on_all_ranks(t: torch.Tensor, gloo) -> None:
         assert torch.equal(g, gathered[0]), f"rank {r} differs from rank 0"
 
 
-def check_allreduce(rank, world, n, dtype, op, bits, bucket, algorithm, gloo, seed, fusion_mb):
+def check_allreduce(
+    rank, world, n, dtype, op, bits, bucket, algorithm, gloo, seed, fusion_mb, stochastic=False
+):
     x = rank_input(rank, n, dtype, seed)
     y = x.clone()
     dist.all_reduce(y, op=op)
@@ -42,8 +44,9 @@ def check_allreduce(rank, world, n, dtype, op, bits, bucket, algorithm, gloo, se
     average = op == dist.ReduceOp.AVG
     if average:
         exact /= world
+    fusion = fusion_mb * 2**20 // x.element_size()
     bound = allreduce_error_bound(
-        inputs, bits, bucket, algorithm, average, fusion_mb * 2**20 // x.element_size(), dtype
+        inputs, bits, bucket, algorithm, average, fusion, dtype, stochastic=stochastic
     )
     err = (y.double() - exact).abs()
     assert y.dtype == dtype and y.shape == x.shape
@@ -51,6 +54,13 @@ def check_allreduce(rank, world, n, dtype, op, bits, bucket, algorithm, gloo, se
         f"n={n} {dtype} {op} bits={bits} {algorithm}: max err {err.max():.3g}, "
         f"at bound {bound[err.argmax()]:.3g}"
     )
+    if algorithm == "sra" and dtype == torch.float32 and n >= 997:
+        # The bound is loose at low bits (an all-zero result would pass most buckets at 2 bits);
+        # the RMS error must match the quantization noise SRA adds, with 25% statistical slack.
+        rms = float(err.pow(2).mean().sqrt())
+        expected = sra_rms_error_estimate(inputs, bits, bucket, average, fusion, stochastic)
+        assert rms <= 1.25 * expected, f"n={n} bits={bits}: RMS error {rms:.3g} vs {expected:.3g}"
+        assert float(exact.pow(2).mean().sqrt()) > 1.25 * expected  # (so that zero would fail)
     check_same_on_all_ranks(y, gloo)
 
 
@@ -81,6 +91,46 @@ def body_allreduce(rank, world):
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_allreduce_bound_and_identical(world):
     run_ranks(body_allreduce, world)
+
+
+def body_tail_pipeline_stochastic(rank, world):
+    import torch_cgx
+
+    dist.init_process_group("cgx")
+    gloo = dist.new_group(backend="gloo")
+    # skip_incomplete_buckets: the raw tail of the last chunk can be longer than chunk 0's
+    # payload (1000 values on 2 ranks and 997 on 4 crashed with a heap overflow).
+    n = 1000 if world == 2 else 997
+    for algorithm in ("sra", "ring"):
+        torch_cgx.set_config(
+            bits=8, bucket_size=512, skip_incomplete_buckets=True, algorithm=algorithm
+        )
+        for dtype in (torch.float32, torch.bfloat16):
+            check_allreduce(rank, world, n, dtype, dist.ReduceOp.SUM, 8, 512, algorithm, gloo, 1, 64)
+        check_allreduce(
+            rank, world, 70001, torch.float32, dist.ReduceOp.AVG, 8, 512, algorithm, gloo, 2, 64
+        )
+    # The pipelined SRA over real Gloo: 1 MiB segments, 2.8 MB of fp32 (3 segments), 2 pieces.
+    torch_cgx.set_config(
+        bits=4, bucket_size=512, skip_incomplete_buckets=False, algorithm="sra",
+        pipeline_segment_mb=1, fusion_buffer_mb=2,
+    )  # fmt: skip
+    check_allreduce(rank, world, 700_001, torch.float32, dist.ReduceOp.SUM, 4, 512, "sra", gloo, 3, 2)
+    assert torch_cgx.cgx_backend().last_bytes_sent() > 0
+    # Stochastic rounding through the allreduce: its own (doubled) bound, the RMS of its noise.
+    torch_cgx.set_config(bits=4, bucket_size=128, stochastic=True, seed=7, fusion_buffer_mb=64)
+    for algorithm in ("sra", "ring"):
+        torch_cgx.set_config(algorithm=algorithm)
+        check_allreduce(
+            rank, world, 65537, torch.float32, dist.ReduceOp.SUM, 4, 128, algorithm, gloo, 4, 64,
+            stochastic=True,
+        )  # fmt: skip
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_raw_tail_pipeline_and_stochastic_rounding(world):
+    run_ranks(body_tail_pipeline_stochastic, world)
 
 
 def body_shapes_and_exact_paths(rank, world):
@@ -256,6 +306,28 @@ def body_mismatch(rank, world):
 
 def test_mismatched_settings_raise_on_every_rank():
     run_ranks(body_mismatch, 2)
+
+
+def body_set_config_mismatch(rank, world):
+    import torch_cgx
+
+    dist.init_process_group("cgx")
+    with pytest.raises(ValueError, match="cgx settings differ between ranks"):
+        torch_cgx.set_config(bits=4 if rank == 0 else 8)
+    assert torch_cgx.get_config().bits == 32  # unchanged on every rank
+    # A value only one rank rejects: that rank names it, the others learn it differs.
+    with pytest.raises(ValueError, match="bits must be" if rank == 1 else "invalid settings"):
+        torch_cgx.set_config(bits=9 if rank == 1 else 4)
+    assert torch_cgx.get_config().bits == 32
+    torch_cgx.set_config(bits=4)  # the group still works and agrees
+    t = torch.ones(1000)
+    dist.all_reduce(t)
+    assert torch.allclose(t, torch.full((1000,), float(world)), rtol=0, atol=1e-5)
+    dist.destroy_process_group()
+
+
+def test_set_config_mismatch_raises_on_every_rank_and_keeps_settings():
+    run_ranks(body_set_config_mismatch, 2)
 
 
 def body_peer_fails(rank, world, marker, how):

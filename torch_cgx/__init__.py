@@ -5,17 +5,20 @@ maps MPI / PMI launcher variables to torch's, so CGX scripts run unchanged under
 mpirun. See README.md.
 """
 
-from torch_cgx import codec  # noqa: F401  (loads the native core)
+from torch_cgx import _native  # noqa: F401  (first: checks the extension against torch)
+from torch_cgx import backend as _backend
+from torch_cgx import codec  # noqa: F401
+from torch_cgx import config as _config
 from torch_cgx.backend import cgx_backend, get_config, is_cgx_group, set_config
 from torch_cgx.config import CGXConfig
 from torch_cgx.hooks import CGXState, cgx_hook
 from torch_cgx.launch import apply_launcher_env
-
-__version__ = "0.1.0"
+from torch_cgx.version import __version__
 
 __all__ = [
     "CGXConfig",
     "CGXState",
+    "__version__",
     "cgx_backend",
     "cgx_hook",
     "get_config",
@@ -24,4 +27,8 @@ __all__ = [
 ]
 
 apply_launcher_env()
-backend._register()  # noqa: F821  (the submodule, bound by the import above)
+_threads, _avx2 = _config.process_settings_from_env()
+codec.set_num_threads(_threads)
+if not _avx2:
+    _native._C.set_isa(False)
+_backend._register()

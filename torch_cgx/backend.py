@@ -1,9 +1,15 @@
 """Registers the ``cgx`` torch.distributed backend and gives typed access to its settings.
 
 ``import torch_cgx`` is all a script needs: ``dist.init_process_group("cgx", ...)`` then creates a
-:class:`torch_cgx._C.ProcessGroupCGX` whose inner transport is Gloo, built from the same store
-under its own prefixes (``cgx/inner/`` for forwarded collectives, ``cgx/wire/`` for compressed
-traffic). ``new_group(..., backend="cgx")`` works the same way.
+:class:`torch_cgx._C.ProcessGroupCGX` whose inner transport is Gloo, built from the same store.
+``new_group(..., backend="cgx")`` works the same way.
+
+Store keys. Every instance of a group gets its own key space ``cgx/<generation>/`` (``inner/`` and
+``wire/`` for the two Gloo rendezvous, ``config/<version>/`` for settings agreements), the
+generation counted in the store itself. So a group destroyed and created again under the same
+name and store (test suites with setUp / tearDown) never reads the previous instance's
+addresses or settings. Agreement keys are deleted once every rank has read them. The C++ object
+holds all per-group state, the store included: nothing outlives the group.
 """
 
 from __future__ import annotations
@@ -20,44 +26,40 @@ from torch_cgx.config import CGXConfig
 __all__ = ["get_config", "set_config", "cgx_backend", "is_cgx_group"]
 
 
-class _GroupState:
-    """Python-side state of one cgx backend. Python wrappers of the C++ object are recreated on
-    each access, so the state lives here, keyed by the object's address (re-keyed on creation)."""
-
-    __slots__ = ("store", "config", "version")
-
-    def __init__(self, store, config: CGXConfig) -> None:
-        self.store, self.config, self.version = store, config, 0
-
-
-_STATES: dict = {}
-
-
-def _state(backend) -> _GroupState:
-    return _STATES[backend.uid()]
-
-
 def _agree(store, rank: int, size: int, key: str, config: CGXConfig) -> None:
-    """Every rank publishes its settings and checks all others': a mismatch raises everywhere."""
+    """Every rank publishes its settings and checks all others': a mismatch raises everywhere.
+    The last rank to finish reading deletes the keys."""
     mine = config.describe()
     store.set(f"{key}/{rank}", mine)
-    for other in range(size):
-        theirs = store.get(f"{key}/{other}").decode()
-        if theirs != mine:
+    theirs = [store.get(f"{key}/{other}").decode() for other in range(size)]
+    if store.add(f"{key}/read", 1) == size:
+        for k in [f"{key}/{r}" for r in range(size)] + [f"{key}/read"]:
+            try:
+                store.delete_key(k)
+            except (RuntimeError, NotImplementedError):
+                break  # a store without deletion (FileStore on some versions): keys are unique
+    for other, text in enumerate(theirs):
+        if text != mine:
             raise ValueError(
                 f"cgx settings differ between ranks: rank {rank} has {mine}, rank {other} has "
-                f"{theirs}; set the same CGX_* variables (or set_config arguments) on every rank"
+                f"{text}; set the same CGX_* variables (or set_config arguments) on every rank"
             )
+
+
+def _generation(store, size: int) -> int:
+    """0, 1, 2, ... for successive instances of a group under this store. Every rank adds 1; an
+    instance's adds all happen before any rank gets past its Gloo rendezvous, which waits for
+    every rank, so the next instance's adds come after them."""
+    return (store.add("cgx/instances", 1) - 1) // size
 
 
 def _create(store, rank: int, size: int, timeout: datetime.timedelta):
     config = CGXConfig.from_env()
-    inner = dist.ProcessGroupGloo(dist.PrefixStore("cgx/inner/", store), rank, size, timeout)
-    wire = dist.ProcessGroupGloo(dist.PrefixStore("cgx/wire/", store), rank, size, timeout)
-    _agree(store, rank, size, "cgx/config/0", config)
-    pg = _C.ProcessGroupCGX(rank, size, inner, wire, config.to_native())
-    _STATES[pg.uid()] = _GroupState(store, config)
-    return pg
+    group_store = dist.PrefixStore(f"cgx/{_generation(store, size)}/", store)
+    inner = dist.ProcessGroupGloo(dist.PrefixStore("inner/", group_store), rank, size, timeout)
+    wire = dist.ProcessGroupGloo(dist.PrefixStore("wire/", group_store), rank, size, timeout)
+    _agree(group_store, rank, size, "config/0", config)
+    return _C.ProcessGroupCGX(rank, size, inner, wire, config.to_native(), group_store)
 
 
 def _register() -> None:
@@ -92,21 +94,24 @@ def is_cgx_group(group: Optional[dist.ProcessGroup] = None) -> bool:
 
 def get_config(group: Optional[dist.ProcessGroup] = None) -> CGXConfig:
     """The settings ``group``'s allreduce uses now."""
-    return _state(cgx_backend(group)).config
+    return CGXConfig.from_native(cgx_backend(group).config())
 
 
 def set_config(group: Optional[dist.ProcessGroup] = None, **changes) -> CGXConfig:
     """Changes ``group``'s settings, e.g. ``set_config(bits=4, bucket_size=1024)``.
 
     Collective: every rank of the group must call it with the same values (checked; a mismatch
-    raises ValueError on every rank). Operations already issued keep the settings they were
-    issued with. Returns the new settings.
+    raises ValueError on every rank and leaves the settings unchanged). Operations already issued
+    keep the settings they were issued with. Returns the new settings.
     """
     backend = cgx_backend(group)
-    state = _state(backend)
-    new = state.config.replace(**changes)
-    state.version += 1
-    _agree(state.store, backend.rank(), backend.size(), f"cgx/config/{state.version}", new)
+    key = f"config/{backend.next_config_version()}"
+    try:
+        new = get_config(group).replace(**changes)
+    except (TypeError, ValueError) as e:
+        # Tell the other ranks, which would otherwise wait for this rank's settings.
+        backend.store().set(f"{key}/{backend.rank()}", f"invalid settings ({e})")
+        raise
+    _agree(backend.store(), backend.rank(), backend.size(), key, new)
     backend.set_config(new.to_native())
-    state.config = new
     return new

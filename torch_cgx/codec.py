@@ -103,10 +103,17 @@ def inspect(payload: torch.Tensor) -> dict:
 
 
 def decode(
-    payload: torch.Tensor, out: Optional[torch.Tensor] = None, dtype: Optional[torch.dtype] = None
+    payload: torch.Tensor,
+    *,
+    out: Optional[torch.Tensor] = None,
+    dtype: Optional[torch.dtype] = None,
 ) -> torch.Tensor:
     """Decodes a payload into ``out`` (any shape with the payload's element count) or into a new
-    1-D tensor of ``dtype`` (default: the encoded tensor's dtype). Returns the decoded tensor."""
+    1-D tensor of ``dtype`` (default: the encoded tensor's dtype). Returns the decoded tensor.
+
+    ``out`` is keyword-only: the in-place form is ``decode_add_(out, payload)``, destination
+    first like every in-place torch op, and a positional ``out`` here would read the other way.
+    """
     payload = _check_payload(payload)
     if out is None:
         info = _C.inspect(payload)
@@ -132,7 +139,8 @@ def _into(payload: torch.Tensor, out: torch.Tensor, add: bool) -> torch.Tensor:
 
 
 def num_threads() -> int:
-    """Threads the codec uses on large buffers (default: all cores, or ``CGX_CODEC_THREADS``)."""
+    """Threads the codec uses on large buffers: ``CGX_CODEC_THREADS`` when set, else the cores
+    this process may use divided by the ranks sharing the host (``LOCAL_WORLD_SIZE``)."""
     return _C.num_threads()
 
 

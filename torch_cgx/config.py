@@ -17,7 +17,14 @@ variable                                       default    meaning
                                                           0 = no pipeline
 ``CGX_COMPRESSION_STOCHASTIC``                 0          stochastic rounding (unbiased)
 ``CGX_COMPRESSION_SEED``                       0          seed of the stochastic rounding
+``CGX_CODEC_THREADS``                          see right  codec threads per process, 1..1024;
+                                                          default: usable cores divided by the
+                                                          ranks on this host (LOCAL_WORLD_SIZE)
+``CGX_DISABLE_AVX2``                           0          1: use the portable codec kernels
 =============================================  =========  =========================================
+
+``CGX_CODEC_THREADS`` and ``CGX_DISABLE_AVX2`` are per process and read once, at import; the
+others are per group.
 
 Every rank must use the same settings: the backend compares them through the store when a group
 is created and whenever :func:`torch_cgx.set_config` changes them, and raises ``ValueError``
@@ -29,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple
 
 from torch_cgx import _C
 
@@ -122,6 +129,21 @@ class CGXConfig:
             raise ValueError(f"unknown cgx setting(s): {sorted(unknown)}")
         return dataclasses.replace(self, **changes)
 
+    @classmethod
+    def from_native(cls, native: _C.BackendConfig) -> CGXConfig:
+        names = {v: k for k, v in ALGORITHMS.items()}
+        return cls(
+            bits=native.bits,
+            bucket_size=native.bucket_size,
+            skip_incomplete_buckets=native.skip_incomplete_buckets,
+            minimal_size=native.minimal_size,
+            fusion_buffer_mb=native.fusion_buffer_bytes >> 20,
+            algorithm=names[native.algorithm],
+            pipeline_segment_mb=native.pipeline_segment_bytes >> 20,
+            stochastic=native.stochastic,
+            seed=native.seed,
+        )
+
     def to_native(self) -> _C.BackendConfig:
         native = _C.BackendConfig()
         native.bits = self.bits
@@ -137,6 +159,37 @@ class CGXConfig:
 
     def describe(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+def process_settings_from_env(env: Optional[Mapping[str, str]] = None) -> Tuple[int, bool]:
+    """(codec threads, AVX2 allowed) from ``CGX_CODEC_THREADS`` / ``CGX_DISABLE_AVX2``.
+
+    The default thread count shares the host's cores among its ranks: the cores this process
+    may run on, divided by ``LOCAL_WORLD_SIZE`` (torchrun; mapped from mpirun's variables by
+    torch_cgx.launch), at least 1. A malformed value raises ValueError naming the variable.
+    """
+    env = os.environ if env is None else env
+    raw = env.get("CGX_CODEC_THREADS", "").strip()
+    if raw:
+        threads = _parse("CGX_CODEC_THREADS", "int", raw)
+        if not 1 <= threads <= 1024:
+            raise ValueError(f"CGX_CODEC_THREADS must be in [1, 1024], got {raw!r}")
+    else:
+        local = env.get("LOCAL_WORLD_SIZE", "").strip()
+        ranks = _parse("LOCAL_WORLD_SIZE", "int", local) if local else 1
+        if ranks < 1:
+            raise ValueError(f"LOCAL_WORLD_SIZE must be >= 1, got {local!r}")
+        threads = min(1024, max(1, _usable_cores() // ranks))
+    raw = env.get("CGX_DISABLE_AVX2", "").strip()
+    disable = _parse("CGX_DISABLE_AVX2", "bool", raw) if raw else False
+    return threads, not disable
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _is_int(v) -> bool:

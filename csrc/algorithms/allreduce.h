@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/codec.h"
-#include "serial_executor.h"
+#include "core/serial_executor.h"
 #include "transport.h"
 
 namespace cgx {

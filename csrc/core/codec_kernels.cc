@@ -29,7 +29,7 @@ bool avx2_available() {
 #endif
 }
 
-std::atomic<bool> g_avx2{avx2_available() && !std::getenv("CGX_DISABLE_AVX2")};
+std::atomic<bool> g_avx2{avx2_available()};  // CGX_DISABLE_AVX2: set_isa(false) from Python
 
 bool use_avx2() { return g_avx2.load(std::memory_order_relaxed); }
 

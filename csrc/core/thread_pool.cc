@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -13,11 +12,9 @@
 namespace cgx {
 namespace {
 
+// The Python front sets the count from CGX_CODEC_THREADS / LOCAL_WORLD_SIZE at import
+// (torch_cgx/config.py); the core itself reads no environment.
 int default_threads() {
-  if (const char* env = std::getenv("CGX_CODEC_THREADS")) {
-    int n = std::atoi(env);
-    if (n >= 1) return n;
-  }
   unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : int(hw);
 }

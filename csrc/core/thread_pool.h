@@ -7,7 +7,7 @@
 namespace cgx {
 
 // Threads used by the codec for large buffers (including the caller). Default: the number of
-// hardware threads, or CGX_CODEC_THREADS when set.
+// hardware threads (torch_cgx sets it from CGX_CODEC_THREADS / LOCAL_WORLD_SIZE at import).
 int num_threads();
 void set_num_threads(int n);
 

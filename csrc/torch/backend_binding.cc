@@ -1,11 +1,39 @@
 // Python bindings of the cgx process group (torch_cgx/backend.py registers it with c10d).
 #include "backend_binding.h"
 
+#include <ATen/ops/empty_like.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "algorithms/error_bound.h"
+#include "dtype_map.h"
 #include "process_group_cgx.h"
 
 namespace cgx::binding {
+namespace {
+
+// error_bound.h over float64 tensors of per-bucket sums (torch_cgx/bounds.py).
+at::Tensor bucket_error_bound(const at::Tensor& range_sum, const at::Tensor& magnitude_sum,
+                              int bits, int world, int algorithm, bool average, bool stochastic,
+                              c10::ScalarType dtype) {
+  CGX_CHECK_ARG(range_sum.scalar_type() == at::kDouble && magnitude_sum.sizes() == range_sum.sizes() &&
+                    magnitude_sum.scalar_type() == at::kDouble,
+                "range_sum and magnitude_sum must be float64 tensors of one shape");
+  BoundParams p;
+  p.bits = bits;
+  p.world = world;
+  p.algorithm = algorithm_from_int(algorithm);
+  p.average = average;
+  p.rounding = stochastic ? Rounding::kStochastic : Rounding::kNearest;
+  p.dtype = to_cgx_dtype(dtype);
+  at::Tensor r = range_sum.contiguous().cpu(), m = magnitude_sum.contiguous().cpu();
+  at::Tensor out = at::empty_like(r);
+  const double *rp = r.data_ptr<double>(), *mp = m.data_ptr<double>();
+  double* op = out.data_ptr<double>();
+  for (int64_t i = 0; i < r.numel(); ++i) op[i] = cgx::bucket_error_bound(rp[i], mp[i], p);
+  return out;
+}
+
+}  // namespace
 
 void bind_backend(pybind11::module& m) {
   namespace py = pybind11;
@@ -26,17 +54,21 @@ void bind_backend(pybind11::module& m) {
   py::class_<ProcessGroupCGX, c10d::Backend, c10::intrusive_ptr<ProcessGroupCGX>>(m,
                                                                                   "ProcessGroupCGX")
       .def(py::init<int, int, c10::intrusive_ptr<c10d::Backend>, c10::intrusive_ptr<c10d::Backend>,
-                    BackendConfig>(),
+                    BackendConfig, c10::intrusive_ptr<c10d::Store>>(),
            py::arg("rank"), py::arg("size"), py::arg("inner"), py::arg("wire"), py::arg("config"),
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("store"), py::call_guard<py::gil_scoped_release>())
       .def("config", &ProcessGroupCGX::config)
       .def("set_config", &ProcessGroupCGX::set_config)
+      .def("store", &ProcessGroupCGX::store)
+      .def("next_config_version", &ProcessGroupCGX::next_config_version)
       .def("allreduce_with", &ProcessGroupCGX::allreduce_with, py::arg("tensor"), py::arg("config"),
            py::arg("average"), py::call_guard<py::gil_scoped_release>())
       .def("last_bytes_sent", &ProcessGroupCGX::last_bytes_sent)
-      .def("total_bytes_sent", &ProcessGroupCGX::total_bytes_sent)
-      // Identifies the C++ object: Python wrappers of it come and go (torch_cgx/backend.py).
-      .def("uid", [](const ProcessGroupCGX& pg) { return reinterpret_cast<intptr_t>(&pg); });
+      .def("total_bytes_sent", &ProcessGroupCGX::total_bytes_sent);
+
+  m.def("bucket_error_bound", &bucket_error_bound, py::arg("range_sum"), py::arg("magnitude_sum"),
+        py::arg("bits"), py::arg("world"), py::arg("algorithm"), py::arg("average"),
+        py::arg("stochastic"), py::arg("dtype"));
 }
 
 }  // namespace cgx::binding

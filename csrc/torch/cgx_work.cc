@@ -1,39 +1,85 @@
 #include "cgx_work.h"
 
+#include <c10/util/Exception.h>
+
 namespace cgx::binding {
 
-CGXWork::CGXWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+CGXWork::CGXWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
+                 SerialExecutor* worker)
     : c10d::Work(rank, type),
       outputs_(std::move(outputs)),
       future_(
-          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))),
+      worker_(worker),
+      worker_thread_(worker->thread_id()) {}
+
+bool CGXWork::done() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return done_;
 }
 
-bool CGXWork::isCompleted() { return future_->completed(); }
+bool CGXWork::isCompleted() { return done(); }
 
-bool CGXWork::isSuccess() const { return future_->completed() && !future_->hasError(); }
+bool CGXWork::isSuccess() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return done_ && !error_;
+}
 
 std::exception_ptr CGXWork::exception() const {
-  return future_->completed() && future_->hasError() ? future_->exception_ptr() : nullptr;
+  std::lock_guard<std::mutex> lk(mu_);
+  return error_;
 }
 
 std::vector<at::Tensor> CGXWork::result() { return outputs_; }
 
-bool CGXWork::wait(std::chrono::milliseconds /*timeout*/) {
-  // The worker's inner operations carry the process group's timeout, so the future always
-  // completes (with an error if a peer died or stalled).
-  future_->wait();
-  if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+bool CGXWork::wait(std::chrono::milliseconds timeout) {
+  // On the worker (a future callback), work queued behind the running one can only finish if
+  // it runs here. Only dereferenced on the worker's own thread, where it is alive.
+  if (std::this_thread::get_id() == worker_thread_ && !done()) {
+    worker_->run_queued_until([this] { return done(); });
+    if (!done()) {
+      C10_THROW_ERROR(DistBackendError,
+                      "cgx: a callback on the group's worker waits for work that cannot run "
+                      "before the callback returns");
+    }
+  }
+  std::unique_lock<std::mutex> lk(mu_);
+  if (timeout == ::kNoTimeout) {
+    cv_.wait(lk, [&] { return done_; });
+  } else if (!cv_.wait_for(lk, timeout, [&] { return done_; })) {
+    C10_THROW_ERROR(DistBackendError, "cgx: operation timed out after " +
+                                          std::to_string(timeout.count()) +
+                                          " ms (Work.wait timeout); it goes on in the background");
+  }
+  if (error_) std::rethrow_exception(error_);
   return true;
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> CGXWork::getFuture() { return future_; }
 
-void CGXWork::finish(std::exception_ptr error) {
-  if (error) {
-    future_->setError(error);
-  } else {
-    future_->markCompleted(c10::IValue(outputs_));
+void CGXWork::run(const std::function<void()>& fn) {
+  std::exception_ptr error;
+  try {
+    fn();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  {
+    // Done before the future: a callback may wait() on this very work.
+    std::lock_guard<std::mutex> lk(mu_);
+    done_ = true;
+    error_ = error;
+  }
+  cv_.notify_all();
+  try {
+    if (error) {
+      future_->setError(error);
+    } else {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+  } catch (const std::exception& e) {
+    // A callback attached with addCallback threw: nothing can receive it any more.
+    TORCH_WARN("cgx: a future callback raised: ", e.what());
   }
 }
 

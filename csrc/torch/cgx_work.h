@@ -4,27 +4,46 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "core/serial_executor.h"
 
 namespace cgx::binding {
 
 class CGXWork : public c10d::Work {
  public:
-  CGXWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs);
+  // `worker` runs the work; it is only used from its own thread (see wait()).
+  CGXWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, SerialExecutor* worker);
 
   bool isCompleted() override;
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
   std::vector<at::Tensor> result() override;
-  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  // Waits at most `timeout` (kNoTimeout: no limit; the operation's own transport timeout
+  // applies) and raises on timeout or failure. Called from a callback on the worker, for work
+  // issued after the running one, it runs the queued work in place instead of deadlocking.
+  bool wait(std::chrono::milliseconds timeout = ::kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
-  // Called once by the worker: completes the future with the outputs, or with the error.
-  void finish(std::exception_ptr error);
+  // Called once, on the worker: runs `fn`, then completes the work and its future (whose
+  // callbacks run here) with the outputs, or with fn's error. Never throws.
+  void run(const std::function<void()>& fn);
 
  private:
+  bool done() const;
+
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  SerialExecutor* worker_;
+  std::thread::id worker_thread_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
 };
 
 }  // namespace cgx::binding

@@ -4,8 +4,14 @@
 #include "backend_binding.h"
 #include "codec_binding.h"
 
+#ifndef CGX_BUILT_WITH_TORCH
+#define CGX_BUILT_WITH_TORCH "unknown"
+#endif
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_cgx native core (max-min codec, cgx process group)";
+  // torch_cgx/__init__.py compares it with the running torch: the C++ ABI is per version.
+  m.attr("built_with_torch") = CGX_BUILT_WITH_TORCH;
   cgx::binding::bind_codec(m);
   cgx::binding::bind_backend(m);
 }

@@ -16,24 +16,46 @@ bool compressible(const at::Tensor& t, const BackendConfig& c) {
          t.numel() >= std::max<int64_t>(c.minimal_size, 16);
 }
 
+AllreduceOptions to_options(const BackendConfig& c, bool average, uint64_t call_index) {
+  AllreduceOptions o;
+  o.codec.bits = c.bits;
+  o.codec.bucket_size = c.bucket_size;
+  o.codec.skip_incomplete_buckets = c.skip_incomplete_buckets;
+  o.codec.rounding = c.stochastic ? Rounding::kStochastic : Rounding::kNearest;
+  o.codec.seed = c.seed;
+  o.algorithm = algorithm_from_int(c.algorithm);
+  o.average = average;
+  o.fusion_bytes = size_t(c.fusion_buffer_bytes);
+  o.segment_bytes = size_t(c.pipeline_segment_bytes);
+  o.call_index = call_index;
+  return o;
+}
+
 }  // namespace
 
+void validate_config(const BackendConfig& c) {
+  CGX_CHECK_ARG((c.bits >= 1 && c.bits <= 8) || c.bits == 32,
+                "bits must be 1..8, or 32 for no compression, got ", c.bits);
+  CGX_CHECK_ARG(c.bucket_size >= 1 && c.bucket_size < (int64_t(1) << 32),
+                "bucket_size must be in [1, 2^32), got ", c.bucket_size);
+  CGX_CHECK_ARG(c.minimal_size >= 0, "minimal_size must be >= 0, got ", c.minimal_size);
+  CGX_CHECK_ARG(c.fusion_buffer_bytes >= 1 && c.fusion_buffer_bytes <= (int64_t(1) << 40),
+                "fusion_buffer_bytes must be in [1, 2^40], got ", c.fusion_buffer_bytes);
+  CGX_CHECK_ARG(c.pipeline_segment_bytes >= 0 && c.pipeline_segment_bytes <= (int64_t(1) << 40),
+                "pipeline_segment_bytes must be in [0, 2^40], got ", c.pipeline_segment_bytes);
+  algorithm_from_int(c.algorithm);
+}
+
 ProcessGroupCGX::ProcessGroupCGX(int rank, int size, c10::intrusive_ptr<c10d::Backend> inner,
-                                 c10::intrusive_ptr<c10d::Backend> wire, BackendConfig config)
+                                 c10::intrusive_ptr<c10d::Backend> wire, BackendConfig config,
+                                 c10::intrusive_ptr<c10d::Store> store)
     : c10d::Backend(rank, size),
       inner_(std::move(inner)),
       wire_(std::move(wire)),
-      config_(config),
-      worker_([this] { worker_loop(); }) {}
+      store_(std::move(store)),
+      config_((validate_config(config), config)) {}
 
-ProcessGroupCGX::~ProcessGroupCGX() {
-  {
-    std::lock_guard<std::mutex> lk(queue_mu_);
-    stopping_ = true;
-  }
-  queue_cv_.notify_all();
-  worker_.join();
-}
+ProcessGroupCGX::~ProcessGroupCGX() = default;
 
 void ProcessGroupCGX::setTimeout(std::chrono::milliseconds timeout) {
   inner_->setTimeout(timeout);
@@ -46,6 +68,7 @@ BackendConfig ProcessGroupCGX::config() const {
 }
 
 void ProcessGroupCGX::set_config(const BackendConfig& config) {
+  validate_config(config);
   std::lock_guard<std::mutex> lk(config_mu_);
   config_ = config;
 }
@@ -55,56 +78,20 @@ void ProcessGroupCGX::set_config(const BackendConfig& config) {
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::enqueue(std::vector<at::Tensor> outputs,
                                                         c10d::OpType type,
                                                         std::function<void()> fn) {
-  auto work = c10::make_intrusive<CGXWork>(getRank(), type, std::move(outputs));
-  {
-    std::lock_guard<std::mutex> lk(queue_mu_);
-    queue_.emplace_back(work, std::move(fn));
+  auto work = c10::make_intrusive<CGXWork>(getRank(), type, std::move(outputs), &worker_);
+  auto task = [work, fn = std::move(fn)] { work->run(fn); };
+  if (worker_.on_executor_thread()) {
+    task();  // issued from a callback of this group's work: now, in place (see the header)
+  } else {
+    worker_.post(std::move(task));
   }
-  queue_cv_.notify_one();
   return work;
-}
-
-void ProcessGroupCGX::worker_loop() {
-  std::unique_lock<std::mutex> lk(queue_mu_);
-  for (;;) {
-    queue_cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stopping, and everything queued has run
-    auto [work, fn] = std::move(queue_.front());
-    queue_.pop_front();
-    busy_ = true;
-    lk.unlock();
-    std::exception_ptr error;
-    try {
-      fn();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    work->finish(error);
-    lk.lock();
-    busy_ = false;
-    if (queue_.empty()) idle_cv_.notify_all();
-  }
-}
-
-void ProcessGroupCGX::flush() {
-  std::unique_lock<std::mutex> lk(queue_mu_);
-  idle_cv_.wait(lk, [&] { return queue_.empty() && !busy_; });
 }
 
 void ProcessGroupCGX::reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average) {
   // Works on a contiguous CPU copy when t is not one (CUDA tensors: staged through the host).
   at::Tensor work = t.contiguous().cpu();
-  AllreduceOptions o;
-  o.codec.bits = c.bits;
-  o.codec.bucket_size = c.bucket_size;
-  o.codec.skip_incomplete_buckets = c.skip_incomplete_buckets;
-  o.codec.rounding = c.stochastic ? Rounding::kStochastic : Rounding::kNearest;
-  o.codec.seed = c.seed;
-  o.algorithm = Algorithm(c.algorithm);
-  o.average = average;
-  o.fusion_bytes = size_t(c.fusion_buffer_bytes);
-  o.segment_bytes = size_t(c.pipeline_segment_bytes);
-  o.call_index = calls_++;
+  const AllreduceOptions o = to_options(c, average, calls_++);
   C10dTransport transport(wire_);
   algorithm_.run(transport, work.data_ptr(), to_cgx_dtype(work.scalar_type()), work.numel(), o);
   last_bytes_sent_ = int64_t(algorithm_.bytes_sent());
@@ -112,17 +99,18 @@ void ProcessGroupCGX::reduce_compressed(at::Tensor& t, const BackendConfig& c, b
   if (!work.is_same(t)) t.copy_(work);
 }
 
-void ProcessGroupCGX::reduce_exact(at::Tensor& t, c10d::ReduceOp::RedOpType op) {
+void ProcessGroupCGX::reduce_exact(at::Tensor& t, const c10d::ReduceOp& op) {
   // Gloo has no bfloat16 reduction and no AVG: reduce in fp32 (fp16 too: no overflow of the
   // sum) and divide afterwards.
   const bool low = t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
+  const bool avg = op.op_ == c10d::ReduceOp::AVG;
   at::Tensor work = low ? t.to(at::kCPU, at::kFloat) : t.contiguous().cpu();
   std::vector<at::Tensor> v = {work};
   c10d::AllreduceOptions o;
-  o.reduceOp = c10d::ReduceOp(op == c10d::ReduceOp::AVG ? c10d::ReduceOp::SUM : op);
+  o.reduceOp = avg ? c10d::ReduceOp(c10d::ReduceOp::SUM) : op;
   wire_->allreduce(v, o)->wait();
   total_bytes_sent_ += 2 * (getSize() - 1) * int64_t(work.nbytes()) / getSize();
-  if (op == c10d::ReduceOp::AVG) work.div_(getSize());
+  if (avg) work.div_(getSize());
   if (!work.is_same(t)) t.copy_(work);
 }
 
@@ -140,16 +128,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce(std::vector<at::Tensor
     return enqueue(tensors, c10d::OpType::ALLREDUCE,
                    [this, t, c, average]() mutable { reduce_compressed(t, c, average); });
   }
-  if (op == c10d::ReduceOp::AVG || t.scalar_type() == at::kBFloat16) {
-    return enqueue(tensors, c10d::OpType::ALLREDUCE,
-                   [this, t, op]() mutable { reduce_exact(t, op); });
-  }
-  return inner_->allreduce(tensors, opts);
+  // Exact, on the worker too: every allreduce of the group in one order (see the header).
+  return enqueue(tensors, c10d::OpType::ALLREDUCE,
+                 [this, t, rop = opts.reduceOp]() mutable { reduce_exact(t, rop); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_with(at::Tensor tensor,
                                                                const BackendConfig& config,
                                                                bool average) {
+  validate_config(config);
   TORCH_CHECK_VALUE(at::isFloatingType(tensor.scalar_type()),
                     "allreduce_with needs a floating-point tensor, got ", tensor.scalar_type());
   std::vector<at::Tensor> outputs = {tensor};
@@ -158,14 +145,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_with(at::Tensor tensor
       reduce_compressed(tensor, config, average);
     });
   }
-  const auto op = average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
+  const auto op = c10d::ReduceOp(average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM);
   return enqueue(outputs, c10d::OpType::ALLREDUCE,
                  [this, tensor, op]() mutable { reduce_exact(tensor, op); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::barrier(const c10d::BarrierOptions& opts) {
-  flush();
-  return inner_->barrier(opts);
+  // Issued now on the caller's thread (in order with the forwarded collectives); completed on
+  // the worker after this rank's earlier allreduces. Never blocks the caller.
+  auto inner = inner_->barrier(opts);
+  return enqueue({}, c10d::OpType::BARRIER, [inner] { inner->wait(); });
 }
 
 // ---- forwarded ------------------------------------------------------------------------------

@@ -1,22 +1,28 @@
-// The `cgx` c10d backend. allreduce of float32 / float16 / bfloat16 with SUM or AVG is compressed
-// (csrc/algorithms) on a worker thread that owns a private Gloo backend (`wire`); every other
-// operation is forwarded unchanged to the inner Gloo backend (`inner`), called from the user's
-// thread, so both keep their own call order and cannot overhear each other.
+// The `cgx` c10d backend. Every allreduce runs on the group's worker thread (one SerialExecutor),
+// which owns a private Gloo backend (`wire`): float32 / float16 / bfloat16 with SUM or AVG are
+// compressed (csrc/algorithms), the rest reduced exactly. Every other operation is forwarded
+// unchanged to the inner Gloo backend (`inner`), called from the user's thread, so both keep
+// their own call order and cannot overhear each other.
+//
+// Callbacks of the futures of this group's work run on the worker, in the order the work was
+// issued. A collective this group is asked for from there (PowerSGD's hooks issue and wait for
+// allreduces inside callbacks) runs at once, in place: every rank issues it at the same point of
+// the same sequence, and waiting for it cannot deadlock.
 #pragma once
 
-#include <condition_variable>
-#include <deque>
-#include <functional>
+#include <atomic>
 #include <mutex>
-#include <thread>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "algorithms/allreduce.h"
 #include "cgx_work.h"
+#include "core/serial_executor.h"
 
 namespace cgx::binding {
 
-// Validated in Python (torch_cgx/config.py), which documents each field and its CGX_* variable.
+// Documented with its CGX_* variables in torch_cgx/config.py, validated there (messages naming
+// the variables) and again here (validate_config) for values set from Python directly.
 struct BackendConfig {
   int bits = 32;  // 32: no compression
   int64_t bucket_size = 512;
@@ -29,10 +35,15 @@ struct BackendConfig {
   uint64_t seed = 0;
 };
 
+// Throws cgx::InvalidArgument (ValueError in Python) naming the first bad field.
+void validate_config(const BackendConfig& c);
+
 class ProcessGroupCGX : public c10d::Backend {
  public:
+  // `store` holds this group instance's keys (settings agreement); kept for the group's life.
   ProcessGroupCGX(int rank, int size, c10::intrusive_ptr<c10d::Backend> inner,
-                  c10::intrusive_ptr<c10d::Backend> wire, BackendConfig config);
+                  c10::intrusive_ptr<c10d::Backend> wire, BackendConfig config,
+                  c10::intrusive_ptr<c10d::Store> store);
   ~ProcessGroupCGX() override;
 
   const std::string getBackendName() const override { return "cgx"; }
@@ -47,6 +58,9 @@ class ProcessGroupCGX : public c10d::Backend {
 
   BackendConfig config() const;
   void set_config(const BackendConfig& config);
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+  // 1, 2, ...: numbers the settings agreements of this group (keys in the store).
+  int64_t next_config_version() { return ++config_version_; }
   // Bytes this rank handed to the transport in its last compressed allreduce.
   int64_t last_bytes_sent() const { return last_bytes_sent_; }
   // Bytes this rank sent in all allreduces it ran itself (compressed, and exact ones counted as a
@@ -95,20 +109,20 @@ class ProcessGroupCGX : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
-  // Waits for this rank's queued compressed work, then runs the inner barrier.
+  // Completes when the inner barrier has and when this rank's allreduces issued before it have.
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
  private:
   c10::intrusive_ptr<c10d::Work> enqueue(std::vector<at::Tensor> outputs, c10d::OpType type,
                                          std::function<void()> fn);
-  void worker_loop();
-  void flush();
   void reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average);
-  void reduce_exact(at::Tensor& t, c10d::ReduceOp::RedOpType op);
+  void reduce_exact(at::Tensor& t, const c10d::ReduceOp& op);
 
   c10::intrusive_ptr<c10d::Backend> inner_;
   c10::intrusive_ptr<c10d::Backend> wire_;
 
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::atomic<int64_t> config_version_{0};
   mutable std::mutex config_mu_;
   BackendConfig config_;
 
@@ -118,13 +132,7 @@ class ProcessGroupCGX : public c10d::Backend {
   std::atomic<int64_t> last_bytes_sent_{0};
   std::atomic<int64_t> total_bytes_sent_{0};
 
-  std::mutex queue_mu_;
-  std::condition_variable queue_cv_;
-  std::condition_variable idle_cv_;
-  std::deque<std::pair<c10::intrusive_ptr<CGXWork>, std::function<void()>>> queue_;
-  bool busy_ = false;
-  bool stopping_ = false;
-  std::thread worker_;
+  SerialExecutor worker_;  // last: stops (after running what is queued) before the rest goes
 };
 
 }  // namespace cgx::binding
