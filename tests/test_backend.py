@@ -106,7 +106,9 @@ def body_tail_pipeline_stochastic(rank, world):
             bits=8, bucket_size=512, skip_incomplete_buckets=True, algorithm=algorithm
         )
         for dtype in (torch.float32, torch.bfloat16):
-            check_allreduce(rank, world, n, dtype, dist.ReduceOp.SUM, 8, 512, algorithm, gloo, 1, 64)
+            check_allreduce(
+                rank, world, n, dtype, dist.ReduceOp.SUM, 8, 512, algorithm, gloo, 1, 64
+            )
         check_allreduce(
             rank, world, 70001, torch.float32, dist.ReduceOp.AVG, 8, 512, algorithm, gloo, 2, 64
         )
@@ -115,7 +117,9 @@ def body_tail_pipeline_stochastic(rank, world):
         bits=4, bucket_size=512, skip_incomplete_buckets=False, algorithm="sra",
         pipeline_segment_mb=1, fusion_buffer_mb=2,
     )  # fmt: skip
-    check_allreduce(rank, world, 700_001, torch.float32, dist.ReduceOp.SUM, 4, 512, "sra", gloo, 3, 2)
+    check_allreduce(
+        rank, world, 700_001, torch.float32, dist.ReduceOp.SUM, 4, 512, "sra", gloo, 3, 2
+    )
     assert torch_cgx.cgx_backend().last_bytes_sent() > 0
     # Stochastic rounding through the allreduce: its own (doubled) bound, the RMS of its noise.
     torch_cgx.set_config(bits=4, bucket_size=128, stochastic=True, seed=7, fusion_buffer_mb=64)

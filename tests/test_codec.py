@@ -351,6 +351,19 @@ def test_decode_dtype_default_and_override(in_dtype):
     assert_same(full[96:], x[96:].float())  # the raw tail comes back exactly
 
 
+def test_decode_out_is_keyword_only():
+    # decode_add_(out, payload) puts the destination first; decode takes it by keyword only, so
+    # the two can never be confused positionally.
+    x = torch.randn(64)
+    p = codec.encode(x, bits=8, bucket_size=16)
+    out = torch.empty(64)
+    with pytest.raises(TypeError):
+        codec.decode(p, out)
+    assert codec.decode(p, out=out) is out
+    acc = torch.zeros(64)
+    assert codec.decode_add_(acc, p) is acc and torch.equal(acc, out)
+
+
 @pytest.mark.parametrize("shape", [(), (1,), (3, 4), (4, 3), (2, 3, 5), (5, 0), (7, 1, 9)], ids=str)
 def test_any_shape_is_read_row_major(shape):
     gen = rng("shape", shape)

@@ -75,3 +75,59 @@ def test_typed_api_validates_and_names_the_field():
         CGXConfig().replace(bitz=4)
     native = CGXConfig(bits=2, fusion_buffer_mb=3, algorithm="ring").to_native()
     assert (native.bits, native.fusion_buffer_bytes, native.algorithm) == (2, 3 << 20, 1)
+    assert CGXConfig.from_native(native) == CGXConfig(bits=2, fusion_buffer_mb=3, algorithm="ring")
+
+
+def test_codec_threads_share_the_host_among_its_ranks():
+    from torch_cgx.config import _usable_cores, process_settings_from_env
+
+    cores = _usable_cores()
+    assert process_settings_from_env({}) == (cores, True)
+    assert process_settings_from_env({"LOCAL_WORLD_SIZE": "2"})[0] == max(1, cores // 2)
+    assert process_settings_from_env({"LOCAL_WORLD_SIZE": str(4 * cores)})[0] == 1
+    assert process_settings_from_env({"CGX_CODEC_THREADS": "3", "LOCAL_WORLD_SIZE": "8"})[0] == 3
+    assert process_settings_from_env({"CGX_DISABLE_AVX2": "1"})[1] is False
+
+
+@pytest.mark.parametrize(
+    "var, value",
+    [
+        ("CGX_CODEC_THREADS", "many"),
+        ("CGX_CODEC_THREADS", "0"),
+        ("CGX_CODEC_THREADS", "2000"),
+        ("CGX_DISABLE_AVX2", "maybe"),
+        ("LOCAL_WORLD_SIZE", "0"),
+    ],
+)
+def test_bad_process_setting_names_the_variable(var, value):
+    from torch_cgx.config import process_settings_from_env
+
+    with pytest.raises(ValueError, match=var):
+        process_settings_from_env({var: value})
+
+
+def test_import_applies_process_settings_and_rejects_bad_ones():
+    import os
+    import subprocess
+    import sys
+
+    def run(**env):
+        code = "import torch_cgx; print(torch_cgx.codec.num_threads(), torch_cgx._C.isa())"
+        full = {k: v for k, v in os.environ.items() if not k.startswith("CGX_")}
+        full.update(env)
+        return subprocess.run(
+            [sys.executable, "-c", code], env=full, capture_output=True, text=True
+        )
+
+    ok = run(CGX_CODEC_THREADS="3", CGX_DISABLE_AVX2="1")
+    assert ok.returncode == 0 and ok.stdout.split() == ["3", "generic"], ok.stderr
+    bad = run(CGX_CODEC_THREADS="lots")
+    assert bad.returncode != 0 and "ValueError: CGX_CODEC_THREADS must be an integer" in bad.stderr
+
+
+def test_mpirun_local_size_maps_to_local_world_size():
+    from torch_cgx.launch import apply_launcher_env
+
+    env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4"}
+    env["OMPI_COMM_WORLD_LOCAL_SIZE"] = "2"
+    assert apply_launcher_env(env) and env["LOCAL_WORLD_SIZE"] == "2"

@@ -78,6 +78,62 @@ def test_cgx_hook_layers_bounds_and_identical_replicas():
     run_ranks(body_hook, 2)
 
 
+def body_hook_straddles_layers(rank, world):
+    """Two compressible layers of different scales in one DDP bucket, sizes not multiples of the
+    codec bucket: codec buckets straddle the two layers. Every gradient must be within the bound
+    computed on the concatenation the hook reduces, and identical on every rank."""
+    from torch_cgx import CGXState, cgx_hook
+
+    dist.init_process_group("cgx")
+    gloo = dist.new_group(backend="gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(33, 97), torch.nn.Linear(97, 40))
+    with torch.no_grad():
+        model[1].weight.mul_(50)  # second layer's gradients on another scale
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    state = CGXState(None, layer_min_size=1000, compression_params={"bits": 4, "bucket_size": 256})
+    seen = []
+
+    def recording_hook(s, bucket):
+        flags = [s.compresses(p) for p in bucket.parameters()]
+        sizes = [p.numel() for p in bucket.parameters()]
+        seen.append((bucket.buffer().clone(), flags, sizes))
+        return cgx_hook(s, bucket).then(lambda f: (seen.append(f.value().clone()), f.value())[1])
+
+    ddp.register_comm_hook(state, recording_hook)
+    g = torch.Generator().manual_seed(rank)
+    ddp(torch.randn(16, 33, generator=g)).square().mean().backward()
+    (before, flags, sizes), after = seen[0], seen[1]
+    assert len(seen) == 2 and sum(flags) == 2, "expected one bucket with both weights"
+    assert any(n % 256 for n, f in zip(sizes, flags) if f), "no codec bucket straddles layers"
+    everyone = [torch.empty_like(before) for _ in range(world)]
+    dist.all_gather(everyone, before, group=gloo)
+    exact = torch.stack([b.double() for b in everyone]).mean(0)
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    picked = [(o, n) for o, n, f in zip(offsets, sizes, flags) if f]
+    concat = [torch.cat([b[o : o + n] for o, n in picked]) for b in everyone]
+    bound = allreduce_error_bound(concat, 4, 256, average=True)
+    got = torch.cat([after[o : o + n] for o, n in picked]).double()
+    want = torch.cat([exact[o : o + n] for o, n in picked])
+    err = (got - want).abs()
+    assert bool((err <= bound).all()), f"max err {err.max()} over the bound"
+    assert not torch.equal(got, want)
+    assert bool(
+        ((after.double() - exact).abs() <= 1e-6 * exact.abs() + 1e-7)[
+            ~torch.cat([torch.full((n,), f) for n, f in zip(sizes, flags)])
+        ].all()
+    )  # exact parts exact
+    raw = after.view(torch.uint8)
+    out = [torch.empty_like(raw) for _ in range(world)]
+    dist.all_gather(out, raw, group=gloo)
+    assert all(torch.equal(o, out[0]) for o in out)
+    dist.destroy_process_group()
+
+
+def test_cgx_hook_bucket_straddling_two_layers():
+    run_ranks(body_hook_straddles_layers, 2)
+
+
 def body_hook_needs_cgx(rank, world):
     from torch_cgx import CGXState, cgx_hook
 

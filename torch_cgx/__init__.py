@@ -5,9 +5,11 @@ maps MPI / PMI launcher variables to torch's, so CGX scripts run unchanged under
 mpirun. See README.md.
 """
 
-from torch_cgx import _native  # noqa: F401  (first: checks the extension against torch)
+from torch_cgx import (
+    _native,  # noqa: F401  (first: checks the extension against torch)
+    codec,  # noqa: F401
+)
 from torch_cgx import backend as _backend
-from torch_cgx import codec  # noqa: F401
 from torch_cgx import config as _config
 from torch_cgx.backend import cgx_backend, get_config, is_cgx_group, set_config
 from torch_cgx.config import CGXConfig

@@ -36,8 +36,8 @@ void load_fp32(const uint8_t* data, DType dtype, int64_t begin, int64_t n, float
 size_t final_slot(int64_t count, int world, const CodecParams& p) {
   size_t slot = 0;
   for (int j = 0; j < world; ++j) {
-    slot = std::max(slot, encoded_size(chunk_range(count, world, p.bucket_size, j).size(),
-                                       DType::kFloat32, p));
+    slot = std::max(
+        slot, encoded_size(chunk_range(count, world, p.bucket_size, j).size(), DType::kFloat32, p));
   }
   return slot;
 }
@@ -262,8 +262,8 @@ void CompressedAllreduce::ring(Transport& t, uint8_t* data, DType dtype, int64_t
   size_t max_payload = 0;
   for (int j = 0; j < world; ++j) {
     const int64_t n = chunk_range(count, world, bucket, j).size();
-    max_payload = std::max({max_payload, encoded_size(n, dtype, o.codec),
-                            encoded_size(n, DType::kFloat32, o.codec)});
+    max_payload = std::max(
+        {max_payload, encoded_size(n, dtype, o.codec), encoded_size(n, DType::kFloat32, o.codec)});
   }
   grow(send_, max_payload);
   grow(recv_, max_payload);

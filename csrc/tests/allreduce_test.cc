@@ -1,7 +1,6 @@
 // The compressed allreduce algorithms with ranks as threads: replicas bit-identical, results
 // within the error bound of docs/algorithms.md, fusion pieces, odd sizes, every dtype.
 #include "algorithms/allreduce.h"
-#include "algorithms/error_bound.h"
 
 #include <gtest/gtest.h>
 
@@ -9,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "algorithms/error_bound.h"
 #include "core/error.h"
 #include "in_memory_transport.h"
 

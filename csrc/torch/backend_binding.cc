@@ -15,7 +15,8 @@ namespace {
 at::Tensor bucket_error_bound(const at::Tensor& range_sum, const at::Tensor& magnitude_sum,
                               int bits, int world, int algorithm, bool average, bool stochastic,
                               c10::ScalarType dtype) {
-  CGX_CHECK_ARG(range_sum.scalar_type() == at::kDouble && magnitude_sum.sizes() == range_sum.sizes() &&
+  CGX_CHECK_ARG(range_sum.scalar_type() == at::kDouble &&
+                    magnitude_sum.sizes() == range_sum.sizes() &&
                     magnitude_sum.scalar_type() == at::kDouble,
                 "range_sum and magnitude_sum must be float64 tensors of one shape");
   BoundParams p;
