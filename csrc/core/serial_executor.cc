@@ -4,13 +4,13 @@ namespace cgx {
 
 SerialExecutor::SerialExecutor() : thread_([this] { loop(); }) {}
 
-SerialExecutor::~SerialExecutor() {
+void SerialExecutor::stop() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 SerialExecutor::Ticket SerialExecutor::post(std::function<void()> task) {

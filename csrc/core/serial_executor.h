@@ -20,8 +20,9 @@ class SerialExecutor {
   using Ticket = uint64_t;
 
   SerialExecutor();
-  // Runs every task still queued, then stops the thread.
-  ~SerialExecutor();
+  ~SerialExecutor() { stop(); }
+  // Runs every task still queued, then stops the thread; later calls do nothing. Not from a task.
+  void stop();
   SerialExecutor(const SerialExecutor&) = delete;
   SerialExecutor& operator=(const SerialExecutor&) = delete;
 

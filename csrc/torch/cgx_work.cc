@@ -57,13 +57,14 @@ bool CGXWork::wait(std::chrono::milliseconds timeout) {
 
 c10::intrusive_ptr<c10::ivalue::Future> CGXWork::getFuture() { return future_; }
 
-void CGXWork::run(const std::function<void()>& fn) {
+void CGXWork::run(std::function<void()> fn) {
   std::exception_ptr error;
   try {
     fn();
   } catch (...) {
     error = std::current_exception();
   }
+  fn = nullptr;  // releases the task's tensors now, while waiters do not hold the GIL
   {
     // Done before the future: a callback may wait() on this very work.
     std::lock_guard<std::mutex> lk(mu_);

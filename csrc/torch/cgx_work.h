@@ -31,7 +31,7 @@ class CGXWork : public c10d::Work {
 
   // Called once, on the worker: runs `fn`, then completes the work and its future (whose
   // callbacks run here) with the outputs, or with fn's error. Never throws.
-  void run(const std::function<void()>& fn);
+  void run(std::function<void()> fn);
 
  private:
   bool done() const;

@@ -1,6 +1,7 @@
 #include "process_group_cgx.h"
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 
@@ -55,7 +56,17 @@ ProcessGroupCGX::ProcessGroupCGX(int rank, int size, c10::intrusive_ptr<c10d::Ba
       store_(std::move(store)),
       config_((validate_config(config), config)) {}
 
-ProcessGroupCGX::~ProcessGroupCGX() = default;
+ProcessGroupCGX::~ProcessGroupCGX() {
+  // Python drops the last reference with the GIL held, and the worker may need the GIL to finish
+  // what is queued (Python callbacks, releasing tensors that have a Python object): join
+  // without it.
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    pybind11::gil_scoped_release no_gil;
+    worker_.stop();
+  } else {
+    worker_.stop();
+  }
+}
 
 void ProcessGroupCGX::setTimeout(std::chrono::milliseconds timeout) {
   inner_->setTimeout(timeout);
@@ -79,7 +90,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::enqueue(std::vector<at::Tensor> 
                                                         c10d::OpType type,
                                                         std::function<void()> fn) {
   auto work = c10::make_intrusive<CGXWork>(getRank(), type, std::move(outputs), &worker_);
-  auto task = [work, fn = std::move(fn)] { work->run(fn); };
+  auto task = [work, fn = std::move(fn)]() mutable { work->run(std::move(fn)); };
   if (worker_.on_executor_thread()) {
     task();  // issued from a callback of this group's work: now, in place (see the header)
   } else {
