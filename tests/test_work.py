@@ -5,6 +5,7 @@ that does not block its caller, and the C++ side's own validation of settings.""
 from __future__ import annotations
 
 import datetime
+import threading
 import time
 
 import pytest
@@ -68,6 +69,7 @@ def body_callbacks(rank, world):
     dist.init_process_group("cgx")
     torch_cgx.set_config(bits=8)
     seen = []
+    issued = threading.Event()
 
     def nested(fut):
         # On the worker: an allreduce issued here runs at once, in place; so does a barrier.
@@ -79,6 +81,7 @@ def body_callbacks(rank, world):
 
     def waits_for_later(fut):
         # Waits for work queued after the one whose callback this is: run in place.
+        issued.wait(30)
         later_work.wait()
         seen.append(float(later[0]))
         return fut.value()
@@ -89,6 +92,7 @@ def body_callbacks(rank, world):
     fut2 = dist.all_reduce(first, async_op=True).get_future().then(waits_for_later)
     later = torch.full((5000,), 2.0)
     later_work = dist.all_reduce(later, async_op=True)
+    issued.set()
     fut.wait()
     fut2.wait()
     assert seen[0] == pytest.approx(world, rel=1e-2)
@@ -160,3 +164,40 @@ def body_native_validation(rank, world):
 
 def test_cpp_side_validates_settings():
     run_ranks(body_native_validation, 2, timeout=60)
+
+
+def body_blocked_callback(rank, world):
+    import torch_cgx
+
+    dist.init_process_group("cgx", timeout=datetime.timedelta(seconds=3))
+    torch_cgx.set_config(bits=8)
+    outcome = {}
+    issued = threading.Event()
+
+    def blocks_on_a_later_future(fut):
+        # Future.wait on work issued after this one: cannot be run in place. The watchdog
+        # cancels the waiting work after the group's timeout, so this raises instead of hanging.
+        issued.wait(30)
+        start = time.monotonic()
+        try:
+            later_fut.wait()
+        except Exception as e:  # the cancellation, as DistBackendError
+            outcome["error"], outcome["after"] = str(e), time.monotonic() - start
+        return fut.value()
+
+    a = torch.ones(5000)
+    fut = dist.all_reduce(a, async_op=True).get_future().then(blocks_on_a_later_future)
+    later = torch.ones(5000)
+    later_fut = dist.all_reduce(later, async_op=True).get_future()
+    issued.set()
+    fut.wait()
+    assert "blocked the group's worker" in outcome["error"] and 2.5 < outcome["after"] < 10
+    # The group is usable afterwards, and agrees.
+    c = torch.ones(5000)
+    dist.all_reduce(c)
+    assert torch.allclose(c, torch.full_like(c, float(world)), rtol=0.01)
+    dist.destroy_process_group()
+
+
+def test_callback_blocking_on_a_later_future_fails_instead_of_hanging():
+    run_ranks(body_blocked_callback, 2, timeout=60)

@@ -59,7 +59,8 @@ def _create(store, rank: int, size: int, timeout: datetime.timedelta):
     inner = dist.ProcessGroupGloo(dist.PrefixStore("inner/", group_store), rank, size, timeout)
     wire = dist.ProcessGroupGloo(dist.PrefixStore("wire/", group_store), rank, size, timeout)
     _agree(group_store, rank, size, "config/0", config)
-    return _C.ProcessGroupCGX(rank, size, inner, wire, config.to_native(), group_store)
+    native = config.to_native()
+    return _C.ProcessGroupCGX(rank, size, inner, wire, native, group_store, timeout)
 
 
 def _register() -> None:

@@ -2,6 +2,7 @@
 #include "backend_binding.h"
 
 #include <ATen/ops/empty_like.h>
+#include <pybind11/chrono.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "algorithms/error_bound.h"
@@ -55,9 +56,9 @@ void bind_backend(pybind11::module& m) {
   py::class_<ProcessGroupCGX, c10d::Backend, c10::intrusive_ptr<ProcessGroupCGX>>(m,
                                                                                   "ProcessGroupCGX")
       .def(py::init<int, int, c10::intrusive_ptr<c10d::Backend>, c10::intrusive_ptr<c10d::Backend>,
-                    BackendConfig, c10::intrusive_ptr<c10d::Store>>(),
+                    BackendConfig, c10::intrusive_ptr<c10d::Store>, std::chrono::milliseconds>(),
            py::arg("rank"), py::arg("size"), py::arg("inner"), py::arg("wire"), py::arg("config"),
-           py::arg("store"), py::call_guard<py::gil_scoped_release>())
+           py::arg("store"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
       .def("config", &ProcessGroupCGX::config)
       .def("set_config", &ProcessGroupCGX::set_config)
       .def("store", &ProcessGroupCGX::store)

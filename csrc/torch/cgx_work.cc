@@ -57,14 +57,14 @@ bool CGXWork::wait(std::chrono::milliseconds timeout) {
 
 c10::intrusive_ptr<c10::ivalue::Future> CGXWork::getFuture() { return future_; }
 
-void CGXWork::run(std::function<void()> fn) {
-  std::exception_ptr error;
-  try {
-    fn();
-  } catch (...) {
-    error = std::current_exception();
-  }
-  fn = nullptr;  // releases the task's tensors now, while waiters do not hold the GIL
+bool CGXWork::start() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (state_ != State::kQueued) return false;
+  state_ = State::kStarted;
+  return true;
+}
+
+void CGXWork::complete(std::exception_ptr error) {
   {
     // Done before the future: a callback may wait() on this very work.
     std::lock_guard<std::mutex> lk(mu_);
@@ -72,6 +72,21 @@ void CGXWork::run(std::function<void()> fn) {
     error_ = error;
   }
   cv_.notify_all();
+}
+
+void CGXWork::execute(std::function<void()> fn) {
+  std::exception_ptr error;
+  try {
+    fn();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  fn = nullptr;  // releases the task's tensors now, while waiters do not hold the GIL
+  complete(error);
+}
+
+void CGXWork::publish() {
+  std::exception_ptr error = exception();
   try {
     if (error) {
       future_->setError(error);
@@ -82,6 +97,17 @@ void CGXWork::run(std::function<void()> fn) {
     // A callback attached with addCallback threw: nothing can receive it any more.
     TORCH_WARN("cgx: a future callback raised: ", e.what());
   }
+}
+
+bool CGXWork::cancel(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (state_ != State::kQueued) return false;
+    state_ = State::kCancelled;
+  }
+  complete(error);
+  publish();
+  return true;
 }
 
 }  // namespace cgx::binding

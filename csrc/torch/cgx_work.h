@@ -29,12 +29,19 @@ class CGXWork : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout = ::kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
-  // Called once, on the worker: runs `fn`, then completes the work and its future (whose
-  // callbacks run here) with the outputs, or with fn's error. Never throws.
-  void run(std::function<void()> fn);
+  // The worker's steps, in order: start() (false if cancelled: skip the rest), execute(fn)
+  // (runs fn and completes the work), publish() (completes the future: its callbacks run).
+  bool start();
+  void execute(std::function<void()> fn);
+  void publish();
+  // Fails the work if it has not started (it will not run); returns whether it did.
+  bool cancel(std::exception_ptr error);
 
  private:
   bool done() const;
+  void complete(std::exception_ptr error);
+
+  enum class State { kQueued, kStarted, kCancelled };
 
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
@@ -42,6 +49,7 @@ class CGXWork : public c10d::Work {
   std::thread::id worker_thread_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  State state_ = State::kQueued;
   bool done_ = false;
   std::exception_ptr error_;
 };

@@ -49,28 +49,42 @@ void validate_config(const BackendConfig& c) {
 
 ProcessGroupCGX::ProcessGroupCGX(int rank, int size, c10::intrusive_ptr<c10d::Backend> inner,
                                  c10::intrusive_ptr<c10d::Backend> wire, BackendConfig config,
-                                 c10::intrusive_ptr<c10d::Store> store)
+                                 c10::intrusive_ptr<c10d::Store> store,
+                                 std::chrono::milliseconds timeout)
     : c10d::Backend(rank, size),
       inner_(std::move(inner)),
       wire_(std::move(wire)),
       store_(std::move(store)),
-      config_((validate_config(config), config)) {}
+      config_((validate_config(config), config)),
+      timeout_(timeout),
+      watchdog_([this] { watchdog_loop(); }) {}
 
 ProcessGroupCGX::~ProcessGroupCGX() {
   // Python drops the last reference with the GIL held, and the worker may need the GIL to finish
   // what is queued (Python callbacks, releasing tensors that have a Python object): join
   // without it.
+  auto stop = [this] {
+    worker_.stop();
+    {
+      std::lock_guard<std::mutex> lk(watch_mu_);
+      watch_stop_ = true;
+    }
+    watch_cv_.notify_all();
+    watchdog_.join();
+  };
   if (Py_IsInitialized() && PyGILState_Check()) {
     pybind11::gil_scoped_release no_gil;
-    worker_.stop();
+    stop();
   } else {
-    worker_.stop();
+    stop();
   }
 }
 
 void ProcessGroupCGX::setTimeout(std::chrono::milliseconds timeout) {
   inner_->setTimeout(timeout);
   wire_->setTimeout(timeout);
+  std::lock_guard<std::mutex> lk(watch_mu_);
+  timeout_ = timeout;
 }
 
 BackendConfig ProcessGroupCGX::config() const {
@@ -90,13 +104,83 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::enqueue(std::vector<at::Tensor> 
                                                         c10d::OpType type,
                                                         std::function<void()> fn) {
   auto work = c10::make_intrusive<CGXWork>(getRank(), type, std::move(outputs), &worker_);
-  auto task = [work, fn = std::move(fn)]() mutable { work->run(std::move(fn)); };
+  auto task = [this, work, fn = std::move(fn)]() mutable {
+    if (!work->start()) return;  // cancelled by the watchdog
+    work->execute(std::move(fn));
+    run_callbacks(*work);
+  };
   if (worker_.on_executor_thread()) {
     task();  // issued from a callback of this group's work: now, in place (see the header)
-  } else {
-    worker_.post(std::move(task));
+    return work;
   }
+  std::vector<c10::intrusive_ptr<CGXWork>> finished;  // released after unlocking (GIL, tensors)
+  {
+    std::lock_guard<std::mutex> lk(watch_mu_);
+    prune_pending(finished);
+    pending_.push_back(work);
+  }
+  worker_.post(std::move(task));
   return work;
+}
+
+void ProcessGroupCGX::prune_pending(std::vector<c10::intrusive_ptr<CGXWork>>& finished) {
+  while (!pending_.empty() && pending_.front()->isCompleted()) {
+    finished.push_back(std::move(pending_.front()));
+    pending_.pop_front();
+  }
+}
+
+void ProcessGroupCGX::run_callbacks(CGXWork& work) {
+  const bool outermost = callback_depth_++ == 0;
+  if (outermost) {
+    std::lock_guard<std::mutex> lk(watch_mu_);
+    callbacks_since_ = std::chrono::steady_clock::now();
+  }
+  work.publish();
+  if (outermost) {
+    std::lock_guard<std::mutex> lk(watch_mu_);
+    callbacks_since_ = std::chrono::steady_clock::time_point::max();
+  }
+  --callback_depth_;
+}
+
+// Fails the queued work when a future callback has held the worker for longer than the timeout.
+void ProcessGroupCGX::watchdog_loop() {
+  std::unique_lock<std::mutex> lk(watch_mu_);
+  while (!watch_stop_) {
+    watch_cv_.wait_for(lk, std::chrono::milliseconds(200));
+    std::vector<c10::intrusive_ptr<CGXWork>> finished;
+    prune_pending(finished);
+    if (!finished.empty()) {
+      lk.unlock();
+      finished.clear();
+      lk.lock();
+    }
+    const auto since = callbacks_since_;
+    if (watch_stop_ || pending_.empty() || since == std::chrono::steady_clock::time_point::max() ||
+        std::chrono::steady_clock::now() - since < timeout_) {
+      continue;
+    }
+    std::deque<c10::intrusive_ptr<CGXWork>> victims;
+    victims.swap(pending_);
+    const auto ms = timeout_.count();
+    lk.unlock();
+    std::exception_ptr error;
+    try {
+      C10_THROW_ERROR(DistBackendError,
+                      "cgx: a future callback has blocked the group's worker for more than the "
+                      "timeout (" +
+                          std::to_string(ms) +
+                          " ms) while this operation waited behind it; it was cancelled. A "
+                          "callback may wait for collectives it issues itself, or call "
+                          "Work.wait(); Future.wait() on work issued after it never returns");
+    } catch (...) {
+      error = std::current_exception();
+    }
+    for (auto& w : victims) w->cancel(error);
+    victims.clear();
+    lk.lock();
+  }
 }
 
 void ProcessGroupCGX::reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average) {

@@ -7,11 +7,18 @@
 // Callbacks of the futures of this group's work run on the worker, in the order the work was
 // issued. A collective this group is asked for from there (PowerSGD's hooks issue and wait for
 // allreduces inside callbacks) runs at once, in place: every rank issues it at the same point of
-// the same sequence, and waiting for it cannot deadlock.
+// the same sequence, and waiting for it cannot deadlock. A callback that blocks on anything else
+// for longer than the group's timeout while work waits behind it (a Future.wait on work issued
+// later) is answered by a watchdog: the waiting work fails with DistBackendError instead of
+// hanging.
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <mutex>
+#include <thread>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -43,7 +50,7 @@ class ProcessGroupCGX : public c10d::Backend {
   // `store` holds this group instance's keys (settings agreement); kept for the group's life.
   ProcessGroupCGX(int rank, int size, c10::intrusive_ptr<c10d::Backend> inner,
                   c10::intrusive_ptr<c10d::Backend> wire, BackendConfig config,
-                  c10::intrusive_ptr<c10d::Store> store);
+                  c10::intrusive_ptr<c10d::Store> store, std::chrono::milliseconds timeout);
   ~ProcessGroupCGX() override;
 
   const std::string getBackendName() const override { return "cgx"; }
@@ -115,6 +122,10 @@ class ProcessGroupCGX : public c10d::Backend {
  private:
   c10::intrusive_ptr<c10d::Work> enqueue(std::vector<at::Tensor> outputs, c10d::OpType type,
                                          std::function<void()> fn);
+  void run_callbacks(CGXWork& work);
+  // Moves the completed works at the front of pending_ to `finished`; with watch_mu_ held.
+  void prune_pending(std::vector<c10::intrusive_ptr<CGXWork>>& finished);
+  void watchdog_loop();
   void reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average);
   void reduce_exact(at::Tensor& t, const c10d::ReduceOp& op);
 
@@ -131,6 +142,17 @@ class ProcessGroupCGX : public c10d::Backend {
   uint64_t calls_ = 0;
   std::atomic<int64_t> last_bytes_sent_{0};
   std::atomic<int64_t> total_bytes_sent_{0};
+
+  // Watchdog: posted work not yet started, and since when the worker runs future callbacks.
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  std::chrono::milliseconds timeout_;
+  std::deque<c10::intrusive_ptr<CGXWork>> pending_;
+  std::chrono::steady_clock::time_point callbacks_since_ =
+      std::chrono::steady_clock::time_point::max();
+  int callback_depth_ = 0;  // worker thread only
+  bool watch_stop_ = false;
+  std::thread watchdog_;
 
   SerialExecutor worker_;  // last: stops (after running what is queued) before the rest goes
 };
