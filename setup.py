@@ -22,7 +22,8 @@ with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_cgx", 
     VERSION = re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
 TORCH_VERSION = torch.__version__.split("+")[0]
 
-sources = sorted(glob.glob("csrc/core/*.cc") + glob.glob("csrc/algorithms/*.cc"))
+sources = sorted(glob.glob("csrc/core/*.cc") + glob.glob("csrc/compressors/*.cc"))
+sources += sorted(glob.glob("csrc/algorithms/*.cc"))
 sources += sorted(glob.glob("csrc/torch/*.cc"))
 
 # CGX_SKIP_EXT=1: register the package (pip install -e) without building; `make build` builds

@@ -1,0 +1,67 @@
+// signSGD (Bernstein 2018): one sign bit per value, decoded to +1 or -1 (the learning rate
+// scales). x >= 0 (and +-0) is +1, x < 0 is -1. Summed over ranks, the decoded signs are the
+// majority vote's tally. A NaN or Inf anywhere sets the envelope's flag bit 0 and the whole
+// tensor decodes to NaN: a sign cannot carry it, and silently finite output would hide it.
+#include <cmath>
+#include <vector>
+
+#include "core/compressor.h"
+#include "core/error.h"
+#include "core/primitives.h"
+
+namespace cgx {
+namespace {
+
+constexpr uint8_t kFlagNonFinite = 1;
+
+class SignSGD final : public EnvelopeCompressor {
+ public:
+  using EnvelopeCompressor::EnvelopeCompressor;
+  CompressorTraits traits() const override {
+    CompressorTraits t;
+    t.biased = true;
+    return t;
+  }
+  size_t max_encoded_size(int64_t count, DType) const override {
+    return kEnvelopeBytes + prim::packed_bytes(count, 1);
+  }
+  size_t encode(const void* in, DType dtype, int64_t count, const EncodeContext&, uint8_t* out,
+                size_t capacity) const override {
+    const size_t body_bytes = prim::packed_bytes(count, 1);
+    check_encode_args(in, count, capacity, kEnvelopeBytes + body_bytes, name_);
+    std::vector<uint8_t> codes(static_cast<size_t>(count));
+    bool finite = true;
+    for (int64_t i = 0; i < count; ++i) {
+      const float v = load_as_float(in, dtype, i);
+      finite = finite && std::isfinite(v);
+      codes[size_t(i)] = v < 0 ? 1 : 0;
+    }
+    uint8_t* body = begin_payload(in, dtype, count, capacity, body_bytes,
+                                  finite ? 0 : kFlagNonFinite, 0, 0, out);
+    prim::pack(codes.data(), count, 1, body);
+    return kEnvelopeBytes + body_bytes;
+  }
+  void decode(const uint8_t* payload, size_t size, void* out, DType out_dtype, int64_t count,
+              bool add) const override {
+    const Envelope e = open_payload(payload, size, out, count);
+    CGX_CHECK_ARG(e.body_bytes == prim::packed_bytes(e.count, 1), name_,
+                  " payload corrupt: body of ", e.body_bytes, " bytes for ", e.count, " values");
+    CGX_CHECK_ARG((e.flags & ~kFlagNonFinite) == 0, name_, " payload corrupt: unknown flags");
+    const uint8_t* body = payload + kEnvelopeBytes;
+    const bool nan = e.flags & kFlagNonFinite;
+    for (int64_t i = 0; i < count; ++i) {
+      const float v = nan ? NAN : (prim::unpack_one(body, i, 1) ? -1.0f : 1.0f);
+      prim::put_value(out, out_dtype, i, v, add);
+    }
+  }
+};
+
+}  // namespace
+
+std::vector<ParamSpec> specs_signsgd() { return {}; }
+
+std::unique_ptr<Compressor> make_signsgd(const ParamValues&, uint8_t id) {
+  return std::make_unique<SignSGD>("signsgd", id);
+}
+
+}  // namespace cgx
