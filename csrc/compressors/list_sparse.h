@@ -1,0 +1,1 @@
+// Sparsifying compressors (top-k, random-k, threshold, DGC, GradDrop): one line each, ids 20-29.
