@@ -3,6 +3,7 @@
 
 #include "backend_binding.h"
 #include "codec_binding.h"
+#include "compressor_binding.h"
 
 #ifndef CGX_BUILT_WITH_TORCH
 #define CGX_BUILT_WITH_TORCH "unknown"
@@ -14,4 +15,5 @@ PYBIND11_MODULE(_C, m) {
   m.attr("built_with_torch") = CGX_BUILT_WITH_TORCH;
   cgx::binding::bind_codec(m);
   cgx::binding::bind_backend(m);
+  cgx::binding::bind_compressors(m);
 }

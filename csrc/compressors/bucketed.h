@@ -1,0 +1,52 @@
+// Shared by the bucketed quantizers (onebit, efsignsgd, terngrad, qsgd): buckets of B values
+// (B = 0: the whole tensor is one bucket), each with a few fp32 scalars, then one stream of
+// packed codes. Body layout: nb * scalars * 4 bytes of f32, then packed_bytes(n, bits) bytes.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/compressor.h"
+#include "core/error.h"
+#include "core/primitives.h"
+
+namespace cgx::bucketed {
+
+struct Layout {
+  int64_t count = 0;
+  int64_t bucket = 1;   // effective bucket size (>= 1)
+  int64_t buckets = 0;  // nb
+  int scalars = 0;      // f32 per bucket
+  int bits = 0;         // per code
+  size_t codes_offset = 0;
+  size_t body = 0;
+};
+
+inline Layout layout(int64_t count, int64_t bucket_size, int scalars, int bits) {
+  Layout l;
+  l.count = count;
+  l.bucket = bucket_size == 0 ? std::max<int64_t>(count, 1) : bucket_size;
+  l.buckets = (count + l.bucket - 1) / l.bucket;
+  l.scalars = scalars;
+  l.bits = bits;
+  l.codes_offset = size_t(l.buckets) * size_t(scalars) * 4;
+  l.body = l.codes_offset + prim::packed_bytes(count, bits);
+  return l;
+}
+
+inline void put_f32(uint8_t* p, float v) { std::memcpy(p, &v, 4); }
+inline float get_f32(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Checks a decoded envelope against the layout it implies; returns the layout.
+inline Layout check_body(const Envelope& e, int scalars, int bits, const char* name) {
+  const Layout l = layout(e.count, e.param0, scalars, bits);
+  CGX_CHECK_ARG(e.body_bytes == l.body, name, " payload corrupt: body of ", e.body_bytes,
+                " bytes, the header describes ", l.body);
+  return l;
+}
+
+}  // namespace cgx::bucketed

@@ -1,0 +1,85 @@
+// QSGD (Alistarh et al. 2017): per bucket the l2 norm; each value becomes
+// sign(x) * norm * l / s with l = floor(s * |x| / norm + u), u uniform in [0, 1) from the
+// counter-based generator: unbiased. s = 2^(bits - 1) - 1 levels; a code is the sign (top bit)
+// and the level. A bucket holding NaN or Inf sends a NaN norm and decodes to NaN.
+// Body: nb x norm f32, then bits-bit codes. Envelope param0: bucket size (0: whole tensor),
+// param1: bits (2..8).
+#include <cmath>
+#include <vector>
+
+#include "bucketed.h"
+
+namespace cgx {
+namespace {
+
+class QSGD final : public EnvelopeCompressor {
+ public:
+  QSGD(const ParamValues& p, uint8_t id)
+      : EnvelopeCompressor("qsgd", id),
+        bucket_(p.get_int("bucket_size")),
+        bits_(int(p.get_int("bits"))) {}
+  CompressorTraits traits() const override { return CompressorTraits{}; }  // unbiased, dense
+  size_t max_encoded_size(int64_t count, DType) const override {
+    return kEnvelopeBytes + bucketed::layout(count, bucket_, 1, bits_).body;
+  }
+  size_t encode(const void* in, DType dtype, int64_t count, const EncodeContext& ctx, uint8_t* out,
+                size_t capacity) const override {
+    const auto l = bucketed::layout(count, bucket_, 1, bits_);
+    uint8_t* body = begin_payload(in, dtype, count, capacity, l.body, 0, uint32_t(bucket_),
+                                  uint32_t(bits_), out);
+    std::vector<uint8_t> codes(static_cast<size_t>(count));
+    const RngKey key = rng_key(ctx.seed, ctx.stream);
+    const float levels = float((1 << (bits_ - 1)) - 1);
+    for (int64_t b = 0; b < l.buckets; ++b) {
+      const int64_t lo = b * l.bucket, hi = std::min(count, lo + l.bucket);
+      const prim::RangeStats st = prim::stats(in, dtype, lo, hi);
+      const float norm = st.finite ? float(std::sqrt(st.sq_sum)) : NAN;
+      bucketed::put_f32(body + 4 * b, norm);
+      for (int64_t i = lo; i < hi; ++i) {
+        const float v = load_as_float(in, dtype, i);
+        float level = 0;
+        if (norm > 0 && std::isfinite(norm)) {
+          level = std::floor(levels * std::fabs(v) / norm + rng_uniform(key, uint64_t(i)));
+          level = std::min(level, levels);
+        }
+        codes[size_t(i)] = uint8_t((v < 0 ? 1u << (bits_ - 1) : 0u) | uint32_t(level));
+      }
+    }
+    prim::pack(codes.data(), count, bits_, body + l.codes_offset);
+    return kEnvelopeBytes + l.body;
+  }
+  void decode(const uint8_t* payload, size_t size, void* out, DType out_dtype, int64_t count,
+              bool add) const override {
+    const Envelope e = open_payload(payload, size, out, count);
+    CGX_CHECK_ARG(e.flags == 0, name_, " payload corrupt: unknown flags");
+    CGX_CHECK_ARG(e.param1 >= 2 && e.param1 <= 8, name_, " payload corrupt: bits ", e.param1);
+    const int bits = int(e.param1);
+    const auto l = bucketed::check_body(e, 1, bits, name_);
+    const uint8_t* body = payload + kEnvelopeBytes;
+    const float levels = float((1 << (bits - 1)) - 1);
+    const uint32_t sign = 1u << (bits - 1);
+    for (int64_t i = 0; i < count; ++i) {
+      const float norm = bucketed::get_f32(body + 4 * (i / l.bucket));
+      const uint32_t c = prim::unpack_one(body + l.codes_offset, i, bits);
+      const float mag = norm * (float(c & (sign - 1)) / levels);
+      prim::put_value(out, out_dtype, i, (c & sign) ? -mag : mag, add);
+    }
+  }
+
+ private:
+  int64_t bucket_;
+  int bits_;
+};
+
+}  // namespace
+
+std::vector<ParamSpec> specs_qsgd() {
+  return {{"bits", 4, 2, 8, true, "bits per code: a sign and 2^(bits-1) - 1 levels"},
+          {"bucket_size", 512, 0, 4294967295.0, true, "values per norm; 0: whole tensor"}};
+}
+
+std::unique_ptr<Compressor> make_qsgd(const ParamValues& p, uint8_t id) {
+  return std::make_unique<QSGD>(p, id);
+}
+
+}  // namespace cgx
