@@ -4,22 +4,10 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "core/rng.h"
+#include "payload.h"
 
 namespace cgx {
 namespace {
-
-uint64_t stream_of(const AllreduceOptions& o, uint64_t piece, int rank, int chunk, int phase) {
-  uint64_t s = splitmix64(splitmix64(o.call_index) ^ piece);
-  return splitmix64(
-      s ^ (uint64_t(uint32_t(rank)) << 32 | uint64_t(uint32_t(chunk)) << 2 | uint64_t(phase)));
-}
-
-CodecParams params_for(const AllreduceOptions& o, uint64_t piece, int rank, int chunk, int phase) {
-  CodecParams p = o.codec;
-  p.stream = stream_of(o, piece, rank, chunk, phase);
-  return p;
-}
 
 // acc[0..n) = data[begin..begin+n) as fp32.
 void load_fp32(const uint8_t* data, DType dtype, int64_t begin, int64_t n, float* acc) {
@@ -33,11 +21,11 @@ void load_fp32(const uint8_t* data, DType dtype, int64_t begin, int64_t n, float
 
 // Bytes of the largest reduced-chunk payload (fp32) of a piece: the allgather's slot. Not always
 // chunk 0's: with a raw tail, a shorter last chunk can carry more bytes than a full one.
-size_t final_slot(int64_t count, int world, const CodecParams& p) {
+size_t final_slot(int64_t count, int world, const AllreduceOptions& o) {
   size_t slot = 0;
   for (int j = 0; j < world; ++j) {
-    slot = std::max(
-        slot, encoded_size(chunk_range(count, world, p.bucket_size, j).size(), DType::kFloat32, p));
+    const int64_t n = chunk_range(count, world, chunk_alignment(o), j).size();
+    slot = std::max(slot, payload_size(o, n, DType::kFloat32));
   }
   return slot;
 }
@@ -50,8 +38,8 @@ void grow(std::vector<T>& v, size_t n) {
 }  // namespace
 
 Algorithm algorithm_from_int(int value) {
-  CGX_CHECK_ARG(value == int(Algorithm::kScatterReduceAllgather) || value == int(Algorithm::kRing),
-                "unknown allreduce algorithm ", value, " (0: sra, 1: ring)");
+  CGX_CHECK_ARG(value >= 0 && value <= int(Algorithm::kAllgather), "unknown allreduce algorithm ",
+                value, " (0: sra, 1: ring, 2: allgather)");
   return Algorithm(value);
 }
 
@@ -74,7 +62,7 @@ struct CompressedAllreduce::Segment {
   size_t slot = 0;                          // stage 2: one padded payload per rank
   size_t final_send_offset = 0, final_recv_offset = 0;
 
-  Range chunk(int j) const { return chunk_range(count, world, opts->codec.bucket_size, j); }
+  Range chunk(int j) const { return chunk_range(count, world, chunk_alignment(*opts), j); }
   size_t esize() const { return elem_size(dtype); }
 };
 
@@ -83,7 +71,7 @@ CompressedAllreduce::~CompressedAllreduce() = default;
 
 void CompressedAllreduce::run(Transport& t, void* data, DType dtype, int64_t count,
                               const AllreduceOptions& o) {
-  validate(o.codec);
+  if (o.compressor == nullptr) validate(o.codec);
   algorithm_from_int(int(o.algorithm));
   CGX_CHECK_ARG(count >= 0, "element count must be >= 0, got ", count);
   CGX_CHECK_ARG(o.fusion_bytes >= elem_size(dtype), "fusion buffer must hold one element");
@@ -97,7 +85,9 @@ void CompressedAllreduce::run(Transport& t, void* data, DType dtype, int64_t cou
   for (int64_t begin = 0; begin < count; begin += piece_elems, ++piece) {
     const int64_t n = std::min(piece_elems, count - begin);
     uint8_t* p = bytes + begin * int64_t(elem_size(dtype));
-    if (o.algorithm == Algorithm::kRing) {
+    if (o.algorithm == Algorithm::kAllgather || !fixed_size(o)) {
+      allgather(t, p, dtype, n, o, piece);
+    } else if (o.algorithm == Algorithm::kRing) {
       ring(t, p, dtype, n, o, piece);
     } else {
       sra(t, p, dtype, n, o, piece);
@@ -109,7 +99,7 @@ void CompressedAllreduce::run(Transport& t, void* data, DType dtype, int64_t cou
 
 void CompressedAllreduce::sra(Transport& t, uint8_t* data, DType dtype, int64_t count,
                               const AllreduceOptions& o, uint64_t piece) {
-  const int64_t bucket = o.codec.bucket_size;
+  const int64_t bucket = chunk_alignment(o);
   int64_t seg_elems = count;
   if (o.segment_bytes > 0) {
     seg_elems = std::max<int64_t>(1, int64_t(o.segment_bytes / elem_size(dtype)) / bucket) * bucket;
@@ -130,10 +120,10 @@ void CompressedAllreduce::sra(Transport& t, uint8_t* data, DType dtype, int64_t 
     s.me = t.rank();
     s.send_sizes.assign(size_t(s.world), 0);
     s.recv_sizes.assign(size_t(s.world), 0);
-    const size_t mine = encoded_size(s.chunk(s.me).size(), dtype, o.codec);
+    const size_t mine = payload_size(o, s.chunk(s.me).size(), dtype);
     for (int j = 0; j < s.world; ++j) {
       if (j == s.me) continue;
-      s.send_sizes[size_t(j)] = encoded_size(s.chunk(j).size(), dtype, o.codec);
+      s.send_sizes[size_t(j)] = payload_size(o, s.chunk(j).size(), dtype);
       s.recv_sizes[size_t(j)] = mine;
     }
     s.send_offset = send_total;
@@ -142,7 +132,7 @@ void CompressedAllreduce::sra(Transport& t, uint8_t* data, DType dtype, int64_t 
       send_total += s.send_sizes[size_t(j)];
       recv_total += s.recv_sizes[size_t(j)];
     }
-    s.slot = final_slot(s.count, s.world, o.codec);
+    s.slot = final_slot(s.count, s.world, o);
     s.final_send_offset = final_total;
     s.final_recv_offset = gathered_total;
     final_total += s.slot;
@@ -211,8 +201,9 @@ void CompressedAllreduce::sra_encode(const Segment& s, const uint8_t* data) {
   for (int j = 0; j < s.world; ++j) {
     if (j == s.me) continue;
     const Range c = s.chunk(j);
-    encode(data + (s.begin + c.begin) * int64_t(s.esize()), s.dtype, c.size(),
-           params_for(*s.opts, s.id, s.me, j, 0), send_.data() + off, s.send_sizes[size_t(j)]);
+    encode_payload(*s.opts, data + (s.begin + c.begin) * int64_t(s.esize()), s.dtype, c.size(),
+                   streams_for(*s.opts, s.id, s.me, j, 0), send_.data() + off,
+                   s.send_sizes[size_t(j)]);
     off += s.send_sizes[size_t(j)];
   }
 }
@@ -233,10 +224,11 @@ void CompressedAllreduce::sra_reduce(const Segment& s, uint8_t* data) {
   size_t off = s.recv_offset;
   for (int j = 0; j < s.world; ++j) {
     if (j == s.me) continue;
-    decode_add(recv_.data() + off, s.recv_sizes[size_t(j)], acc, DType::kFloat32, mine.size());
+    decode_payload(*s.opts, recv_.data() + off, s.recv_sizes[size_t(j)], acc, DType::kFloat32,
+                   mine.size(), true);
     off += s.recv_sizes[size_t(j)];
   }
-  encode_final(*s.opts, s.world, acc, mine.size(), params_for(*s.opts, s.id, s.me, s.me, 2),
+  encode_final(*s.opts, s.world, acc, mine.size(), streams_for(*s.opts, s.id, s.me, s.me, 2),
                final_send_.data() + s.final_send_offset, s.slot);
 }
 
@@ -244,9 +236,9 @@ void CompressedAllreduce::sra_reduce(const Segment& s, uint8_t* data) {
 void CompressedAllreduce::sra_decode(const Segment& s, uint8_t* data) {
   for (int r = 0; r < s.world; ++r) {
     const Range c = s.chunk(r);
-    decode(final_recv_.data() + s.final_recv_offset + size_t(r) * s.slot,
-           encoded_size(c.size(), DType::kFloat32, s.opts->codec),
-           data + (s.begin + c.begin) * int64_t(s.esize()), s.dtype, c.size());
+    decode_payload(*s.opts, final_recv_.data() + s.final_recv_offset + size_t(r) * s.slot,
+                   payload_size(*s.opts, c.size(), DType::kFloat32),
+                   data + (s.begin + c.begin) * int64_t(s.esize()), s.dtype, c.size(), false);
   }
 }
 
@@ -257,13 +249,13 @@ void CompressedAllreduce::ring(Transport& t, uint8_t* data, DType dtype, int64_t
   const int world = t.size(), me = t.rank();
   const size_t esize = elem_size(dtype);
   const int next = (me + 1) % world, prev = (me + world - 1) % world;
-  const int64_t bucket = o.codec.bucket_size;
+  const int64_t bucket = chunk_alignment(o);
   const int64_t max_chunk = chunk_range(count, world, bucket, 0).size();
   size_t max_payload = 0;
   for (int j = 0; j < world; ++j) {
     const int64_t n = chunk_range(count, world, bucket, j).size();
-    max_payload = std::max(
-        {max_payload, encoded_size(n, dtype, o.codec), encoded_size(n, DType::kFloat32, o.codec)});
+    max_payload =
+        std::max({max_payload, payload_size(o, n, dtype), payload_size(o, n, DType::kFloat32)});
   }
   grow(send_, max_payload);
   grow(recv_, max_payload);
@@ -271,53 +263,54 @@ void CompressedAllreduce::ring(Transport& t, uint8_t* data, DType dtype, int64_t
   // Hop s: send the running sum of chunk (me - s), receive that of chunk (me - s - 1) and add
   // the local values. The first hop sends local values in their own dtype, later hops fp32 sums.
   Range out = chunk_range(count, world, bucket, me);
-  size_t out_bytes = encoded_size(out.size(), dtype, o.codec);
-  encode(data + out.begin * int64_t(esize), dtype, out.size(), params_for(o, piece, me, me, 0),
-         send_.data(), out_bytes);
+  size_t out_bytes = payload_size(o, out.size(), dtype);
+  encode_payload(o, data + out.begin * int64_t(esize), dtype, out.size(),
+                 streams_for(o, piece, me, me, 0), send_.data(), out_bytes);
   for (int s = 0; s < world - 1; ++s) {
     const int k = ((me - s - 1) % world + world) % world;
     const Range in = chunk_range(count, world, bucket, k);
     const DType in_dtype = s == 0 ? dtype : DType::kFloat32;
-    const size_t in_bytes = encoded_size(in.size(), in_dtype, o.codec);
+    const size_t in_bytes = payload_size(o, in.size(), in_dtype);
     t.sendrecv(next, send_.data(), out_bytes, prev, recv_.data(), in_bytes);
     bytes_sent_ += out_bytes;
     load_fp32(data, dtype, in.begin, in.size(), acc_.data());
-    decode_add(recv_.data(), in_bytes, acc_.data(), DType::kFloat32, in.size());
+    decode_payload(o, recv_.data(), in_bytes, acc_.data(), DType::kFloat32, in.size(), true);
     if (s < world - 2) {
       out = in;
-      out_bytes = encoded_size(in.size(), DType::kFloat32, o.codec);
-      encode(acc_.data(), DType::kFloat32, in.size(), params_for(o, piece, me, k, 1), send_.data(),
-             out_bytes);
+      out_bytes = payload_size(o, in.size(), DType::kFloat32);
+      encode_payload(o, acc_.data(), DType::kFloat32, in.size(), streams_for(o, piece, me, k, 1),
+                     send_.data(), out_bytes);
     }
   }
   // Rank r now holds the sum of chunk r + 1: encode it, allgather, decode every chunk.
   const int owned = next;
-  const size_t slot = final_slot(count, world, o.codec);
+  const size_t slot = final_slot(count, world, o);
   grow(final_send_, slot);
   grow(final_recv_, slot * size_t(world));
   encode_final(o, world, acc_.data(), chunk_range(count, world, bucket, owned).size(),
-               params_for(o, piece, me, owned, 2), final_send_.data(), slot);
+               streams_for(o, piece, me, owned, 2), final_send_.data(), slot);
   t.allgather(final_send_.data(), slot, final_recv_.data());
   bytes_sent_ += slot * size_t(world - 1);
   for (int r = 0; r < world; ++r) {
     const Range c = chunk_range(count, world, bucket, (r + 1) % world);
-    decode(final_recv_.data() + size_t(r) * slot, encoded_size(c.size(), DType::kFloat32, o.codec),
-           data + c.begin * int64_t(esize), dtype, c.size());
+    decode_payload(o, final_recv_.data() + size_t(r) * slot,
+                   payload_size(o, c.size(), DType::kFloat32), data + c.begin * int64_t(esize),
+                   dtype, c.size(), false);
   }
 }
 
 // The reduced chunk `acc` (averaged here if asked) as an fp32 payload, zero-padded to `slot`
 // bytes so that a plain allgather carries every rank's.
 void CompressedAllreduce::encode_final(const AllreduceOptions& o, int world, float* acc, int64_t n,
-                                       const CodecParams& p, uint8_t* dst, size_t slot) {
+                                       Streams s, uint8_t* dst, size_t slot) {
   if (o.average) {
     const float w = float(world);
     for (int64_t i = 0; i < n; ++i) acc[i] /= w;
   }
-  const size_t bytes = encoded_size(n, DType::kFloat32, o.codec);
+  const size_t bytes = payload_size(o, n, DType::kFloat32);
   CGX_CHECK_ARG(bytes <= slot, "internal: a ", bytes, "-byte payload does not fit its ", slot,
                 "-byte slot");
-  encode(acc, DType::kFloat32, n, p, dst, bytes);
+  encode_payload(o, acc, DType::kFloat32, n, s, dst, bytes);
   std::memset(dst + bytes, 0, slot - bytes);
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/codec.h"
+#include "core/compressor.h"
 #include "core/serial_executor.h"
 #include "transport.h"
 
@@ -21,6 +22,7 @@ namespace cgx {
 enum class Algorithm : uint8_t {
   kScatterReduceAllgather = 0,  // each value quantized exactly twice (default)
   kRing = 1,                    // W - 1 re-quantizing hops, then a compressed allgather
+  kAllgather = 2,               // every rank's payload to every rank, summed there (sparse)
 };
 
 // The algorithm with this numeric value; InvalidArgument for any other value.
@@ -28,6 +30,9 @@ Algorithm algorithm_from_int(int value);
 
 struct AllreduceOptions {
   CodecParams codec;  // bits, bucket size, raw tail, rounding, seed (streams are set per message)
+  // A registered compressor instead of max-min (then only codec.seed is read). Compressors
+  // whose payload size depends on the data always use kAllgather.
+  const Compressor* compressor = nullptr;
   Algorithm algorithm = Algorithm::kScatterReduceAllgather;
   bool average = false;                    // divide the sum by the group size
   size_t fusion_bytes = size_t(64) << 20;  // largest piece, in bytes of the buffer's dtype
@@ -35,6 +40,13 @@ struct AllreduceOptions {
   // the wire; 0 or >= the piece: one segment, no pipeline.
   size_t segment_bytes = size_t(4) << 20;
   uint64_t call_index = 0;  // makes each call's random streams distinct
+};
+
+// The random streams of one encode: `stream` is this rank's, `shared` the same on every rank
+// (random-k's indices), both distinct per call, piece, chunk and phase (payload.h).
+struct Streams {
+  uint64_t stream = 0;
+  uint64_t shared = 0;
 };
 
 // [begin, end) of chunk `j` of a piece of `count` elements split over `ranks`.
@@ -67,8 +79,10 @@ class CompressedAllreduce {
   void sra_decode(const Segment& s, uint8_t* data);
   void ring(Transport& t, uint8_t* data, DType dtype, int64_t count, const AllreduceOptions& o,
             uint64_t piece);
-  void encode_final(const AllreduceOptions& o, int world, float* acc, int64_t n,
-                    const CodecParams& p, uint8_t* dst, size_t slot);
+  void allgather(Transport& t, uint8_t* data, DType dtype, int64_t count, const AllreduceOptions& o,
+                 uint64_t piece);
+  void encode_final(const AllreduceOptions& o, int world, float* acc, int64_t n, Streams s,
+                    uint8_t* dst, size_t slot);
 
   std::vector<uint8_t> send_;
   std::vector<uint8_t> recv_;

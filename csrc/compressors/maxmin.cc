@@ -21,6 +21,7 @@ class MaxMin final : public Compressor {
     t.biased = params_.rounding == Rounding::kNearest;
     return t;
   }
+  int64_t alignment() const override { return params_.bucket_size; }
   size_t max_encoded_size(int64_t count, DType dtype) const override {
     return encoded_size(count, dtype, params_);
   }

@@ -20,6 +20,7 @@ class OneBit final : public EnvelopeCompressor {
     t.biased = true;
     return t;
   }
+  int64_t alignment() const override { return bucket_ > 0 ? bucket_ : 1; }
   size_t max_encoded_size(int64_t count, DType) const override {
     return kEnvelopeBytes + bucketed::layout(count, bucket_, 2, 1).body;
   }

@@ -19,6 +19,7 @@ class QSGD final : public EnvelopeCompressor {
         bucket_(p.get_int("bucket_size")),
         bits_(int(p.get_int("bits"))) {}
   CompressorTraits traits() const override { return CompressorTraits{}; }  // unbiased, dense
+  int64_t alignment() const override { return bucket_ > 0 ? bucket_ : 1; }
   size_t max_encoded_size(int64_t count, DType) const override {
     return kEnvelopeBytes + bucketed::layout(count, bucket_, 1, bits_).body;
   }

@@ -24,6 +24,7 @@ class TernGrad final : public EnvelopeCompressor {
     t.biased = clip_ > 0;
     return t;
   }
+  int64_t alignment() const override { return bucket_ > 0 ? bucket_ : 1; }
   size_t max_encoded_size(int64_t count, DType) const override {
     return kEnvelopeBytes + bucketed::layout(count, bucket_, 1, 2).body;
   }

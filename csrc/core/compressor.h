@@ -82,6 +82,10 @@ class Compressor {
 
   // The element count a (validated) payload describes.
   virtual int64_t payload_count(const uint8_t* payload, size_t size) const = 0;
+
+  // Splitting a buffer at multiples of this keeps its encoding's buckets intact (an algorithm
+  // cuts chunks there); 1 when the compressor has no buckets.
+  virtual int64_t alignment() const { return 1; }
 };
 
 // ---- the envelope shared by all compressors except max-min (docs/FORMAT.md) -----------------

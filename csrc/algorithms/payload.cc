@@ -1,0 +1,52 @@
+#include "payload.h"
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace cgx {
+
+Streams streams_for(const AllreduceOptions& o, uint64_t piece, int rank, int chunk, int phase) {
+  const uint64_t s = splitmix64(splitmix64(o.call_index) ^ piece);
+  auto mix = [&](uint64_t r) {
+    return splitmix64(s ^ (r << 32 | uint64_t(uint32_t(chunk)) << 2 | uint64_t(phase)));
+  };
+  // `shared` mixes an impossible rank (2^32 - 1 is above any group size) with the same rest.
+  return Streams{mix(uint64_t(uint32_t(rank))), mix(0xffffffffull)};
+}
+
+int64_t chunk_alignment(const AllreduceOptions& o) {
+  return o.compressor ? o.compressor->alignment() : o.codec.bucket_size;
+}
+
+size_t payload_size(const AllreduceOptions& o, int64_t n, DType dtype) {
+  return o.compressor ? o.compressor->max_encoded_size(n, dtype) : encoded_size(n, dtype, o.codec);
+}
+
+bool fixed_size(const AllreduceOptions& o) {
+  return o.compressor == nullptr || o.compressor->traits().fixed_size;
+}
+
+size_t encode_payload(const AllreduceOptions& o, const void* in, DType dtype, int64_t n, Streams s,
+                      uint8_t* out, size_t capacity) {
+  if (o.compressor == nullptr) {
+    CodecParams p = o.codec;
+    p.stream = s.stream;
+    encode(in, dtype, n, p, out, capacity);
+    return capacity;
+  }
+  const EncodeContext ctx{o.codec.seed, s.stream, s.shared};
+  return o.compressor->encode(in, dtype, n, ctx, out, capacity);
+}
+
+void decode_payload(const AllreduceOptions& o, const uint8_t* payload, size_t size, void* out,
+                    DType dtype, int64_t n, bool add) {
+  if (o.compressor) {
+    o.compressor->decode(payload, size, out, dtype, n, add);
+  } else if (add) {
+    decode_add(payload, size, out, dtype, n);
+  } else {
+    decode(payload, size, out, dtype, n);
+  }
+}
+
+}  // namespace cgx

@@ -1,0 +1,26 @@
+// How the allreduce algorithms encode and decode, whatever the compressor: the max-min codec of
+// `opts.codec` (the default), or the registered compressor `opts.compressor`. The algorithms call
+// only these, so they do not know which compressor they run.
+#pragma once
+
+#include "allreduce.h"
+
+namespace cgx {
+
+Streams streams_for(const AllreduceOptions& o, uint64_t piece, int rank, int chunk, int phase);
+
+// Chunk boundaries fall on multiples of this (the compressor's bucket), so that every stage's
+// buckets coincide.
+int64_t chunk_alignment(const AllreduceOptions& o);
+
+// Exact payload bytes for fixed-size compressors, the most encode may write otherwise.
+size_t payload_size(const AllreduceOptions& o, int64_t n, DType dtype);
+bool fixed_size(const AllreduceOptions& o);
+
+// Returns the bytes written (== payload_size for fixed-size compressors).
+size_t encode_payload(const AllreduceOptions& o, const void* in, DType dtype, int64_t n, Streams s,
+                      uint8_t* out, size_t capacity);
+void decode_payload(const AllreduceOptions& o, const uint8_t* payload, size_t size, void* out,
+                    DType dtype, int64_t n, bool add);
+
+}  // namespace cgx
