@@ -385,3 +385,42 @@ def test_launcher_env_mapping():
     env = {"RANK": "0", "WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "9"}
     assert not apply_launcher_env(env) and env["RANK"] == "0"
     assert not apply_launcher_env({})
+
+
+def body_every_compressor(rank, world):
+    import torch_cgx
+    from torch_cgx import compressors
+
+    dist.init_process_group("cgx")
+    gloo = dist.new_group(backend="gloo")
+    n = 20_000
+    inputs = [rank_input(r, n, torch.float32, 21) for r in range(world)]
+    exact = torch.stack([t.double() for t in inputs]).sum(0)
+    for name in compressors.names():
+        if name == "maxmin":
+            continue
+        torch_cgx.set_config(compressor=name)
+        assert torch_cgx.get_config().compressed
+        y = inputs[rank].clone()
+        dist.all_reduce(y)
+        check_same_on_all_ranks(y, gloo)
+        sent = torch_cgx.cgx_backend().last_bytes_sent()
+        c = compressors.get(name)
+        if c.traits["fixed_size"]:  # SRA: fewer bytes than the exact ring's
+            assert 0 < sent < 2 * (world - 1) * n * 4 / world, f"{name} sent {sent} bytes"
+        else:  # allgather of at most the largest payload, sizes first
+            assert 0 < sent <= (world - 1) * (8 + c.encoded_size(n)), f"{name} sent {sent}"
+        if name in ("fp16", "bf16"):  # two roundings of relative 2^-11 / 2^-8, of the partial sums
+            rel = 2**-10 if name == "fp16" else 2**-7
+            scale = torch.stack([t.double().abs() for t in inputs]).sum(0)
+            assert bool(((y.double() - exact).abs() <= rel * scale * 1.01).all()), name
+    # Settings agreement covers the compressor and its parameters.
+    with pytest.raises(ValueError, match="cgx settings differ between ranks"):
+        torch_cgx.set_config(compressor="qsgd", compressor_params={"bits": 3 + rank})
+    torch_cgx.set_config(compressor="maxmin", compressor_params={})
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_compressor_through_the_backend(world):
+    run_ranks(body_every_compressor, world)

@@ -192,4 +192,20 @@ def test_maxmin_compressor_is_the_codec_byte_for_byte():
         assert torch.equal(c.encode(x), codec.encode(x, bits=bits, bucket_size=bucket))
 
 
-_SPARSE_BOUNDS: dict = {}
+# Sparse compressors send some values exactly and drop the rest: the error is 0 or |x|.
+_SPARSE_BOUNDS = {name: (lambda x: x.abs()) for name in ("topk", "randomk", "threshold", "dgc",
+                                                         "graddrop")}  # fmt: skip
+
+
+def _topk(x, ratio=0.01):
+    keep = torch.zeros_like(x, dtype=torch.bool)
+    keep[x.abs().topk(math.ceil(ratio * x.numel())).indices] = True
+    return torch.where(keep, x, 0.0)
+
+
+EXACT.update(
+    {
+        "topk": _topk,
+        "threshold": lambda x: torch.where(x.abs() >= 0.01, x, 0.0),
+    }
+)

@@ -17,12 +17,17 @@ variable                                       default    meaning
                                                           0 = no pipeline
 ``CGX_COMPRESSION_STOCHASTIC``                 0          stochastic rounding (unbiased)
 ``CGX_COMPRESSION_SEED``                       0          seed of the stochastic rounding
+``CGX_COMPRESSOR``                             maxmin     a registered compressor
+                                                          (``torch_cgx.compressors.names()``)
+``CGX_COMPRESSOR_PARAMS``                      (none)     its parameters, ``name=value,...``
+                                                          (max-min: the variables above)
 ``CGX_CODEC_THREADS``                          see right  codec threads per process, 1..1024;
                                                           default: usable cores divided by the
                                                           ranks on this host (LOCAL_WORLD_SIZE)
 ``CGX_DISABLE_AVX2``                           0          1: use the portable codec kernels
 =============================================  =========  =========================================
 
+Compression is on when ``CGX_COMPRESSOR`` is max-min at 1..8 bits, or any other compressor.
 ``CGX_CODEC_THREADS`` and ``CGX_DISABLE_AVX2`` are per process and read once, at import; the
 others are per group.
 
@@ -52,6 +57,8 @@ _ENV = {
     "pipeline_segment_mb": "CGX_PIPELINE_SEGMENT_MB",
     "stochastic": "CGX_COMPRESSION_STOCHASTIC",
     "seed": "CGX_COMPRESSION_SEED",
+    "compressor": "CGX_COMPRESSOR",
+    "compressor_params": "CGX_COMPRESSOR_PARAMS",
 }
 
 
@@ -68,8 +75,12 @@ class CGXConfig:
     pipeline_segment_mb: int = 4
     stochastic: bool = False
     seed: int = 0
+    compressor: str = "maxmin"
+    compressor_params: str = ""  # canonical "name=value,..." (set_config also takes a dict)
 
     def __post_init__(self) -> None:
+        if isinstance(self.compressor_params, Mapping):
+            object.__setattr__(self, "compressor_params", _format_params(self.compressor_params))
         self.validate()
 
     def validate(self, names: Optional[Mapping[str, str]] = None) -> None:
@@ -98,10 +109,23 @@ class CGXConfig:
         for flag in ("skip_incomplete_buckets", "stochastic"):
             if not isinstance(getattr(self, flag), bool):
                 raise bad(flag, "must be a bool", getattr(self, flag))
+        known = list(_C.compressor_names())
+        if self.compressor not in known:
+            raise bad("compressor", f"must be one of {known}", self.compressor)
+        params = _parse_params(name("compressor_params") or "compressor_params",
+                               self.compressor_params)  # fmt: skip
+        object.__setattr__(self, "compressor_params", _format_params(params))  # canonical text
+        if self.compressor == "maxmin" and params:
+            raise bad("compressor_params", "must be empty for maxmin (it takes bits, "
+                      "bucket_size, ...)", self.compressor_params)  # fmt: skip
+        try:
+            _C.make_compressor(self.compressor, params)
+        except ValueError as e:
+            raise ValueError(f"{name('compressor_params') or 'compressor_params'}: {e}") from None
 
     @property
     def compressed(self) -> bool:
-        return self.bits <= 8
+        return self.bits <= 8 or self.compressor != "maxmin"
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> CGXConfig:
@@ -142,6 +166,8 @@ class CGXConfig:
             pipeline_segment_mb=native.pipeline_segment_bytes >> 20,
             stochastic=native.stochastic,
             seed=native.seed,
+            compressor=native.compressor,
+            compressor_params=_format_params(native.compressor_params),
         )
 
     def to_native(self) -> _C.BackendConfig:
@@ -155,6 +181,8 @@ class CGXConfig:
         native.pipeline_segment_bytes = self.pipeline_segment_mb << 20
         native.stochastic = self.stochastic
         native.seed = self.seed
+        native.compressor = self.compressor
+        native.compressor_params = _parse_params("compressor_params", self.compressor_params)
         return native
 
     def describe(self) -> str:
@@ -190,6 +218,33 @@ def _usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def _parse_params(var: str, text: str) -> dict:
+    """``"ratio=0.001,sample_rate=0.01"`` -> ``{"ratio": 0.001, "sample_rate": 0.01}``."""
+    out = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        try:
+            if not sep or not key.strip():
+                raise ValueError
+            out[key.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"{var} must be name=number pairs separated by commas, got "
+                             f"{text!r}") from None  # fmt: skip
+    return out
+
+
+def _format_params(params: Mapping) -> str:
+    """The canonical text of a parameter mapping: sorted, numbers as Python writes them."""
+    parts = []
+    for key in sorted(params):
+        value = params[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"compressor parameter {key} must be a number, got {value!r}")
+        value = float(value)
+        parts.append(f"{key}={int(value) if value.is_integer() else value!r}")
+    return ",".join(parts)
 
 
 def _is_int(v) -> bool:

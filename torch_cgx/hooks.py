@@ -78,8 +78,9 @@ def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[t
     """Averages the bucket: compressible layers with the state's bits, the rest exactly."""
     backend = cgx_backend(state.process_group)
     group_config = get_config(state.process_group)
-    compressed = group_config.replace(**state.compression_params).to_native()
-    exact = group_config.replace(bits=32).to_native()
+    maxmin = group_config.replace(compressor="maxmin", compressor_params="")  # CGX's codec
+    compressed = maxmin.replace(**state.compression_params).to_native()
+    exact = group_config.replace(bits=32, compressor="maxmin", compressor_params="").to_native()
     buf = bucket.buffer()
     spans = _split(state, bucket)
     parts = {True: [s for s in spans if s[2]], False: [s for s in spans if not s[2]]}

@@ -3,6 +3,7 @@
 
 #include <ATen/ops/empty_like.h>
 #include <pybind11/chrono.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "algorithms/error_bound.h"
@@ -51,7 +52,9 @@ void bind_backend(pybind11::module& m) {
       .def_readwrite("pipeline_segment_bytes", &BackendConfig::pipeline_segment_bytes)
       .def_readwrite("algorithm", &BackendConfig::algorithm)
       .def_readwrite("stochastic", &BackendConfig::stochastic)
-      .def_readwrite("seed", &BackendConfig::seed);
+      .def_readwrite("seed", &BackendConfig::seed)
+      .def_readwrite("compressor", &BackendConfig::compressor)
+      .def_readwrite("compressor_params", &BackendConfig::compressor_params);
 
   py::class_<ProcessGroupCGX, c10d::Backend, c10::intrusive_ptr<ProcessGroupCGX>>(m,
                                                                                   "ProcessGroupCGX")

@@ -6,14 +6,17 @@
 #include <algorithm>
 
 #include "c10d_transport.h"
+#include "compressors/registry.h"
 #include "core/error.h"
 #include "dtype_map.h"
 
 namespace cgx::binding {
 namespace {
 
+// Compression is on with max-min at 1..8 bits, or with any other compressor.
 bool compressible(const at::Tensor& t, const BackendConfig& c) {
-  return c.bits >= 1 && c.bits <= 8 && is_codec_dtype(t.scalar_type()) &&
+  const bool on = c.compressor != "maxmin" || (c.bits >= 1 && c.bits <= 8);
+  return on && is_codec_dtype(t.scalar_type()) &&
          t.numel() >= std::max<int64_t>(c.minimal_size, 16);
 }
 
@@ -45,6 +48,10 @@ void validate_config(const BackendConfig& c) {
   CGX_CHECK_ARG(c.pipeline_segment_bytes >= 0 && c.pipeline_segment_bytes <= (int64_t(1) << 40),
                 "pipeline_segment_bytes must be in [0, 2^40], got ", c.pipeline_segment_bytes);
   algorithm_from_int(c.algorithm);
+  CGX_CHECK_ARG(c.compressor != "maxmin" || c.compressor_params.empty(),
+                "maxmin takes its parameters from bits, bucket_size, skip_incomplete_buckets and "
+                "stochastic, not from compressor_params");
+  make_compressor(c.compressor, c.compressor_params);  // names the bad name or parameter
 }
 
 ProcessGroupCGX::ProcessGroupCGX(int rank, int size, c10::intrusive_ptr<c10d::Backend> inner,
@@ -186,7 +193,12 @@ void ProcessGroupCGX::watchdog_loop() {
 void ProcessGroupCGX::reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average) {
   // Works on a contiguous CPU copy when t is not one (CUDA tensors: staged through the host).
   at::Tensor work = t.contiguous().cpu();
-  const AllreduceOptions o = to_options(c, average, calls_++);
+  AllreduceOptions o = to_options(c, average, calls_++);
+  std::unique_ptr<Compressor> compressor;
+  if (c.compressor != "maxmin") {
+    compressor = make_compressor(c.compressor, c.compressor_params);
+    o.compressor = compressor.get();
+  }
   C10dTransport transport(wire_);
   algorithm_.run(transport, work.data_ptr(), to_cgx_dtype(work.scalar_type()), work.numel(), o);
   last_bytes_sent_ = int64_t(algorithm_.bytes_sent());

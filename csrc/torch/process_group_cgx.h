@@ -17,7 +17,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -40,6 +42,10 @@ struct BackendConfig {
   int algorithm = 0;                                  // cgx::Algorithm
   bool stochastic = false;
   uint64_t seed = 0;
+  // A registered compressor (csrc/compressors/list.h); "maxmin" takes bits, bucket_size,
+  // skip_incomplete_buckets and stochastic above, the others their own parameters.
+  std::string compressor = "maxmin";
+  std::map<std::string, double> compressor_params;
 };
 
 // Throws cgx::InvalidArgument (ValueError in Python) naming the first bad field.
