@@ -20,6 +20,7 @@ void CompressedAllreduce::allgather(Transport& t, uint8_t* data, DType dtype, in
   if (send_.size() < cap) send_.resize(cap);
   const size_t mine =
       encode_payload(o, data, dtype, count, streams_for(o, piece, me, 0, 0), send_.data(), cap);
+  if (residual_) store_residual(o, data, dtype, count, send_.data(), mine, residual_);
 
   std::vector<uint64_t> sizes(static_cast<size_t>(world));
   const uint64_t mine64 = mine;

@@ -76,6 +76,7 @@ void CompressedAllreduce::run(Transport& t, void* data, DType dtype, int64_t cou
   CGX_CHECK_ARG(count >= 0, "element count must be >= 0, got ", count);
   CGX_CHECK_ARG(o.fusion_bytes >= elem_size(dtype), "fusion buffer must hold one element");
   bytes_sent_ = 0;
+  if (o.residual != nullptr && count > 0) std::memset(o.residual, 0, size_t(count) * 4);
   if (t.size() == 1 || count == 0) {
     return;  // nothing to exchange; the average of one rank is the value itself
   }
@@ -85,6 +86,7 @@ void CompressedAllreduce::run(Transport& t, void* data, DType dtype, int64_t cou
   for (int64_t begin = 0; begin < count; begin += piece_elems, ++piece) {
     const int64_t n = std::min(piece_elems, count - begin);
     uint8_t* p = bytes + begin * int64_t(elem_size(dtype));
+    residual_ = o.residual ? o.residual + begin : nullptr;
     if (o.algorithm == Algorithm::kAllgather || !fixed_size(o)) {
       allgather(t, p, dtype, n, o, piece);
     } else if (o.algorithm == Algorithm::kRing) {
@@ -201,9 +203,13 @@ void CompressedAllreduce::sra_encode(const Segment& s, const uint8_t* data) {
   for (int j = 0; j < s.world; ++j) {
     if (j == s.me) continue;
     const Range c = s.chunk(j);
-    encode_payload(*s.opts, data + (s.begin + c.begin) * int64_t(s.esize()), s.dtype, c.size(),
-                   streams_for(*s.opts, s.id, s.me, j, 0), send_.data() + off,
-                   s.send_sizes[size_t(j)]);
+    const uint8_t* x = data + (s.begin + c.begin) * int64_t(s.esize());
+    encode_payload(*s.opts, x, s.dtype, c.size(), streams_for(*s.opts, s.id, s.me, j, 0),
+                   send_.data() + off, s.send_sizes[size_t(j)]);
+    if (residual_) {
+      store_residual(*s.opts, x, s.dtype, c.size(), send_.data() + off, s.send_sizes[size_t(j)],
+                     residual_ + s.begin + c.begin);
+    }
     off += s.send_sizes[size_t(j)];
   }
 }
@@ -266,6 +272,10 @@ void CompressedAllreduce::ring(Transport& t, uint8_t* data, DType dtype, int64_t
   size_t out_bytes = payload_size(o, out.size(), dtype);
   encode_payload(o, data + out.begin * int64_t(esize), dtype, out.size(),
                  streams_for(o, piece, me, me, 0), send_.data(), out_bytes);
+  if (residual_) {
+    store_residual(o, data + out.begin * int64_t(esize), dtype, out.size(), send_.data(), out_bytes,
+                   residual_ + out.begin);
+  }
   for (int s = 0; s < world - 1; ++s) {
     const int k = ((me - s - 1) % world + world) % world;
     const Range in = chunk_range(count, world, bucket, k);

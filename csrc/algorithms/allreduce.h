@@ -40,6 +40,10 @@ struct AllreduceOptions {
   // the wire; 0 or >= the piece: one segment, no pipeline.
   size_t segment_bytes = size_t(4) << 20;
   uint64_t call_index = 0;  // makes each call's random streams distinct
+  // Error feedback: when set (count fp32 values), receives x - decode(encode(x)) of this rank's
+  // own values as it sent them (SRA's first stage, ring's first hop, allgather-reduce), and 0
+  // where its values travelled uncompressed. Re-compressions of sums are not included.
+  float* residual = nullptr;
 };
 
 // The random streams of one encode: `stream` is this rank's, `shared` the same on every rank
@@ -93,6 +97,7 @@ class CompressedAllreduce {
   std::vector<SerialExecutor::Ticket> tickets_;  // pipeline: exchange and gather per segment
   size_t bytes_sent_ = 0;
   std::unique_ptr<SerialExecutor> comm_;  // started on the first pipelined call
+  float* residual_ = nullptr;             // of the current piece (AllreduceOptions::residual)
 };
 
 }  // namespace cgx

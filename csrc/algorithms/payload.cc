@@ -49,4 +49,10 @@ void decode_payload(const AllreduceOptions& o, const uint8_t* payload, size_t si
   }
 }
 
+void store_residual(const AllreduceOptions& o, const void* x, DType dtype, int64_t n,
+                    const uint8_t* payload, size_t size, float* residual) {
+  decode_payload(o, payload, size, residual, DType::kFloat32, n, false);
+  for (int64_t i = 0; i < n; ++i) residual[i] = load_as_float(x, dtype, i) - residual[i];
+}
+
 }  // namespace cgx

@@ -20,6 +20,10 @@ bool fixed_size(const AllreduceOptions& o);
 // Returns the bytes written (== payload_size for fixed-size compressors).
 size_t encode_payload(const AllreduceOptions& o, const void* in, DType dtype, int64_t n, Streams s,
                       uint8_t* out, size_t capacity);
+// residual[0..n) = x - decode(payload), for error feedback (x: the n values encoded).
+void store_residual(const AllreduceOptions& o, const void* x, DType dtype, int64_t n,
+                    const uint8_t* payload, size_t size, float* residual);
+
 void decode_payload(const AllreduceOptions& o, const uint8_t* payload, size_t size, void* out,
                     DType dtype, int64_t n, bool add);
 

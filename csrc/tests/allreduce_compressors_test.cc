@@ -78,5 +78,58 @@ TEST(AllreduceCompressors, AllgatherSumsExactlyWhatWasSent) {
   EXPECT_EQ(got[0], want);
 }
 
+// Error feedback: each rank learns x - decode(encode(x)) of what it sent of its own values.
+// signsgd decodes x to sign(x): SRA sends every chunk but the owner's (residual 0 there), ring
+// sends the rank's own chunk on its first hop, allgather-reduce the whole piece.
+TEST(AllreduceCompressors, ResidualIsWhatTheRankDidNotSend) {
+  auto c = make_compressor("signsgd");
+  const int world = 3;
+  const int64_t n = 1001;
+  for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing, Algorithm::kAllgather}) {
+    std::vector<std::vector<float>> x(world), res(world, std::vector<float>(size_t(n), 7.0f));
+    std::mt19937 gen(5);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    for (auto& v : x) {
+      v.resize(size_t(n));
+      for (auto& e : v) e = d(gen);
+    }
+    const auto x0 = x;
+    testing::Hub hub;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back([&, r] {
+        testing::InMemoryTransport t(hub, r, world);
+        AllreduceOptions o;
+        o.compressor = c.get();
+        o.algorithm = alg;
+        o.segment_bytes = 400;  // pipelined SRA
+        o.residual = res[size_t(r)].data();
+        CompressedAllreduce ar;
+        ar.run(t, x[size_t(r)].data(), DType::kFloat32, n, o);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < world; ++r) {
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = x0[size_t(r)][size_t(i)];
+        bool sent = true;
+        if (alg != Algorithm::kAllgather) {
+          // Which chunk holds i: SRA segments of 100 values, chunks within each; ring: chunks.
+          const int64_t seg = alg == Algorithm::kRing ? n : 100;
+          const int64_t b = i / seg * seg, m = std::min(seg, n - b);
+          int owner = 0;
+          for (int j = 0; j < world; ++j) {
+            const Range ch = chunk_range(m, world, 1, j);
+            if (i - b >= ch.begin && i - b < ch.end) owner = j;
+          }
+          sent = alg == Algorithm::kRing ? owner == r : owner != r;
+        }
+        const float want = sent ? v - (v < 0 ? -1.0f : 1.0f) : 0.0f;
+        ASSERT_EQ(res[size_t(r)][size_t(i)], want) << "alg " << int(alg) << " rank " << r;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cgx
