@@ -6,7 +6,9 @@
 // (prim::random_k); any key gives valid indices. With scale = 1, decode
 // multiplies by n / k: unbiased. With scale = 0 it is biased and wants error
 // feedback, which is the caller's (stateless). Values travel in the input
-// dtype, NaN / Inf included. Payload: docs/FORMAT-sparse.md ("randomk").
+// dtype, NaN / Inf included; a NaN or Inf anywhere (sent or not) sets flag bit 1 and the whole
+// tensor decodes to NaN, so that a non-finite gradient is never lost by not being drawn.
+// Payload: docs/FORMAT.md, "Sparse compressors" ("randomk").
 #include <memory>
 #include <vector>
 
@@ -16,10 +18,11 @@ namespace cgx {
 namespace {
 
 constexpr uint8_t kFlagScale = 1;
+constexpr uint8_t kFlagNonFinite = 2;
 
 class RandomK final : public EnvelopeCompressor {
-public:
-  RandomK(const char *name, uint8_t id, double ratio, bool scale)
+ public:
+  RandomK(const char* name, uint8_t id, double ratio, bool scale)
       : EnvelopeCompressor(name, id), ratio_(ratio), scale_(scale) {}
 
   CompressorTraits traits() const override {
@@ -31,28 +34,28 @@ public:
   }
 
   size_t max_encoded_size(int64_t count, DType dtype) const override {
-    return kEnvelopeBytes +
-           size_t(sparse::count_for(ratio_, count)) * elem_size(dtype);
+    return kEnvelopeBytes + size_t(sparse::count_for(ratio_, count)) * elem_size(dtype);
   }
 
-  size_t encode(const void *in, DType dtype, int64_t count,
-                const EncodeContext &ctx, uint8_t *out,
+  size_t encode(const void* in, DType dtype, int64_t count, const EncodeContext& ctx, uint8_t* out,
                 size_t capacity) const override {
     check_encode_args(in, count, capacity, 0, name_);
     sparse::check_index_count(count, name_, ": ");
     const int64_t k = sparse::count_for(ratio_, count);
     const uint64_t body_bytes = uint64_t(k) * elem_size(dtype);
     const RngKey key = rng_key(ctx.seed, ctx.shared);
-    uint8_t *body = begin_payload(in, dtype, count, capacity, body_bytes,
-                                  scale_ ? kFlagScale : 0, key.k0, key.k1, out);
+    const bool finite = prim::stats(in, dtype, 0, count).finite;
+    const uint8_t flags = uint8_t((scale_ ? kFlagScale : 0) | (finite ? 0 : kFlagNonFinite));
+    uint8_t* body =
+        begin_payload(in, dtype, count, capacity, body_bytes, flags, key.k0, key.k1, out);
     sparse::gather_values(in, dtype, prim::random_k(count, k, key), body);
     return kEnvelopeBytes + body_bytes;
   }
 
-  void decode(const uint8_t *payload, size_t size, void *out, DType out_dtype,
-              int64_t count, bool add) const override {
+  void decode(const uint8_t* payload, size_t size, void* out, DType out_dtype, int64_t count,
+              bool add) const override {
     const Envelope e = open_payload(payload, size, out, count);
-    CGX_CHECK_ARG((e.flags & ~kFlagScale) == 0, name_,
+    CGX_CHECK_ARG((e.flags & ~(kFlagScale | kFlagNonFinite)) == 0, name_,
                   " payload corrupt: unknown flags ", int(e.flags));
     CGX_CHECK_ARG(bool(e.flags & kFlagScale) == scale_, name_,
                   " payload was encoded with scale=", int(e.flags & kFlagScale),
@@ -60,41 +63,38 @@ public:
     sparse::check_index_count(e.count, name_, " payload corrupt: ");
     const int64_t k = sparse::count_for(ratio_, e.count);
     CGX_CHECK_ARG(e.body_bytes == uint64_t(k) * elem_size(e.dtype), name_,
-                  " payload corrupt: body of ", e.body_bytes,
-                  " bytes, expected ", k, " values of ", dtype_name(e.dtype),
-                  " for ", e.count, " values at ratio ", ratio_);
-    const std::vector<uint32_t> idx =
-        prim::random_k(e.count, k, RngKey{e.param0, e.param1});
-    const float factor =
-        scale_ && k > 0 ? float(double(e.count) / double(k)) : 1.0f;
-    const uint8_t *body = payload + kEnvelopeBytes;
+                  " payload corrupt: body of ", e.body_bytes, " bytes, expected ", k, " values of ",
+                  dtype_name(e.dtype), " for ", e.count, " values at ratio ", ratio_);
+    const std::vector<uint32_t> idx = prim::random_k(e.count, k, RngKey{e.param0, e.param1});
+    const float factor = scale_ && k > 0 ? float(double(e.count) / double(k)) : 1.0f;
+    const uint8_t* body = payload + kEnvelopeBytes;
+    if (e.flags & kFlagNonFinite) {
+      for (int64_t i = 0; i < count; ++i) prim::put_value(out, out_dtype, i, NAN, add);
+      return;
+    }
     prim::clear(out, out_dtype, count, add);
     for (size_t j = 0; j < idx.size(); ++j) {
       float v = sparse::read_value(body, e.dtype, j);
-      if (scale_)
-        v *= factor;
+      if (scale_) v *= factor;
       prim::put_value(out, out_dtype, idx[j], v, add);
     }
   }
 
-private:
+ private:
   double ratio_;
   bool scale_;
 };
 
-} // namespace
+}  // namespace
 
 std::vector<ParamSpec> specs_randomk() {
-  return {
-      {"ratio", 0.01, 0, 1, false, "fraction of the values sent, in (0, 1]"},
-      {"scale", 0, 0, 1, true, "1: decode multiplies by n / k (unbiased)"}};
+  return {{"ratio", 0.01, 0, 1, false, "fraction of the values sent, in (0, 1]"},
+          {"scale", 0, 0, 1, true, "1: decode multiplies by n / k (unbiased)"}};
 }
 
-std::unique_ptr<Compressor> make_randomk(const ParamValues &params,
-                                         uint8_t id) {
+std::unique_ptr<Compressor> make_randomk(const ParamValues& params, uint8_t id) {
   sparse::check_positive(params, "randomk", "ratio");
-  return std::make_unique<RandomK>("randomk", id, params.get("ratio"),
-                                   params.get_bool("scale"));
+  return std::make_unique<RandomK>("randomk", id, params.get("ratio"), params.get_bool("scale"));
 }
 
-} // namespace cgx
+}  // namespace cgx

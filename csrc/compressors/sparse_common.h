@@ -1,6 +1,6 @@
 // Shared by the sparsifying compressors (topk, threshold, dgc, graddrop; randomk uses the
 // helpers): counts from fractions, the u32 index limit, the magnitude order, value access in
-// the input dtype, and the (index, value) pair payload (docs/FORMAT-sparse.md).
+// the input dtype, and the (index, value) pair payload (docs/FORMAT.md, "Sparse compressors").
 #pragma once
 
 #include <algorithm>
@@ -151,8 +151,8 @@ inline std::vector<uint32_t> select_at_least(const void* in, DType dtype, int64_
   return idx;
 }
 
-// The sampled-threshold selection of dgc and graddrop (docs/FORMAT-sparse.md): about k of the
-// largest magnitudes, never more than cap_for(k, count).
+// The sampled-threshold selection of dgc and graddrop (docs/FORMAT.md, "Sparse compressors"): about
+// k of the largest magnitudes, never more than cap_for(k, count).
 constexpr int64_t kMinSample = 1024;
 inline int64_t cap_for(int64_t k, int64_t count) { return std::min(count, 2 * k); }
 

@@ -4,7 +4,7 @@
 // feedback (accumulating what was not sent) is the caller's. Exact selection
 // (prim::top_k): NaN ranks above +Inf, so it is always sent and arrives; ties
 // go to the lower index. Values travel in the input dtype, bit for bit.
-// Payload: docs/FORMAT-sparse.md ("topk").
+// Payload: docs/FORMAT.md, "Sparse compressors" ("topk").
 #include <memory>
 #include <vector>
 
@@ -14,35 +14,31 @@ namespace cgx {
 namespace {
 
 class TopK final : public sparse::PairCompressor {
-public:
-  TopK(const char *name, uint8_t id, double ratio)
-      : PairCompressor(name, id), ratio_(ratio) {}
+ public:
+  TopK(const char* name, uint8_t id, double ratio) : PairCompressor(name, id), ratio_(ratio) {}
 
-protected:
-  std::vector<uint32_t> select(const void *in, DType dtype, int64_t count,
-                               const EncodeContext &,
-                               uint32_t *) const override {
+ protected:
+  std::vector<uint32_t> select(const void* in, DType dtype, int64_t count, const EncodeContext&,
+                               uint32_t*) const override {
     return prim::top_k(in, dtype, count, max_pairs(count));
   }
-  int64_t max_pairs(int64_t count) const override {
-    return sparse::count_for(ratio_, count);
-  }
+  int64_t max_pairs(int64_t count) const override { return sparse::count_for(ratio_, count); }
   bool exact_pairs() const override { return true; }
 
-private:
+ private:
   double ratio_;
 };
 
-} // namespace
+}  // namespace
 
 std::vector<ParamSpec> specs_topk() {
-  return {{"ratio", 0.01, 0, 1, false,
-           "fraction of the values sent, in (0, 1]: k = ceil(ratio n)"}};
+  return {
+      {"ratio", 0.01, 0, 1, false, "fraction of the values sent, in (0, 1]: k = ceil(ratio n)"}};
 }
 
-std::unique_ptr<Compressor> make_topk(const ParamValues &params, uint8_t id) {
+std::unique_ptr<Compressor> make_topk(const ParamValues& params, uint8_t id) {
   sparse::check_positive(params, "topk", "ratio");
   return std::make_unique<TopK>("topk", id, params.get("ratio"));
 }
 
-} // namespace cgx
+}  // namespace cgx

@@ -67,7 +67,8 @@ void bind_backend(pybind11::module& m) {
       .def("store", &ProcessGroupCGX::store)
       .def("next_config_version", &ProcessGroupCGX::next_config_version)
       .def("allreduce_with", &ProcessGroupCGX::allreduce_with, py::arg("tensor"), py::arg("config"),
-           py::arg("average"), py::call_guard<py::gil_scoped_release>())
+           py::arg("average"), py::arg("residual") = std::nullopt,
+           py::call_guard<py::gil_scoped_release>())
       .def("last_bytes_sent", &ProcessGroupCGX::last_bytes_sent)
       .def("total_bytes_sent", &ProcessGroupCGX::total_bytes_sent);
 

@@ -190,7 +190,8 @@ void ProcessGroupCGX::watchdog_loop() {
   }
 }
 
-void ProcessGroupCGX::reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average) {
+void ProcessGroupCGX::reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average,
+                                        float* residual) {
   // Works on a contiguous CPU copy when t is not one (CUDA tensors: staged through the host).
   at::Tensor work = t.contiguous().cpu();
   AllreduceOptions o = to_options(c, average, calls_++);
@@ -199,6 +200,7 @@ void ProcessGroupCGX::reduce_compressed(at::Tensor& t, const BackendConfig& c, b
     compressor = make_compressor(c.compressor, c.compressor_params);
     o.compressor = compressor.get();
   }
+  o.residual = residual;
   C10dTransport transport(wire_);
   algorithm_.run(transport, work.data_ptr(), to_cgx_dtype(work.scalar_type()), work.numel(), o);
   last_bytes_sent_ = int64_t(algorithm_.bytes_sent());
@@ -242,15 +244,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce(std::vector<at::Tensor
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_with(at::Tensor tensor,
                                                                const BackendConfig& config,
-                                                               bool average) {
+                                                               bool average,
+                                                               std::optional<at::Tensor> residual) {
   validate_config(config);
   TORCH_CHECK_VALUE(at::isFloatingType(tensor.scalar_type()),
                     "allreduce_with needs a floating-point tensor, got ", tensor.scalar_type());
+  if (residual) {
+    TORCH_CHECK_VALUE(residual->scalar_type() == at::kFloat && residual->is_contiguous() &&
+                          residual->device().is_cpu() && residual->numel() == tensor.numel(),
+                      "residual must be a contiguous CPU float32 tensor of ", tensor.numel(),
+                      " elements");
+    residual->zero_();
+  }
   std::vector<at::Tensor> outputs = {tensor};
   if (compressible(tensor, config)) {
-    return enqueue(outputs, c10d::OpType::ALLREDUCE, [this, tensor, config, average]() mutable {
-      reduce_compressed(tensor, config, average);
-    });
+    return enqueue(outputs, c10d::OpType::ALLREDUCE,
+                   [this, tensor, config, average, residual]() mutable {
+                     reduce_compressed(tensor, config, average,
+                                       residual ? residual->data_ptr<float>() : nullptr);
+                   });
   }
   const auto op = c10d::ReduceOp(average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM);
   return enqueue(outputs, c10d::OpType::ALLREDUCE,

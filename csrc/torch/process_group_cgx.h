@@ -19,6 +19,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -65,9 +66,12 @@ class ProcessGroupCGX : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
 
-  // The layer-wise hook's entry point: reduces `tensor` with `config` (bits 32: exactly).
+  // The hooks' entry point: reduces `tensor` with `config` (not compressing: exactly). With
+  // `residual` (fp32, contiguous, tensor's size) it also receives this rank's compression error
+  // of what it sent (AllreduceOptions::residual), for error feedback; zeros when exact.
   c10::intrusive_ptr<c10d::Work> allreduce_with(at::Tensor tensor, const BackendConfig& config,
-                                                bool average);
+                                                bool average,
+                                                std::optional<at::Tensor> residual = std::nullopt);
 
   BackendConfig config() const;
   void set_config(const BackendConfig& config);
@@ -132,7 +136,8 @@ class ProcessGroupCGX : public c10d::Backend {
   // Moves the completed works at the front of pending_ to `finished`; with watch_mu_ held.
   void prune_pending(std::vector<c10::intrusive_ptr<CGXWork>>& finished);
   void watchdog_loop();
-  void reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average);
+  void reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average,
+                         float* residual = nullptr);
   void reduce_exact(at::Tensor& t, const c10d::ReduceOp& op);
 
   c10::intrusive_ptr<c10d::Backend> inner_;
