@@ -18,6 +18,9 @@ def free_port() -> int:
 
 
 def _entry(rank, fn, world, port, env, args):
+    import faulthandler
+
+    faulthandler.enable()  # a crash in a rank prints its Python stack
     os.environ.update(env)
     os.environ.update(
         {

@@ -70,7 +70,7 @@ def test_typed_api_validates_and_names_the_field():
     with pytest.raises(ValueError, match="bucket_size"):
         CGXConfig(bits=4, bucket_size=0)
     with pytest.raises(ValueError, match="algorithm"):
-        CGXConfig().replace(algorithm="allgather")
+        CGXConfig().replace(algorithm="butterfly")
     with pytest.raises(ValueError, match="unknown cgx setting"):
         CGXConfig().replace(bitz=4)
     native = CGXConfig(bits=2, fusion_buffer_mb=3, algorithm="ring").to_native()

@@ -8,10 +8,12 @@ mpirun. See README.md.
 from torch_cgx import (
     _native,  # noqa: F401  (first: checks the extension against torch)
     codec,  # noqa: F401
+    compressors,  # noqa: F401
 )
 from torch_cgx import backend as _backend
 from torch_cgx import config as _config
 from torch_cgx.backend import cgx_backend, get_config, is_cgx_group, set_config
+from torch_cgx.compression_hook import CompressionState, compression_hook
 from torch_cgx.config import CGXConfig
 from torch_cgx.hooks import CGXState, cgx_hook
 from torch_cgx.launch import apply_launcher_env
@@ -20,9 +22,11 @@ from torch_cgx.version import __version__
 __all__ = [
     "CGXConfig",
     "CGXState",
+    "CompressionState",
     "__version__",
     "cgx_backend",
     "cgx_hook",
+    "compression_hook",
     "get_config",
     "is_cgx_group",
     "set_config",

@@ -14,6 +14,7 @@ holds all per-group state, the store included: nothing outlives the group.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 from typing import Optional
 
@@ -66,6 +67,9 @@ def _create(store, rank: int, size: int, timeout: datetime.timedelta):
 def _register() -> None:
     if "CGX" not in dist.Backend._plugins:
         dist.Backend.register_backend("cgx", _create, devices=["cpu", "cuda"])
+        # Groups still alive at exit (DDP models keep them) stop their threads while Python can
+        # still serve them, not during finalization.
+        atexit.register(_C.ProcessGroupCGX.shutdown_all)
 
 
 def cgx_backend(group: Optional[dist.ProcessGroup] = None) -> _C.ProcessGroupCGX:

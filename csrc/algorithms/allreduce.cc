@@ -87,7 +87,7 @@ void CompressedAllreduce::run(Transport& t, void* data, DType dtype, int64_t cou
     const int64_t n = std::min(piece_elems, count - begin);
     uint8_t* p = bytes + begin * int64_t(elem_size(dtype));
     residual_ = o.residual ? o.residual + begin : nullptr;
-    if (o.algorithm == Algorithm::kAllgather || !fixed_size(o)) {
+    if (o.algorithm == Algorithm::kAllgather || gather_only(o)) {
       allgather(t, p, dtype, n, o, piece);
     } else if (o.algorithm == Algorithm::kRing) {
       ring(t, p, dtype, n, o, piece);
@@ -235,7 +235,8 @@ void CompressedAllreduce::sra_reduce(const Segment& s, uint8_t* data) {
     off += s.recv_sizes[size_t(j)];
   }
   encode_final(*s.opts, s.world, acc, mine.size(), streams_for(*s.opts, s.id, s.me, s.me, 2),
-               final_send_.data() + s.final_send_offset, s.slot);
+               final_send_.data() + s.final_send_offset, s.slot,
+               residual_ ? residual_ + s.begin + mine.begin : nullptr);
 }
 
 // 4. Every rank decodes every reduced payload, its own included: replicas stay bit-identical.
@@ -297,8 +298,9 @@ void CompressedAllreduce::ring(Transport& t, uint8_t* data, DType dtype, int64_t
   const size_t slot = final_slot(count, world, o);
   grow(final_send_, slot);
   grow(final_recv_, slot * size_t(world));
-  encode_final(o, world, acc_.data(), chunk_range(count, world, bucket, owned).size(),
-               streams_for(o, piece, me, owned, 2), final_send_.data(), slot);
+  const Range own = chunk_range(count, world, bucket, owned);
+  encode_final(o, world, acc_.data(), own.size(), streams_for(o, piece, me, owned, 2),
+               final_send_.data(), slot, residual_ ? residual_ + own.begin : nullptr);
   t.allgather(final_send_.data(), slot, final_recv_.data());
   bytes_sent_ += slot * size_t(world - 1);
   for (int r = 0; r < world; ++r) {
@@ -310,9 +312,11 @@ void CompressedAllreduce::ring(Transport& t, uint8_t* data, DType dtype, int64_t
 }
 
 // The reduced chunk `acc` (averaged here if asked) as an fp32 payload, zero-padded to `slot`
-// bytes so that a plain allgather carries every rank's.
+// bytes so that a plain allgather carries every rank's. With `residual`: the owner's error
+// feedback, what the final compression left out, in the units of one rank's contribution (times
+// W when averaging), so that adding it to this rank's next input restores it in the next sum.
 void CompressedAllreduce::encode_final(const AllreduceOptions& o, int world, float* acc, int64_t n,
-                                       Streams s, uint8_t* dst, size_t slot) {
+                                       Streams s, uint8_t* dst, size_t slot, float* residual) {
   if (o.average) {
     const float w = float(world);
     for (int64_t i = 0; i < n; ++i) acc[i] /= w;
@@ -322,6 +326,12 @@ void CompressedAllreduce::encode_final(const AllreduceOptions& o, int world, flo
                 "-byte slot");
   encode_payload(o, acc, DType::kFloat32, n, s, dst, bytes);
   std::memset(dst + bytes, 0, slot - bytes);
+  if (residual) {
+    store_residual(o, acc, DType::kFloat32, n, dst, bytes, residual);
+    if (o.average) {
+      for (int64_t i = 0; i < n; ++i) residual[i] *= float(world);
+    }
+  }
 }
 
 }  // namespace cgx

@@ -30,8 +30,8 @@ Algorithm algorithm_from_int(int value);
 
 struct AllreduceOptions {
   CodecParams codec;  // bits, bucket size, raw tail, rounding, seed (streams are set per message)
-  // A registered compressor instead of max-min (then only codec.seed is read). Compressors
-  // whose payload size depends on the data always use kAllgather.
+  // A registered compressor instead of max-min (then only codec.seed is read). Sparse
+  // compressors and those whose payload size depends on the data always use kAllgather.
   const Compressor* compressor = nullptr;
   Algorithm algorithm = Algorithm::kScatterReduceAllgather;
   bool average = false;                    // divide the sum by the group size
@@ -40,9 +40,11 @@ struct AllreduceOptions {
   // the wire; 0 or >= the piece: one segment, no pipeline.
   size_t segment_bytes = size_t(4) << 20;
   uint64_t call_index = 0;  // makes each call's random streams distinct
-  // Error feedback: when set (count fp32 values), receives x - decode(encode(x)) of this rank's
-  // own values as it sent them (SRA's first stage, ring's first hop, allgather-reduce), and 0
-  // where its values travelled uncompressed. Re-compressions of sums are not included.
+  // Error feedback: when set (count fp32 values), receives what this rank's compressions left
+  // out: x - decode(encode(x)) of its own values as it sent them (SRA's first stage, ring's
+  // first hop, allgather-reduce) and, on the chunk it owns (SRA, ring), what the final
+  // compression of the sum left out, times W when averaging. Ring's intermediate hops are not
+  // included. Adding it to the next call's input feeds the whole error back.
   float* residual = nullptr;
 };
 
@@ -86,7 +88,7 @@ class CompressedAllreduce {
   void allgather(Transport& t, uint8_t* data, DType dtype, int64_t count, const AllreduceOptions& o,
                  uint64_t piece);
   void encode_final(const AllreduceOptions& o, int world, float* acc, int64_t n, Streams s,
-                    uint8_t* dst, size_t slot);
+                    uint8_t* dst, size_t slot, float* residual);
 
   std::vector<uint8_t> send_;
   std::vector<uint8_t> recv_;

@@ -8,14 +8,17 @@ namespace cgx {
 // rounding, twice that with stochastic rounding; the range of what is quantized is at most the
 // ranks' summed range plus twice the error so far. SRA quantizes every value twice (the W - 1
 // first-stage errors, each from its own rank's range, are bounded by R / (2L) together), ring
-// W times. fp32 roundings (relative 1e-6 of the magnitudes, with a 1e-3 margin on the
-// quantization terms) and the final rounding to the result's dtype are added.
+// W times, allgather-reduce once. fp32 roundings (relative 1e-6 of the magnitudes, with a 1e-3
+// margin on the quantization terms) and the final rounding to the result's dtype are added.
 double bucket_error_bound(double range_sum, double magnitude_sum, const BoundParams& p) {
   CGX_CHECK_ARG(p.bits >= 1 && p.bits <= 8, "bits must be in [1, 8], got ", p.bits);
   CGX_CHECK_ARG(p.world >= 1, "world size must be >= 1, got ", p.world);
   const double levels = double((1 << p.bits) - 1);
   const double per_unit = p.rounding == Rounding::kStochastic ? 1.0 : 0.5;
-  const int rounds = p.algorithm == Algorithm::kRing ? p.world : 2;
+  // Allgather-reduce: each rank's values once, the W errors together within R / (2L).
+  const int rounds = p.algorithm == Algorithm::kRing        ? p.world
+                     : p.algorithm == Algorithm::kAllgather ? 1
+                                                            : 2;
   double err = 0.0;
   if (p.world > 1) {
     for (int k = 0; k < rounds; ++k) err += (range_sum + 2 * err) / levels * per_unit;

@@ -26,6 +26,11 @@ bool fixed_size(const AllreduceOptions& o) {
   return o.compressor == nullptr || o.compressor->traits().fixed_size;
 }
 
+bool gather_only(const AllreduceOptions& o) {
+  return o.compressor != nullptr &&
+         (!o.compressor->traits().fixed_size || o.compressor->traits().sparse);
+}
+
 size_t encode_payload(const AllreduceOptions& o, const void* in, DType dtype, int64_t n, Streams s,
                       uint8_t* out, size_t capacity) {
   if (o.compressor == nullptr) {

@@ -16,6 +16,9 @@ int64_t chunk_alignment(const AllreduceOptions& o);
 // Exact payload bytes for fixed-size compressors, the most encode may write otherwise.
 size_t payload_size(const AllreduceOptions& o, int64_t n, DType dtype);
 bool fixed_size(const AllreduceOptions& o);
+// Compressors whose payloads only allgather-reduce can carry well: data-dependent sizes, and
+// sparse ones (re-sparsifying a sum in SRA or ring would drop most of it, unfed back).
+bool gather_only(const AllreduceOptions& o);
 
 // Returns the bytes written (== payload_size for fixed-size compressors).
 size_t encode_payload(const AllreduceOptions& o, const void* in, DType dtype, int64_t n, Streams s,

@@ -70,7 +70,8 @@ void bind_backend(pybind11::module& m) {
            py::arg("average"), py::arg("residual") = std::nullopt,
            py::call_guard<py::gil_scoped_release>())
       .def("last_bytes_sent", &ProcessGroupCGX::last_bytes_sent)
-      .def("total_bytes_sent", &ProcessGroupCGX::total_bytes_sent);
+      .def("total_bytes_sent", &ProcessGroupCGX::total_bytes_sent)
+      .def_static("shutdown_all", &ProcessGroupCGX::shutdown_all);
 
   m.def("bucket_error_bound", &bucket_error_bound, py::arg("range_sum"), py::arg("magnitude_sum"),
         py::arg("bits"), py::arg("world"), py::arg("algorithm"), py::arg("average"),

@@ -71,7 +71,13 @@ void CGXWork::complete(std::exception_ptr error) {
     done_ = true;
     error_ = error;
   }
+  done_flag_->store(true);
   cv_.notify_all();
+}
+
+void CGXWork::release_resources() {
+  outputs_.clear();
+  future_.reset();
 }
 
 void CGXWork::execute(std::function<void()> fn) {

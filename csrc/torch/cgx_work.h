@@ -4,8 +4,10 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -37,6 +39,13 @@ class CGXWork : public c10d::Work {
   // Fails the work if it has not started (it will not run); returns whether it did.
   bool cancel(std::exception_ptr error);
 
+  // Set once the work is complete; lets the watchdog track it without owning it.
+  const std::shared_ptr<std::atomic<bool>>& done_flag() const { return done_flag_; }
+
+  // When the last owner lets go: the tensors go now, on that owner's thread, not with the
+  // memory on whichever thread holds the last weak reference (the watchdog).
+  void release_resources() override;
+
  private:
   bool done() const;
   void complete(std::exception_ptr error);
@@ -52,6 +61,7 @@ class CGXWork : public c10d::Work {
   State state_ = State::kQueued;
   bool done_ = false;
   std::exception_ptr error_;
+  std::shared_ptr<std::atomic<bool>> done_flag_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 }  // namespace cgx::binding

@@ -4,6 +4,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
+#include <set>
 
 #include "c10d_transport.h"
 #include "compressors/registry.h"
@@ -14,6 +15,9 @@ namespace cgx::binding {
 namespace {
 
 // Compression is on with max-min at 1..8 bits, or with any other compressor.
+std::mutex g_live_mu;
+std::set<ProcessGroupCGX*> g_live;  // every constructed, not yet destroyed group
+
 bool compressible(const at::Tensor& t, const BackendConfig& c) {
   const bool on = c.compressor != "maxmin" || (c.bits >= 1 && c.bits <= 8);
   return on && is_codec_dtype(t.scalar_type()) &&
@@ -64,20 +68,32 @@ ProcessGroupCGX::ProcessGroupCGX(int rank, int size, c10::intrusive_ptr<c10d::Ba
       store_(std::move(store)),
       config_((validate_config(config), config)),
       timeout_(timeout),
-      watchdog_([this] { watchdog_loop(); }) {}
+      watchdog_([this] { watchdog_loop(); }) {
+  std::lock_guard<std::mutex> lk(g_live_mu);
+  g_live.insert(this);
+}
 
 ProcessGroupCGX::~ProcessGroupCGX() {
+  {
+    std::lock_guard<std::mutex> lk(g_live_mu);
+    g_live.erase(this);
+  }
+  stop_threads();
+}
+
+void ProcessGroupCGX::stop_threads() {
   // Python drops the last reference with the GIL held, and the worker may need the GIL to finish
   // what is queued (Python callbacks, releasing tensors that have a Python object): join
   // without it.
   auto stop = [this] {
+    stopped_ = true;
     worker_.stop();
     {
       std::lock_guard<std::mutex> lk(watch_mu_);
       watch_stop_ = true;
     }
     watch_cv_.notify_all();
-    watchdog_.join();
+    if (watchdog_.joinable()) watchdog_.join();
   };
   if (Py_IsInitialized() && PyGILState_Check()) {
     pybind11::gil_scoped_release no_gil;
@@ -85,6 +101,15 @@ ProcessGroupCGX::~ProcessGroupCGX() {
   } else {
     stop();
   }
+}
+
+void ProcessGroupCGX::shutdown_all() {
+  std::vector<ProcessGroupCGX*> live;
+  {
+    std::lock_guard<std::mutex> lk(g_live_mu);
+    live.assign(g_live.begin(), g_live.end());
+  }
+  for (ProcessGroupCGX* pg : live) pg->stop_threads();
 }
 
 void ProcessGroupCGX::setTimeout(std::chrono::milliseconds timeout) {
@@ -110,6 +135,7 @@ void ProcessGroupCGX::set_config(const BackendConfig& config) {
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::enqueue(std::vector<at::Tensor> outputs,
                                                         c10d::OpType type,
                                                         std::function<void()> fn) {
+  TORCH_CHECK(!stopped_, "cgx: the group's worker has stopped (the process is exiting)");
   auto work = c10::make_intrusive<CGXWork>(getRank(), type, std::move(outputs), &worker_);
   auto task = [this, work, fn = std::move(fn)]() mutable {
     if (!work->start()) return;  // cancelled by the watchdog
@@ -120,21 +146,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::enqueue(std::vector<at::Tensor> 
     task();  // issued from a callback of this group's work: now, in place (see the header)
     return work;
   }
-  std::vector<c10::intrusive_ptr<CGXWork>> finished;  // released after unlocking (GIL, tensors)
   {
     std::lock_guard<std::mutex> lk(watch_mu_);
-    prune_pending(finished);
-    pending_.push_back(work);
+    prune_pending();
+    pending_.push_back(Pending{c10::weak_intrusive_ptr<CGXWork>(work), work->done_flag()});
   }
   worker_.post(std::move(task));
   return work;
 }
 
-void ProcessGroupCGX::prune_pending(std::vector<c10::intrusive_ptr<CGXWork>>& finished) {
-  while (!pending_.empty() && pending_.front()->isCompleted()) {
-    finished.push_back(std::move(pending_.front()));
-    pending_.pop_front();
-  }
+void ProcessGroupCGX::prune_pending() {
+  while (!pending_.empty() && pending_.front().done->load()) pending_.pop_front();
 }
 
 void ProcessGroupCGX::run_callbacks(CGXWork& work) {
@@ -156,19 +178,13 @@ void ProcessGroupCGX::watchdog_loop() {
   std::unique_lock<std::mutex> lk(watch_mu_);
   while (!watch_stop_) {
     watch_cv_.wait_for(lk, std::chrono::milliseconds(200));
-    std::vector<c10::intrusive_ptr<CGXWork>> finished;
-    prune_pending(finished);
-    if (!finished.empty()) {
-      lk.unlock();
-      finished.clear();
-      lk.lock();
-    }
+    prune_pending();
     const auto since = callbacks_since_;
     if (watch_stop_ || pending_.empty() || since == std::chrono::steady_clock::time_point::max() ||
         std::chrono::steady_clock::now() - since < timeout_) {
       continue;
     }
-    std::deque<c10::intrusive_ptr<CGXWork>> victims;
+    std::deque<Pending> victims;
     victims.swap(pending_);
     const auto ms = timeout_.count();
     lk.unlock();
@@ -184,7 +200,9 @@ void ProcessGroupCGX::watchdog_loop() {
     } catch (...) {
       error = std::current_exception();
     }
-    for (auto& w : victims) w->cancel(error);
+    for (auto& v : victims) {
+      if (auto w = v.work.lock()) w->cancel(error);
+    }
     victims.clear();
     lk.lock();
   }

@@ -66,6 +66,11 @@ class ProcessGroupCGX : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
 
+  // Stops the threads of every live cgx group (runs what they have queued first). Called at
+  // interpreter exit, before Python finalizes: a background thread that needs the GIL then
+  // would be killed mid-unwind.
+  static void shutdown_all();
+
   // The hooks' entry point: reduces `tensor` with `config` (not compressing: exactly). With
   // `residual` (fp32, contiguous, tensor's size) it also receives this rank's compression error
   // of what it sent (AllreduceOptions::residual), for error feedback; zeros when exact.
@@ -133,8 +138,10 @@ class ProcessGroupCGX : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> enqueue(std::vector<at::Tensor> outputs, c10d::OpType type,
                                          std::function<void()> fn);
   void run_callbacks(CGXWork& work);
-  // Moves the completed works at the front of pending_ to `finished`; with watch_mu_ held.
-  void prune_pending(std::vector<c10::intrusive_ptr<CGXWork>>& finished);
+  // Drops the completed works at the front of pending_; with watch_mu_ held.
+  void prune_pending();
+  // Runs what is queued and stops the worker and the watchdog; later work raises. Idempotent.
+  void stop_threads();
   void watchdog_loop();
   void reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average,
                          float* residual = nullptr);
@@ -158,7 +165,12 @@ class ProcessGroupCGX : public c10d::Backend {
   std::mutex watch_mu_;
   std::condition_variable watch_cv_;
   std::chrono::milliseconds timeout_;
-  std::deque<c10::intrusive_ptr<CGXWork>> pending_;
+  struct Pending {
+    c10::weak_intrusive_ptr<CGXWork> work;  // never the last owner: no tensors freed here
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::deque<Pending> pending_;
+  std::atomic<bool> stopped_{false};
   std::chrono::steady_clock::time_point callbacks_since_ =
       std::chrono::steady_clock::time_point::max();
   int callback_depth_ = 0;  // worker thread only

@@ -393,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m torch_cgx.bench codec",
         description="Throughput of the max-min codec vs memcpy and a pure torch-ops codec (CPU).",
+        epilog="--compressors all|NAME,...: measure every registered compressor (or those named)"
+        " instead, with --size (default 64M), --threads (default 1), --iters, --json; see"
+        " `codec --compressors all --help` (torch_cgx/bench/compressors.py).",
     )
     p.add_argument("--bits", default="1,2,4,8", help="comma-separated bits (default 1,2,4,8)")
     p.add_argument(
@@ -438,9 +441,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--compressors" or a.startswith("--compressors=") for a in argv):
+        from torch_cgx.bench import compressors  # every compressor: its own options
+
+        return compressors.main(argv)
     all_threads = codec.num_threads()  # "all": the codec's thread count at startup
     parser = build_parser()
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(argv)
     try:
         bits = _parse_list(args.bits, int, "bits")
         default_sizes = QUICK_SIZES_MB if args.quick else DEFAULT_SIZES_MB
