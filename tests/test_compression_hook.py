@@ -140,3 +140,46 @@ def test_state_errors_are_clear():
     s.residuals[id(object())] = torch.zeros(3)
     with pytest.raises(ValueError, match="module=model"):
         pickle.dumps(s)
+
+
+def body_momentum(rank, world):
+    import torch_cgx
+    from torch_cgx import CompressionState, compression_hook
+
+    dist.init_process_group("cgx")
+    torch_cgx.set_config(algorithm="allgather")  # each rank's signs summed exactly
+    # Signum: the delivered gradient is the mean over ranks of sign(u), u = 0.9 u + g.
+    model = fixed_gradient_model()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    state = CompressionState(None, "signum", layer_min_size=3000, module=model)
+    assert state.momentum == 0.9 and state.error_feedback is False
+    ddp.register_comm_hook(state, compression_hook)
+    reference = fixed_gradient_model()
+    u = [torch.zeros(64, 64) for _ in range(world)]
+    for step in range(4):
+        xs = [torch.randn(8, 64, generator=torch.Generator().manual_seed(10 * step + r))
+              for r in range(world)]  # fmt: skip
+        ddp.zero_grad()
+        ddp(xs[rank]).sum().backward()
+        signs = []
+        for r in range(world):
+            reference.zero_grad()
+            reference(xs[r]).sum().backward()
+            u[r] = 0.9 * u[r] + reference[0].weight.grad
+            signs.append(torch.where(u[r] < 0, -1.0, 1.0))
+        assert torch.equal(model[0].weight.grad, sum(signs) / world), step
+    # DGC: momentum correction with masking. After one step u = g and v = g; what was sent
+    # leaves residual 0 and a masked momentum: u and the residual are equal everywhere.
+    model = fixed_gradient_model()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    state = CompressionState(None, "dgc", {"ratio": 0.05}, layer_min_size=3000, module=model)
+    ddp.register_comm_hook(state, compression_hook)
+    ddp(rank_gradient_input(rank)).sum().backward()
+    res, mom = state.residuals["0.weight"], state.momenta["0.weight"]
+    sent = int((res == 0).sum())
+    assert 0 < sent < res.numel() and torch.equal(res, mom)
+    dist.destroy_process_group()
+
+
+def test_momentum_signum_and_dgc_masking():
+    run_ranks(body_momentum, 2)

@@ -47,6 +47,7 @@ BOUNDS = {
     "bf16": lambda x: x.abs() * 2**-8 + 2**-134,
     # Sign and threshold codes carry no magnitude within the bucket: |x| + the bucket's scale.
     "signsgd": lambda x: x.abs() + 1,
+    "signum": lambda x: x.abs() + 1,
     "onebit": lambda x: x.abs() + _per_bucket(x, 512, lambda b: b.abs().max()),
     "efsignsgd": lambda x: x.abs() + x.abs().mean(),
     "terngrad": lambda x: _per_bucket(x, 512, lambda b: b.abs().max()) * 1.000001,
@@ -57,6 +58,7 @@ BOUNDS = {
 # What decode(encode(x)) must equal exactly, where the definition leaves no freedom.
 EXACT = {
     "signsgd": lambda x: torch.where(x < 0, -1.0, 1.0),
+    "signum": lambda x: torch.where(x < 0, -1.0, 1.0),
     "efsignsgd": lambda x: torch.where(x < 0, -1.0, 1.0) * x.abs().double().mean().float(),
     "tbq": lambda x: torch.where(x >= 1, 1.0, torch.where(x <= -1, -1.0, 0.0)),
 }

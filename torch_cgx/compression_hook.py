@@ -12,9 +12,16 @@ default for biased compressors (``traits["biased"]``). Residuals are keyed by pa
 (with ``module=``) or by parameter identity, never by bucket index, so they survive DDP's bucket
 rebuild after the first iteration; with ``module=`` they are saved by ``__getstate__`` and
 restored by ``__setstate__`` (``torch.save(state)`` in a checkpoint). Memory: one fp32 value per
-compressed gradient value. What is fed back is the compression of each rank's own values (the
-allgather path of sparse compressors: all of it; SRA: its first stage; a dense compressor's
-re-compression of the sum on the owner is not fed back).
+compressed gradient value. What is fed back: every compression of each rank's own values and,
+on the chunk a rank owns, the final compression of the sum (SRA, ring); ring's intermediate
+re-compressions are not.
+
+Momentum (``momentum=m``, default 0.9 for ``signum`` and ``dgc``, else 0): the state keeps
+``u = m * u + g`` per parameter and compresses ``u`` (plus the residual) instead of ``g``: DGC's
+momentum correction, and Signum (the sign of the momentum). With ``dgc`` (and any sparse
+compressor) the momentum is zeroed where a value was sent (DGC's momentum factor masking:
+where the new residual is exactly 0). The delivered gradient then already holds the momentum:
+use the optimizer without momentum.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at run time.
@@ -29,6 +36,8 @@ from torch_cgx.backend import cgx_backend, get_config
 __all__ = ["CompressionState", "compression_hook"]
 
 _MAXMIN_FIELDS = ("bits", "bucket_size", "skip_incomplete_buckets", "stochastic")
+# Per compressor, the hook's defaults where the published method differs from the general ones.
+_DEFAULTS = {"signum": {"momentum": 0.9, "error_feedback": False}, "dgc": {"momentum": 0.9}}
 
 
 class CompressionState:
@@ -39,13 +48,15 @@ class CompressionState:
         compressor: a name of ``torch_cgx.compressors.names()``.
         params: the compressor's parameters (``compressors.params(name)``); for ``maxmin``:
             ``bits`` (default 4), ``bucket_size``, ``skip_incomplete_buckets``, ``stochastic``.
-        error_feedback: keep residuals; None (default): for biased compressors only.
+        error_feedback: keep residuals; None (default): for biased compressors only (signum: off).
+        momentum: keep ``u = m * u + g`` and compress it (DGC, Signum); None: 0.9 for ``signum``
+            and ``dgc``, else 0.
         layer_min_size: parameters with fewer values (or ``dim() <= 1``) are reduced exactly.
         module: the model, to key residuals by parameter name (needed to checkpoint them).
     """
 
     __slots__ = ("process_group", "compressor", "params", "error_feedback", "layer_min_size",
-                 "residuals", "_names")  # fmt: skip
+                 "momentum", "residuals", "momenta", "_names")  # fmt: skip
 
     def __init__(
         self,
@@ -55,6 +66,7 @@ class CompressionState:
         error_feedback: Optional[bool] = None,
         layer_min_size: int = 1024,
         module: Optional[torch.nn.Module] = None,
+        momentum: Optional[float] = None,
     ) -> None:
         params = dict(params or {})
         if compressor == "maxmin":
@@ -64,11 +76,21 @@ class CompressionState:
             raise ValueError(f"layer_min_size must be an integer >= 0, got {layer_min_size!r}")
         if error_feedback is not None and not isinstance(error_feedback, bool):
             raise ValueError(f"error_feedback must be a bool or None, got {error_feedback!r}")
+        defaults = _DEFAULTS.get(compressor, {})
+        if error_feedback is None:
+            error_feedback = defaults.get("error_feedback", traits["biased"])
+        momentum = defaults.get("momentum", 0.0) if momentum is None else momentum
+        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)):
+            raise ValueError(f"momentum must be a number in [0, 1), got {momentum!r}")
+        if not 0 <= momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
         self.process_group = process_group
         self.compressor, self.params = compressor, params
-        self.error_feedback = traits["biased"] if error_feedback is None else error_feedback
+        self.error_feedback = error_feedback
+        self.momentum = float(momentum)
         self.layer_min_size = layer_min_size
         self.residuals: Dict[Any, torch.Tensor] = {}
+        self.momenta: Dict[Any, torch.Tensor] = {}
         self._names = {}
         if module is not None:
             self._names = {id(p): name for name, p in module.named_parameters()}
@@ -80,7 +102,7 @@ class CompressionState:
         return self._names.get(id(param), id(param))
 
     def __getstate__(self):
-        if any(not isinstance(k, str) for k in self.residuals):
+        if any(not isinstance(k, str) for k in list(self.residuals) + list(self.momenta)):
             raise ValueError(
                 "CompressionState keys its residuals by parameter identity, which does not "
                 "survive a restart: create it with module=model to checkpoint them"
@@ -90,14 +112,18 @@ class CompressionState:
             "params": self.params,
             "error_feedback": self.error_feedback,
             "layer_min_size": self.layer_min_size,
+            "momentum": self.momentum,
             "residuals": {k: v.clone() for k, v in self.residuals.items()},
+            "momenta": {k: v.clone() for k, v in self.momenta.items()},
         }
 
     def __setstate__(self, state):
         self.process_group = None  # set it again after loading, as for PyTorch's states
         self.compressor, self.params = state["compressor"], state["params"]
         self.error_feedback, self.layer_min_size = state["error_feedback"], state["layer_min_size"]
+        self.momentum = state["momentum"]
         self.residuals = dict(state["residuals"])
+        self.momenta = dict(state["momenta"])
         self._names = {}
 
     def attach(self, module: torch.nn.Module, process_group=None) -> None:
@@ -129,6 +155,27 @@ def _stage(buf: torch.Tensor, spans: List[tuple], whole: bool) -> torch.Tensor:
     return buf if whole else torch.cat([buf[o : o + n] for o, n, _ in spans])
 
 
+_SPARSE = ("topk", "randomk", "threshold", "dgc", "graddrop")
+
+
+def _add_memory(state: CompressionState, tensor: torch.Tensor, spans: List[tuple]) -> None:
+    """In place on the staged gradients: u = m * u + g replaces g (momentum), then the residual
+    is added (error feedback)."""
+    pos = 0
+    for _, n, p in spans:
+        part = tensor[pos : pos + n]
+        if state.momentum > 0:
+            u = state.momenta.get(state.key(p))
+            if u is None or u.numel() != n:
+                u = state.momenta[state.key(p)] = torch.zeros(n, dtype=torch.float32)
+            u.mul_(state.momentum).add_(part.float())
+            part.copy_(u)
+        old = state.residuals.get(state.key(p)) if state.error_feedback else None
+        if old is not None and old.numel() == n:
+            part += old.to(part.dtype)
+        pos += n
+
+
 def compression_hook(
     state: CompressionState, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
@@ -140,14 +187,9 @@ def compression_hook(
     futures, staged = [], []
     if comp:
         tensor = _stage(buf, comp, not exact)
+        _add_memory(state, tensor, comp)
         residual = None
         if state.error_feedback:
-            pos = 0
-            for _, n, p in comp:
-                old = state.residuals.get(state.key(p))
-                if old is not None and old.numel() == n:
-                    tensor[pos : pos + n] += old.to(tensor.dtype)
-                pos += n
             residual = torch.empty(tensor.numel(), dtype=torch.float32)
         futures.append(backend.allreduce_with(tensor, state.native_config(), True, residual))
         staged.append((tensor, comp, residual))
@@ -168,6 +210,9 @@ def compression_hook(
                     buf[o : o + n].copy_(tensor[pos : pos + n])
                 if residual is not None:
                     state.residuals[state.key(p)] = residual[pos : pos + n]
+                    u = state.momenta.get(state.key(p))
+                    if u is not None and state.compressor in _SPARSE:
+                        u.masked_fill_(residual[pos : pos + n] == 0, 0.0)  # sent: masked
                 pos += n
         return buf
 

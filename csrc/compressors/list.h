@@ -7,5 +7,6 @@ CGX_COMPRESSOR(maxmin, 0)
 CGX_COMPRESSOR(fp16, 1)
 CGX_COMPRESSOR(bf16, 2)
 CGX_COMPRESSOR(signsgd, 3)
+CGX_COMPRESSOR(signum, 4)
 #include "list_quant.h"
 #include "list_sparse.h"

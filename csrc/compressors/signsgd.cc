@@ -2,6 +2,8 @@
 // scales). x >= 0 (and +-0) is +1, x < 0 is -1. Summed over ranks, the decoded signs are the
 // majority vote's tally. A NaN or Inf anywhere sets the envelope's flag bit 0 and the whole
 // tensor decodes to NaN: a sign cannot carry it, and silently finite output would hide it.
+// signum (Bernstein 2018) is the same code applied to a momentum, which the caller keeps
+// (CompressionState(momentum=...)); it is registered under its own name and id.
 #include <cmath>
 #include <vector>
 
@@ -62,6 +64,12 @@ std::vector<ParamSpec> specs_signsgd() { return {}; }
 
 std::unique_ptr<Compressor> make_signsgd(const ParamValues&, uint8_t id) {
   return std::make_unique<SignSGD>("signsgd", id);
+}
+
+std::vector<ParamSpec> specs_signum() { return {}; }
+
+std::unique_ptr<Compressor> make_signum(const ParamValues&, uint8_t id) {
+  return std::make_unique<SignSGD>("signum", id);
 }
 
 }  // namespace cgx

@@ -298,7 +298,7 @@ def format_table(records: Sequence[dict]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m torch_cgx.bench codec --compressors",
+        prog="python -m torch_cgx.bench codec",
         description="Encode / decode_add speed of every registered compressor (default "
         "parameters) vs memcpy and a torch-ops version of each (CPU).",
     )
