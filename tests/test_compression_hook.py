@@ -54,7 +54,8 @@ def body_error_feedback(rank, world, compressor, params, algorithm):
     for ef in (True, False):
         model = fixed_gradient_model()
         ddp = torch.nn.parallel.DistributedDataParallel(model)
-        state = CompressionState(None, compressor, params, error_feedback=ef, layer_min_size=3000,
+        state = CompressionState(None, compressor, params, error_feedback=ef, momentum=0.0,
+                                 layer_min_size=3000,
                                  module=model)  # fmt: skip
         ddp.register_comm_hook(state, compression_hook)
         grads = run_steps(ddp, x, 160)

@@ -9,7 +9,7 @@ peers alike:
   the torch-ops codec's wider rounding slack);
 - fp16 / bf16: relative half a unit in the last place (2^-11 / 2^-8) plus half the smallest
   subnormal step;
-- signsgd, tbq, threshold: the exact expected values;
+- signsgd, signum, tbq, threshold: the exact expected values;
 - onebit / efsignsgd: the bucket's mean of the value's sign group / mean ``|x|``, with the sign of
   ``x`` (relative 2^-12 of the bucket's scale for the summation order);
 - terngrad: ``0`` or ``s * sign(x)`` with ``s`` the bucket's ``max |x|``, so ``|x' - x| <= s``;
@@ -190,6 +190,7 @@ CHECKS: Dict[str, Callable[[torch.Tensor, torch.Tensor, dict], Result]] = {
     "fp16": _cast(2.0**-11, 2.0**-25),
     "bf16": _cast(2.0**-8, 2.0**-134),
     "signsgd": _signsgd,
+    "signum": _signsgd,
     "onebit": _means(signed=True),
     "efsignsgd": _means(signed=False),
     "terngrad": _terngrad,

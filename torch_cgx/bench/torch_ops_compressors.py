@@ -284,6 +284,7 @@ OPS: Dict[str, TorchOps] = {
     "fp16": TorchOps(_cast_enc(torch.float16), _cast_dec),
     "bf16": TorchOps(_cast_enc(torch.bfloat16), _cast_dec),
     "signsgd": TorchOps(_signsgd_enc, _signsgd_dec),
+    "signum": TorchOps(_signsgd_enc, _signsgd_dec),  # the sign of a momentum the caller keeps
     "onebit": TorchOps(_onebit_enc, _onebit_dec),
     "efsignsgd": TorchOps(_efsign_enc, _efsign_dec),
     "terngrad": TorchOps(_terngrad_enc, _terngrad_dec),
