@@ -24,11 +24,12 @@ class Cast final : public EnvelopeCompressor {
   size_t encode(const void* in, DType dtype, int64_t count, const EncodeContext&, uint8_t* out,
                 size_t capacity) const override {
     uint8_t* body = begin_payload(in, dtype, count, capacity, uint64_t(count) * 2, 0, 0, 0, out);
-    for (int64_t i = 0; i < count; ++i) {
-      const float v = load_as_float(in, dtype, i);
-      const uint16_t h = wire_ == DType::kFloat16 ? float_to_half(v) : float_to_bf16(v);
-      std::memcpy(body + 2 * i, &h, 2);
-    }
+    auto* wire = reinterpret_cast<uint8_t*>(body);
+    const bool half = wire_ == DType::kFloat16;
+    prim::for_each(in, dtype, 0, count, [&](int64_t i, float v) {
+      const uint16_t h = half ? float_to_half(v) : float_to_bf16(v);
+      std::memcpy(wire + 2 * i, &h, 2);
+    });
     return kEnvelopeBytes + size_t(count) * 2;
   }
   void decode(const uint8_t* payload, size_t size, void* out, DType out_dtype, int64_t count,
@@ -37,12 +38,12 @@ class Cast final : public EnvelopeCompressor {
     CGX_CHECK_ARG(e.body_bytes == uint64_t(e.count) * 2, name_, " payload corrupt: body of ",
                   e.body_bytes, " bytes for ", e.count, " values");
     const uint8_t* body = payload + kEnvelopeBytes;
-    for (int64_t i = 0; i < count; ++i) {
+    const bool half = wire_ == DType::kFloat16;
+    prim::write_each(out, out_dtype, 0, count, add, [&](int64_t i) {
       uint16_t h;
       std::memcpy(&h, body + 2 * i, 2);
-      const float v = wire_ == DType::kFloat16 ? half_to_float(h) : bf16_to_float(h);
-      prim::put_value(out, out_dtype, i, v, add);
-    }
+      return half ? half_to_float(h) : bf16_to_float(h);
+    });
   }
 
  private:

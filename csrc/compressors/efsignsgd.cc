@@ -28,15 +28,12 @@ class EFSignSGD final : public EnvelopeCompressor {
                 size_t capacity) const override {
     const auto l = bucketed::layout(count, bucket_, 1, 1);
     uint8_t* body = begin_payload(in, dtype, count, capacity, l.body, 0, uint32_t(bucket_), 0, out);
-    std::vector<uint8_t> codes(static_cast<size_t>(count));
     for (int64_t b = 0; b < l.buckets; ++b) {
       const int64_t lo = b * l.bucket, hi = std::min(count, lo + l.bucket);
       const prim::RangeStats s = prim::stats(in, dtype, lo, hi);
-      for (int64_t i = lo; i < hi; ++i) codes[size_t(i)] = load_as_float(in, dtype, i) < 0;
-      const float scale = s.finite ? float(s.abs_sum / double(hi - lo)) : NAN;
-      bucketed::put_f32(body + 4 * b, scale);
+      bucketed::put_f32(body + 4 * b, s.finite ? float(s.abs_sum / double(hi - lo)) : NAN);
     }
-    prim::pack(codes.data(), count, 1, body + l.codes_offset);
+    bucketed::put_signs(in, dtype, count, body + l.codes_offset);
     return kEnvelopeBytes + l.body;
   }
   void decode(const uint8_t* payload, size_t size, void* out, DType out_dtype, int64_t count,
@@ -45,11 +42,10 @@ class EFSignSGD final : public EnvelopeCompressor {
     CGX_CHECK_ARG(e.flags == 0, name_, " payload corrupt: unknown flags");
     const auto l = bucketed::check_body(e, 1, 1, name_);
     const uint8_t* body = payload + kEnvelopeBytes;
-    for (int64_t i = 0; i < count; ++i) {
-      const float scale = bucketed::get_f32(body + 4 * (i / l.bucket));
-      const bool negative = prim::unpack_one(body + l.codes_offset, i, 1);
-      prim::put_value(out, out_dtype, i, negative ? -scale : scale, add);
-    }
+    bucketed::decode_signs(body, l, out, out_dtype, add, [&](int64_t b, bool negative) {
+      const float scale = bucketed::get_f32(body + 4 * b);
+      return negative ? -scale : scale;
+    });
   }
 
  private:

@@ -28,26 +28,23 @@ class OneBit final : public EnvelopeCompressor {
                 size_t capacity) const override {
     const auto l = bucketed::layout(count, bucket_, 2, 1);
     uint8_t* body = begin_payload(in, dtype, count, capacity, l.body, 0, uint32_t(bucket_), 0, out);
-    std::vector<uint8_t> codes(static_cast<size_t>(count));
     for (int64_t b = 0; b < l.buckets; ++b) {
       const int64_t lo = b * l.bucket, hi = std::min(count, lo + l.bucket);
       double neg = 0, pos = 0;
       int64_t nneg = 0;
       bool finite = true;
-      for (int64_t i = lo; i < hi; ++i) {
-        const float v = load_as_float(in, dtype, i);
-        finite = finite && std::isfinite(v);
-        codes[size_t(i)] = v < 0;
+      prim::for_each(in, dtype, lo, hi, [&](int64_t, float v) {
+        finite &= std::isfinite(v);
         (v < 0 ? neg : pos) += v;
         nneg += v < 0;
-      }
+      });
       const int64_t npos = hi - lo - nneg;
       const float nm = !finite ? NAN : nneg ? float(neg / double(nneg)) : 0.0f;
       const float pm = !finite ? NAN : npos ? float(pos / double(npos)) : 0.0f;
       bucketed::put_f32(body + 8 * b, nm);
       bucketed::put_f32(body + 8 * b + 4, pm);
     }
-    prim::pack(codes.data(), count, 1, body + l.codes_offset);
+    bucketed::put_signs(in, dtype, count, body + l.codes_offset);
     return kEnvelopeBytes + l.body;
   }
   void decode(const uint8_t* payload, size_t size, void* out, DType out_dtype, int64_t count,
@@ -56,11 +53,9 @@ class OneBit final : public EnvelopeCompressor {
     CGX_CHECK_ARG(e.flags == 0, name_, " payload corrupt: unknown flags");
     const auto l = bucketed::check_body(e, 2, 1, name_);
     const uint8_t* body = payload + kEnvelopeBytes;
-    for (int64_t i = 0; i < count; ++i) {
-      const int64_t b = i / l.bucket;
-      const bool negative = prim::unpack_one(body + l.codes_offset, i, 1);
-      prim::put_value(out, out_dtype, i, bucketed::get_f32(body + 8 * b + (negative ? 0 : 4)), add);
-    }
+    bucketed::decode_signs(body, l, out, out_dtype, add, [&](int64_t b, bool negative) {
+      return bucketed::get_f32(body + 8 * b + (negative ? 0 : 4));
+    });
   }
 
  private:

@@ -28,25 +28,26 @@ class QSGD final : public EnvelopeCompressor {
     const auto l = bucketed::layout(count, bucket_, 1, bits_);
     uint8_t* body = begin_payload(in, dtype, count, capacity, l.body, 0, uint32_t(bucket_),
                                   uint32_t(bits_), out);
-    std::vector<uint8_t> codes(static_cast<size_t>(count));
+    prim::BitWriter w(body + l.codes_offset, bits_);
     const RngKey key = rng_key(ctx.seed, ctx.stream);
     const float levels = float((1 << (bits_ - 1)) - 1);
+    const uint32_t sign = 1u << (bits_ - 1);
     for (int64_t b = 0; b < l.buckets; ++b) {
       const int64_t lo = b * l.bucket, hi = std::min(count, lo + l.bucket);
       const prim::RangeStats st = prim::stats(in, dtype, lo, hi);
       const float norm = st.finite ? float(std::sqrt(st.sq_sum)) : NAN;
       bucketed::put_f32(body + 4 * b, norm);
-      for (int64_t i = lo; i < hi; ++i) {
-        const float v = load_as_float(in, dtype, i);
+      const bool usable = norm > 0 && std::isfinite(norm);
+      prim::for_each(in, dtype, lo, hi, [&](int64_t i, float v) {
         float level = 0;
-        if (norm > 0 && std::isfinite(norm)) {
+        if (usable) {
           level = std::floor(levels * std::fabs(v) / norm + rng_uniform(key, uint64_t(i)));
           level = std::min(level, levels);
         }
-        codes[size_t(i)] = uint8_t((v < 0 ? 1u << (bits_ - 1) : 0u) | uint32_t(level));
-      }
+        w.put((v < 0 ? sign : 0u) | uint32_t(level));
+      });
     }
-    prim::pack(codes.data(), count, bits_, body + l.codes_offset);
+    w.finish();
     return kEnvelopeBytes + l.body;
   }
   void decode(const uint8_t* payload, size_t size, void* out, DType out_dtype, int64_t count,
@@ -59,11 +60,15 @@ class QSGD final : public EnvelopeCompressor {
     const uint8_t* body = payload + kEnvelopeBytes;
     const float levels = float((1 << (bits - 1)) - 1);
     const uint32_t sign = 1u << (bits - 1);
-    for (int64_t i = 0; i < count; ++i) {
-      const float norm = bucketed::get_f32(body + 4 * (i / l.bucket));
-      const uint32_t c = prim::unpack_one(body + l.codes_offset, i, bits);
-      const float mag = norm * (float(c & (sign - 1)) / levels);
-      prim::put_value(out, out_dtype, i, (c & sign) ? -mag : mag, add);
+    prim::BitReader r(body + l.codes_offset, bits, 0);
+    for (int64_t b = 0; b < l.buckets; ++b) {
+      const int64_t lo = b * l.bucket, hi = std::min(count, lo + l.bucket);
+      const float norm = bucketed::get_f32(body + 4 * b);
+      prim::write_each(out, out_dtype, lo, hi, add, [&](int64_t) {
+        const uint32_t c = r.get();
+        const float mag = norm * (float(c & (sign - 1)) / levels);
+        return (c & sign) ? -mag : mag;
+      });
     }
   }
 

@@ -7,9 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "core/compressor.h"
-#include "core/error.h"
-#include "core/primitives.h"
+#include "bucketed.h"
 
 namespace cgx {
 namespace {
@@ -31,16 +29,8 @@ class SignSGD final : public EnvelopeCompressor {
                 size_t capacity) const override {
     const size_t body_bytes = prim::packed_bytes(count, 1);
     check_encode_args(in, count, capacity, kEnvelopeBytes + body_bytes, name_);
-    std::vector<uint8_t> codes(static_cast<size_t>(count));
-    bool finite = true;
-    for (int64_t i = 0; i < count; ++i) {
-      const float v = load_as_float(in, dtype, i);
-      finite = finite && std::isfinite(v);
-      codes[size_t(i)] = v < 0 ? 1 : 0;
-    }
-    uint8_t* body = begin_payload(in, dtype, count, capacity, body_bytes,
-                                  finite ? 0 : kFlagNonFinite, 0, 0, out);
-    prim::pack(codes.data(), count, 1, body);
+    const bool finite = bucketed::put_signs(in, dtype, count, out + kEnvelopeBytes);
+    begin_payload(in, dtype, count, capacity, body_bytes, finite ? 0 : kFlagNonFinite, 0, 0, out);
     return kEnvelopeBytes + body_bytes;
   }
   void decode(const uint8_t* payload, size_t size, void* out, DType out_dtype, int64_t count,
@@ -49,12 +39,11 @@ class SignSGD final : public EnvelopeCompressor {
     CGX_CHECK_ARG(e.body_bytes == prim::packed_bytes(e.count, 1), name_,
                   " payload corrupt: body of ", e.body_bytes, " bytes for ", e.count, " values");
     CGX_CHECK_ARG((e.flags & ~kFlagNonFinite) == 0, name_, " payload corrupt: unknown flags");
-    const uint8_t* body = payload + kEnvelopeBytes;
     const bool nan = e.flags & kFlagNonFinite;
-    for (int64_t i = 0; i < count; ++i) {
-      const float v = nan ? NAN : (prim::unpack_one(body, i, 1) ? -1.0f : 1.0f);
-      prim::put_value(out, out_dtype, i, v, add);
-    }
+    bucketed::decode_signs(payload + kEnvelopeBytes, bucketed::layout(count, 0, 0, 1), out,
+                           out_dtype, add, [&](int64_t, bool negative) {
+                             return nan ? NAN : negative ? -1.0f : 1.0f;
+                           });
   }
 };
 

@@ -30,18 +30,18 @@ class TBQ final : public EnvelopeCompressor {
                 size_t capacity) const override {
     const size_t body_bytes = prim::packed_bytes(count, 2);
     check_encode_args(in, count, capacity, kEnvelopeBytes + body_bytes, name_);
-    std::vector<uint8_t> codes(static_cast<size_t>(count));
+    prim::BitWriter w(out + kEnvelopeBytes, 2);
     bool finite = true;
-    for (int64_t i = 0; i < count; ++i) {
-      const float v = load_as_float(in, dtype, i);
-      finite = finite && std::isfinite(v);
-      codes[size_t(i)] = v >= tau_ ? 1 : v <= -tau_ ? 2 : 0;
-    }
+    const float tau = tau_;
+    prim::for_each(in, dtype, 0, count, [&](int64_t, float v) {
+      finite &= std::isfinite(v);
+      w.put(v >= tau ? 1u : v <= -tau ? 2u : 0u);
+    });
+    w.finish();
     uint32_t tau_bits;
     std::memcpy(&tau_bits, &tau_, 4);
-    uint8_t* body = begin_payload(in, dtype, count, capacity, body_bytes,
-                                  finite ? 0 : kFlagNonFinite, 0, tau_bits, out);
-    prim::pack(codes.data(), count, 2, body);
+    begin_payload(in, dtype, count, capacity, body_bytes, finite ? 0 : kFlagNonFinite, 0, tau_bits,
+                  out);
     return kEnvelopeBytes + body_bytes;
   }
   void decode(const uint8_t* payload, size_t size, void* out, DType out_dtype, int64_t count,
@@ -53,13 +53,12 @@ class TBQ final : public EnvelopeCompressor {
     float tau;
     std::memcpy(&tau, &e.param1, 4);
     const bool nan = e.flags & kFlagNonFinite;
-    const uint8_t* body = payload + kEnvelopeBytes;
-    for (int64_t i = 0; i < count; ++i) {
-      const uint32_t c = prim::unpack_one(body, i, 2);
+    prim::BitReader r(payload + kEnvelopeBytes, 2, 0);
+    prim::write_each(out, out_dtype, 0, count, add, [&](int64_t i) {
+      const uint32_t c = r.get();
       CGX_CHECK_ARG(c != 3, name_, " payload corrupt: code 3 at element ", i);
-      const float v = nan ? NAN : c == 0 ? 0.0f : c == 1 ? tau : -tau;
-      prim::put_value(out, out_dtype, i, v, add);
-    }
+      return nan ? NAN : c == 0 ? 0.0f : c == 1 ? tau : -tau;
+    });
   }
 
  private:

@@ -35,25 +35,20 @@ class TernGrad final : public EnvelopeCompressor {
     std::memcpy(&clip_bits, &clip_, 4);
     uint8_t* body =
         begin_payload(in, dtype, count, capacity, l.body, 0, uint32_t(bucket_), clip_bits, out);
-    std::vector<uint8_t> codes(static_cast<size_t>(count));
+    prim::BitWriter w(body + l.codes_offset, 2);
     const RngKey key = rng_key(ctx.seed, ctx.stream);
     for (int64_t b = 0; b < l.buckets; ++b) {
       const int64_t lo = b * l.bucket, hi = std::min(count, lo + l.bucket);
-      const prim::RangeStats st = prim::stats(in, dtype, lo, hi);
-      float s = st.finite ? st.abs_max : NAN;
-      if (clip_ > 0 && st.finite) {
-        const double n = double(hi - lo), mean = 0;  // sigma about 0: gradients are centred
-        const double sigma = std::sqrt(st.sq_sum / n - mean * mean);
-        s = std::min(s, float(clip_ * sigma));
-      }
+      const float s = scale(prim::stats(in, dtype, lo, hi), hi - lo);
       bucketed::put_f32(body + 4 * b, s);
-      for (int64_t i = lo; i < hi; ++i) {
-        const float v = std::clamp(load_as_float(in, dtype, i), -s, s);
-        const bool keep = s > 0 && rng_uniform(key, uint64_t(i)) < std::fabs(v) / s;
-        codes[size_t(i)] = !std::isfinite(s) || !keep ? 0 : (v < 0 ? 2 : 1);
-      }
+      const bool usable = std::isfinite(s) && s > 0;
+      prim::for_each(in, dtype, lo, hi, [&](int64_t i, float x) {
+        const float v = usable ? std::clamp(x, -s, s) : 0.0f;
+        const bool keep = usable && rng_uniform(key, uint64_t(i)) < std::fabs(v) / s;
+        w.put(!keep ? 0u : v < 0 ? 2u : 1u);
+      });
     }
-    prim::pack(codes.data(), count, 2, body + l.codes_offset);
+    w.finish();
     return kEnvelopeBytes + l.body;
   }
   void decode(const uint8_t* payload, size_t size, void* out, DType out_dtype, int64_t count,
@@ -62,16 +57,27 @@ class TernGrad final : public EnvelopeCompressor {
     CGX_CHECK_ARG(e.flags == 0, name_, " payload corrupt: unknown flags");
     const auto l = bucketed::check_body(e, 1, 2, name_);
     const uint8_t* body = payload + kEnvelopeBytes;
-    for (int64_t i = 0; i < count; ++i) {
-      const float s = bucketed::get_f32(body + 4 * (i / l.bucket));
-      const uint32_t c = prim::unpack_one(body + l.codes_offset, i, 2);
-      CGX_CHECK_ARG(c != 3, name_, " payload corrupt: code 3 at element ", i);
-      const float v = std::isnan(s) ? NAN : c == 0 ? 0.0f : c == 1 ? s : -s;
-      prim::put_value(out, out_dtype, i, v, add);
+    prim::BitReader r(body + l.codes_offset, 2, 0);
+    for (int64_t b = 0; b < l.buckets; ++b) {
+      const int64_t lo = b * l.bucket, hi = std::min(count, lo + l.bucket);
+      const float s = bucketed::get_f32(body + 4 * b);
+      prim::write_each(out, out_dtype, lo, hi, add, [&](int64_t i) {
+        const uint32_t c = r.get();
+        CGX_CHECK_ARG(c != 3, name_, " payload corrupt: code 3 at element ", i);
+        return std::isnan(s) ? NAN : c == 0 ? 0.0f : c == 1 ? s : -s;
+      });
     }
   }
 
  private:
+  // s = max |x|, or min(max |x|, clip * sqrt(mean x^2)) with clipping; NaN for a bucket holding
+  // NaN or Inf.
+  float scale(const prim::RangeStats& st, int64_t n) const {
+    if (!st.finite) return NAN;
+    if (clip_ <= 0) return st.abs_max;
+    return std::min(st.abs_max, float(clip_ * std::sqrt(st.sq_sum / double(n))));
+  }
+
   int64_t bucket_;
   float clip_;
 };

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "dtype.h"
@@ -35,6 +36,103 @@ inline uint32_t unpack_one(const uint8_t* packed, int64_t i, int bits) {
   if (((bit & 7) + bits) > 8) two |= uint32_t(packed[(bit >> 3) + 1]) << 8;
   return (two >> (bit & 7)) & ((1u << bits) - 1u);
 }
+
+// ---- typed loops: one switch on the dtype, then a plain loop the compiler can vectorize ------
+
+// f(i, x_i) for i in [begin, end), x_i as float.
+template <typename F>
+void for_each(const void* in, DType t, int64_t begin, int64_t end, F&& f) {
+  switch (t) {
+    case DType::kFloat32: {
+      const float* p = static_cast<const float*>(in);
+      for (int64_t i = begin; i < end; ++i) f(i, p[i]);
+      break;
+    }
+    case DType::kFloat16: {
+      const uint16_t* p = static_cast<const uint16_t*>(in);
+      for (int64_t i = begin; i < end; ++i) f(i, half_to_float(p[i]));
+      break;
+    }
+    case DType::kBFloat16: {
+      const uint16_t* p = static_cast<const uint16_t*>(in);
+      for (int64_t i = begin; i < end; ++i) f(i, bf16_to_float(p[i]));
+      break;
+    }
+  }
+}
+
+// out[i] = g(i) (add: out[i] += g(i), in fp32, rounded once) for i in [begin, end).
+template <typename G>
+void write_each(void* out, DType t, int64_t begin, int64_t end, bool add, G&& g) {
+  if (t == DType::kFloat32) {
+    float* p = static_cast<float*>(out);
+    if (add) {
+      for (int64_t i = begin; i < end; ++i) p[i] += g(i);
+    } else {
+      for (int64_t i = begin; i < end; ++i) p[i] = g(i);
+    }
+    return;
+  }
+  for (int64_t i = begin; i < end; ++i) put_value(out, t, i, g(i), add);
+}
+
+// Writes codes of `bits` bits as one little-endian bit stream (pack()'s layout), in order.
+class BitWriter {
+ public:
+  BitWriter(uint8_t* out, int bits) : out_(out), bits_(bits) {}
+  void put(uint32_t code) {
+    acc_ |= uint64_t(code) << used_;
+    used_ += bits_;
+    if (used_ >= 32) {
+      const uint32_t word = uint32_t(acc_);
+      std::memcpy(out_, &word, 4);  // little-endian hosts (checked in codec_layout tests)
+      out_ += 4;
+      acc_ >>= 32;
+      used_ -= 32;
+    }
+  }
+  // Flushes the last partial bytes (unused high bits 0).
+  void finish() {
+    for (; used_ > 0; used_ = used_ > 8 ? used_ - 8 : 0, acc_ >>= 8) *out_++ = uint8_t(acc_);
+  }
+
+ private:
+  uint8_t* out_;
+  int bits_;
+  uint64_t acc_ = 0;
+  int used_ = 0;
+};
+
+// Reads the codes of a BitWriter stream in order, from code `first` on.
+class BitReader {
+ public:
+  BitReader(const uint8_t* in, int bits, int64_t first) : in_(in), bits_(bits) {
+    const int64_t bit = first * bits;
+    in_ += bit >> 3;
+    skip_ = int(bit & 7);
+  }
+  uint32_t get() {
+    if (avail_ < bits_ + skip_) refill();
+    const uint32_t code = uint32_t(acc_ >> skip_) & ((1u << bits_) - 1u);
+    acc_ >>= skip_ + bits_;
+    avail_ -= skip_ + bits_;
+    skip_ = 0;
+    return code;
+  }
+
+ private:
+  void refill() {  // only the bytes the next code needs: never past the stream's last byte
+    while (avail_ < bits_ + skip_) {
+      acc_ |= uint64_t(*in_++) << avail_;
+      avail_ += 8;
+    }
+  }
+  const uint8_t* in_;
+  int bits_;
+  int skip_ = 0;
+  uint64_t acc_ = 0;
+  int avail_ = 0;
+};
 
 // ---- statistics over [begin, end) -----------------------------------------------------------
 
