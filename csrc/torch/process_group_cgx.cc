@@ -231,7 +231,11 @@ void ProcessGroupCGX::reduce_exact(at::Tensor& t, const c10d::ReduceOp& op) {
   // sum) and divide afterwards.
   const bool low = t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
   const bool avg = op.op_ == c10d::ReduceOp::AVG;
-  at::Tensor work = low ? t.to(at::kCPU, at::kFloat) : t.contiguous().cpu();
+  // Always a tensor of our own, never the caller's: Gloo's threads may hold the last reference
+  // to what they reduce, and freeing a tensor that has a Python object takes the GIL, which a
+  // thread cannot get while the interpreter exits (it is killed mid-unwind: std::terminate).
+  at::Tensor work = low ? t.to(at::kCPU, at::kFloat, false, true)
+                        : t.to(at::kCPU, t.scalar_type(), false, true, at::MemoryFormat::Contiguous);
   std::vector<at::Tensor> v = {work};
   c10d::AllreduceOptions o;
   o.reduceOp = avg ? c10d::ReduceOp(c10d::ReduceOp::SUM) : op;
