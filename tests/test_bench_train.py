@@ -12,6 +12,8 @@ import sys
 import pytest
 from dist_helpers import run_ranks
 
+from torch_cgx import compressors
+
 PNG = b"\x89PNG\r\n\x1a\n"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECORD_KEYS = {
@@ -111,11 +113,42 @@ def test_train_module_runs_alone_as_one_process(tmp_path):
     assert all(len(r["losses"]) == 4 for r in records)
 
 
+def body_train_compressor(rank, world, json_path):
+    from torch_cgx.bench import train
+
+    argv = ["--workloads", "digits", "--methods", "gloo,c:topk,c:dgc", "--steps", "4"]
+    argv += ["--warmup", "1", "--json", json_path]
+    assert train.main(argv) == 0
+
+
+def test_train_compressor_methods_two_ranks(tmp_path):
+    """``--methods c:<name>``: any compressor through CompressionState / compression_hook."""
+    json_path = str(tmp_path / "train.json")
+    run_ranks(body_train_compressor, 2, json_path)
+    with open(json_path) as f:
+        records = {r["method"]: r for r in json.load(f)["records"]}
+    assert list(records) == ["gloo", "c:topk", "c:dgc"]
+    gloo, topk, dgc = records.values()
+    for r in (topk, dgc):
+        assert RECORD_KEYS <= set(r)
+        assert len(r["losses"]) == 4 and all(math.isfinite(v) for v in r["losses"])
+        assert r["bits"] is None and r["error_feedback"] is True  # biased: residuals kept
+        assert r["losses"][0] == pytest.approx(gloo["losses"][0], abs=1e-6)
+        # Sparse: far fewer bytes than Gloo's fp32 ring, but something is sent.
+        assert 0 < r["wire_bytes_per_step"] < gloo["wire_bytes_per_step"] / 5
+    assert topk["compressor"] == "topk" and topk["hook_momentum"] == 0
+    assert dgc["compressor"] == "dgc" and dgc["hook_momentum"] == pytest.approx(0.9)
+    assert topk["losses"] != gloo["losses"]  # compressed: another trajectory
+
+
 def test_method_and_workload_flags():
     from torch_cgx.bench import train
 
     assert train.parse_methods("gloo,cgx3,noop") == ["gloo", "cgx3", "noop"]
-    for bad in ("gloo,cgx9", "nccl", "gloo,gloo", ""):
+    assert train.parse_methods("gloo,c:topk") == ["gloo", "c:topk"]
+    every = [f"c:{name}" for name in compressors.names()]
+    assert train.parse_methods("gloo,all-compressors") == ["gloo", *every]
+    for bad in ("gloo,cgx9", "nccl", "gloo,gloo", "", "c:nope", "c:", "c:topk,all-compressors"):
         with pytest.raises(argparse.ArgumentTypeError):
             train.parse_methods(bad)
     with pytest.raises(argparse.ArgumentTypeError):

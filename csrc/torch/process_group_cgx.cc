@@ -94,6 +94,10 @@ void ProcessGroupCGX::stop_threads() {
     }
     watch_cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
+    // Gloo's threads go too, now: they may free the last reference to a tensor with a Python
+    // object, which needs the GIL, and at interpreter exit a thread that asks for it is killed.
+    inner_.reset();
+    wire_.reset();
   };
   if (Py_IsInitialized() && PyGILState_Check()) {
     pybind11::gil_scoped_release no_gil;
@@ -112,9 +116,14 @@ void ProcessGroupCGX::shutdown_all() {
   for (ProcessGroupCGX* pg : live) pg->stop_threads();
 }
 
+const c10::intrusive_ptr<c10d::Backend>& ProcessGroupCGX::inner() const {
+  TORCH_CHECK(!stopped_ && inner_, "cgx: the group has stopped (the process is exiting)");
+  return inner_;
+}
+
 void ProcessGroupCGX::setTimeout(std::chrono::milliseconds timeout) {
-  inner_->setTimeout(timeout);
-  wire_->setTimeout(timeout);
+  inner()->setTimeout(timeout);
+  if (wire_) wire_->setTimeout(timeout);
   std::lock_guard<std::mutex> lk(watch_mu_);
   timeout_ = timeout;
 }
@@ -234,8 +243,9 @@ void ProcessGroupCGX::reduce_exact(at::Tensor& t, const c10d::ReduceOp& op) {
   // Always a tensor of our own, never the caller's: Gloo's threads may hold the last reference
   // to what they reduce, and freeing a tensor that has a Python object takes the GIL, which a
   // thread cannot get while the interpreter exits (it is killed mid-unwind: std::terminate).
-  at::Tensor work = low ? t.to(at::kCPU, at::kFloat, false, true)
-                        : t.to(at::kCPU, t.scalar_type(), false, true, at::MemoryFormat::Contiguous);
+  at::Tensor work =
+      low ? t.to(at::kCPU, at::kFloat, false, true)
+          : t.to(at::kCPU, t.scalar_type(), false, true, at::MemoryFormat::Contiguous);
   std::vector<at::Tensor> v = {work};
   c10d::AllreduceOptions o;
   o.reduceOp = avg ? c10d::ReduceOp(c10d::ReduceOp::SUM) : op;
@@ -294,105 +304,105 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_with(at::Tensor tensor
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::barrier(const c10d::BarrierOptions& opts) {
   // Issued now on the caller's thread (in order with the forwarded collectives); completed on
   // the worker after this rank's earlier allreduces. Never blocks the caller.
-  auto inner = inner_->barrier(opts);
-  return enqueue({}, c10d::OpType::BARRIER, [inner] { inner->wait(); });
+  auto issued = inner()->barrier(opts);
+  return enqueue({}, c10d::OpType::BARRIER, [issued] { issued->wait(); });
 }
 
 // ---- forwarded ------------------------------------------------------------------------------
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::broadcast(std::vector<at::Tensor>& tensors,
                                                           const c10d::BroadcastOptions& opts) {
-  return inner_->broadcast(tensors, opts);
+  return inner()->broadcast(tensors, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
-  return inner_->allreduce_coalesced(tensors, opts);
+  return inner()->allreduce_coalesced(tensors, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::ReduceOptions& opts) {
-  return inner_->reduce(tensors, opts);
+  return inner()->reduce(tensors, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  return inner_->allgather(outputs, inputs, opts);
+  return inner()->allgather(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
-  return inner_->_allgather_base(output, input, opts);
+  return inner()->_allgather_base(output, input, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  return inner_->allgather_coalesced(outputs, inputs, opts);
+  return inner()->allgather_coalesced(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  return inner_->allgather_into_tensor_coalesced(outputs, inputs, opts);
+  return inner()->allgather_into_tensor_coalesced(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::gather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::GatherOptions& opts) {
-  return inner_->gather(outputs, inputs, opts);
+  return inner()->gather(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ScatterOptions& opts) {
-  return inner_->scatter(outputs, inputs, opts);
+  return inner()->scatter(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  return inner_->reduce_scatter(outputs, inputs, opts);
+  return inner()->reduce_scatter(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  return inner_->_reduce_scatter_base(output, input, opts);
+  return inner()->_reduce_scatter_base(output, input, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  return inner_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  return inner()->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                               std::vector<int64_t>& output_splits,
                                                               std::vector<int64_t>& input_splits,
                                                               const c10d::AllToAllOptions& opts) {
-  return inner_->alltoall_base(output, input, output_splits, input_splits, opts);
+  return inner()->alltoall_base(output, input, output_splits, input_splits, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::alltoall(std::vector<at::Tensor>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllToAllOptions& opts) {
-  return inner_->alltoall(outputs, inputs, opts);
+  return inner()->alltoall(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::send(std::vector<at::Tensor>& tensors, int dst,
                                                      int tag) {
-  return inner_->send(tensors, dst, tag);
+  return inner()->send(tensors, dst, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::recv(std::vector<at::Tensor>& tensors, int src,
                                                      int tag) {
-  return inner_->recv(tensors, src, tag);
+  return inner()->recv(tensors, src, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::recvAnysource(std::vector<at::Tensor>& tensors,
                                                               int tag) {
-  return inner_->recvAnysource(tensors, tag);
+  return inner()->recvAnysource(tensors, tag);
 }
 
 }  // namespace cgx::binding

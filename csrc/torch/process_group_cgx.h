@@ -138,6 +138,8 @@ class ProcessGroupCGX : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> enqueue(std::vector<at::Tensor> outputs, c10d::OpType type,
                                          std::function<void()> fn);
   void run_callbacks(CGXWork& work);
+  // The forwarded collectives' backend; raises once the group has stopped.
+  const c10::intrusive_ptr<c10d::Backend>& inner() const;
   // Drops the completed works at the front of pending_; with watch_mu_ held.
   void prune_pending();
   // Runs what is queued and stops the worker and the watchdog; later work raises. Idempotent.

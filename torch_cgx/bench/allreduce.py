@@ -7,6 +7,22 @@ For every size it times Gloo's uncompressed allreduce, the ``--baselines`` (PyTo
 and cgx at each (algorithm, bits), all in the same run, and checks every cgx result against the
 exact sum with the bound of docs/algorithms.md (``#wrong`` counts elements outside it; it must be
 0; ``-`` for baselines, which have no such bound).
+
+``--compressors all`` (or ``name,name``; ``torch_cgx.compressors.names()``) adds one row group
+per registered compressor at its default parameters (``set_config(compressor=name)``): under each
+of ``--algorithms`` for fixed-size dense ones, once under ``allgather`` for sparse and
+data-dependent ones (the backend's only path for them). Their ``algo`` cell is
+``<compressor>:<algorithm>`` (``ag``: allgather-reduce) and ``bits`` their payload bits per value
+(``-`` where the size depends on the data). The error bound above covers max-min only: the
+``maxmin`` row is checked against it (at its default 4 bits, bucket 512); every other compressor
+gets ``maxerr`` / ``relerr`` and ``-`` in ``#wrong`` (no bound verdict). Every timed call of a
+compressor row starts again from the same input (data-dependent payloads would otherwise change
+as the buffer grows). Every cgx row checks that all ranks hold bit-identical results (``same`` in
+the records; a mismatch fails the run). ``--bits none`` leaves out the ``--bits`` rows:
+
+    python -m torch_cgx.bench allreduce --hosts 4 --link 1gbit -b 4M -e 64M --bits none \\
+        --algorithms sra --compressors all
+
 ``time`` is the slowest rank's mean per call; ``algbw = size / time``,
 ``busbw = algbw * 2 (W - 1) / W``; ``wire`` is the bytes one rank sends per call (for Gloo, a
 ring's ``2 (W - 1) / W * size``); ``speedup`` is Gloo's time over this row's and ``ideal``
@@ -25,22 +41,25 @@ import argparse
 import json
 import sys
 import time
+import zlib
 from typing import List, Optional
 
 import torch
 import torch.distributed as dist
 
 import torch_cgx
+from torch_cgx import compressors
 from torch_cgx.bench.baselines import METHODS
 from torch_cgx.bench.hosts import maybe_run_on_hosts
 from torch_cgx.bench.sizes import parse_size, size_range
 from torch_cgx.bounds import bucket_bound, bucket_stats
+from torch_cgx.config import ALGORITHMS
 
 COLUMNS = [
     ("size(B)", 10),
     ("count", 10),
     ("type", 6),
-    ("algo", 11),
+    ("algo", 14),
     ("bits", 4),
     ("time(us)", 10),
     ("algbw", 7),
@@ -71,10 +90,16 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         type=float,
         help="fewer iterations where one measurement would take longer",
     )
-    p.add_argument("--bits", default="8,4,2", help="cgx bit widths (comma separated)")
+    p.add_argument("--bits", default="8,4,2", help="cgx bit widths (comma separated), or none")
     p.add_argument("--algorithms", default="sra,ring")
     p.add_argument("--bucket-size", default=512, type=int)
     p.add_argument("--baselines", default="gloo", help=f"gloo, all, or some of {sorted(METHODS)}")
+    p.add_argument(
+        "--compressors",
+        default="",
+        help="every registered compressor (all) or some (name,name) at default parameters; "
+        "#wrong is '-' except for maxmin: no bound for the others",
+    )
     p.add_argument("--json", default=None, help="write the records here (rank 0)")
     p.add_argument("--quiet", action="store_true", help="no table (records only)")
     return p.parse_args(argv)
@@ -115,57 +140,154 @@ def _baselines(spec: str) -> List[str]:
     return ["gloo"] + [m for m in names if m != "gloo"]
 
 
+def _compressors(spec: str) -> List[str]:
+    known = compressors.names()
+    names = known if spec == "all" else [c for c in spec.split(",") if c]
+    unknown = [c for c in names if c not in known]
+    if unknown:
+        raise SystemExit(f"unknown compressor(s) {unknown}; choose from {known} or all")
+    return list(dict.fromkeys(names))
+
+
+def _bits(spec: str) -> List[int]:
+    return [] if spec.strip() == "none" else [int(b) for b in spec.split(",") if b]
+
+
+def _same_on_ranks(y: torch.Tensor, gloo) -> bool:
+    """Whether every rank holds bit-identical values (crc32 compared through MAX and MIN)."""
+    crc = zlib.crc32(y.numpy().tobytes())
+    t = torch.tensor([crc, -crc], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
+    return int(t[0]) == -int(t[1]) == crc
+
+
+def _wire(world: int, gloo) -> int:
+    """The mean over ranks of the bytes the last cgx allreduce sent."""
+    wire = torch.tensor([torch_cgx.cgx_backend().last_bytes_sent()], dtype=torch.float64)
+    dist.all_reduce(wire, group=gloo)
+    return int(float(wire) / world)
+
+
+class _Input:
+    """One size's input on this rank, its exact sum, and the per-bucket statistics of the bound
+    (by bucket size, computed once)."""
+
+    def __init__(self, size: int, rank: int, world: int, gloo) -> None:
+        self.count, self.world, self.gloo = size // 4, world, gloo
+        g = torch.Generator().manual_seed(1234 + rank)
+        self.x = torch.randn(self.count, generator=g)
+        self.exact = self.x.double()
+        dist.all_reduce(self.exact, group=gloo)
+        self.base = {"size": size, "count": self.count, "type": "float", "redop": "sum",
+                     "world": world}  # fmt: skip
+        self._stats = {}
+
+    def bound(self, bits: int, bucket_size: int, algorithm: str) -> torch.Tensor:
+        if bucket_size not in self._stats:
+            ranges, mags = bucket_stats(self.x, bucket_size)
+            dist.all_reduce(ranges, group=self.gloo)
+            dist.all_reduce(mags, group=self.gloo)
+            self._stats[bucket_size] = ranges, mags
+        ranges, mags = self._stats[bucket_size]
+        bound = bucket_bound(ranges, mags, bits, self.world, algorithm)
+        return bound.repeat_interleave(bucket_size)[: self.count]
+
+
+def _baseline_rows(inp: _Input, names: List[str], args) -> List[dict]:
+    rows, gloo = [], inp.gloo
+    for name in names:
+        bits, method, wire_of = METHODS[name]
+        y = inp.x.clone()
+        method(y, gloo)  # checked call
+        maxerr, relerr, _ = _errors(y, inp.exact, None)
+        t = _time_calls(
+            lambda y=y, m=method: m(y, gloo), args.iters, args.warmup, args.max_seconds, gloo
+        )
+        rows.append(
+            dict(inp.base, algo=name, bits=bits, time_us=t * 1e6,
+                 wire=int(wire_of(inp.count, inp.world)), maxerr=maxerr, relerr=relerr,
+                 wrong=-1 if name != "gloo" else 0, same=_same_on_ranks(y, gloo))
+        )  # fmt: skip
+    return rows
+
+
+def _cgx_row(inp: _Input, args, bound: Optional[torch.Tensor], fresh: bool, **fields) -> dict:
+    """Times the cgx allreduce as configured now; fresh: every call starts from the input."""
+    gloo = inp.gloo
+    y = inp.x.clone()
+    dist.all_reduce(y)  # checked call
+    maxerr, relerr, wrong = _errors(y, inp.exact, bound)
+    row = dict(inp.base, wire=_wire(inp.world, gloo), maxerr=maxerr, relerr=relerr, wrong=wrong,
+               same=_same_on_ranks(y, gloo), **fields)  # fmt: skip
+    if fresh:
+        call = lambda: dist.all_reduce(y.copy_(inp.x))  # noqa: E731
+    else:
+        call = lambda: dist.all_reduce(y)  # noqa: E731
+    row["time_us"] = 1e6 * _time_calls(call, args.iters, args.warmup, args.max_seconds, gloo)
+    return row
+
+
+def _maxmin_rows(inp: _Input, bits_list: List[int], algorithms: List[str], args) -> List[dict]:
+    rows = []
+    for algorithm in algorithms:
+        for bits in bits_list:
+            torch_cgx.set_config(bits=bits, bucket_size=args.bucket_size, algorithm=algorithm,
+                                 compressor="maxmin", compressor_params="")  # fmt: skip
+            bound = inp.bound(bits, args.bucket_size, algorithm)
+            rows.append(_cgx_row(inp, args, bound, False, algo=algorithm, bits=bits))
+    return rows
+
+
+def gather_only(name: str) -> bool:
+    """Compressors the backend always allgather-reduces: sparse or data-dependent sizes."""
+    traits = compressors.get(name).traits
+    return traits["sparse"] or not traits["fixed_size"]
+
+
+def _payload_bits(name: str, count: int) -> Optional[float]:
+    """Payload bits per value of a fixed-size compressor at its defaults; None otherwise."""
+    c = compressors.get(name)
+    if not c.traits["fixed_size"] or count == 0:
+        return None
+    return round(8 * c.encoded_size(count) / count, 3)
+
+
+def _compressor_rows(inp: _Input, names: List[str], algorithms: List[str], args) -> List[dict]:
+    rows = []
+    for name in names:
+        defaults = {p["name"]: p["default"] for p in compressors.params(name)}
+        bits = _payload_bits(name, inp.count)
+        for algorithm in ["allgather"] if gather_only(name) else algorithms:
+            if name == "maxmin":  # max-min takes the typed settings, not compressor_params
+                mm_bits, bucket = int(defaults["bits"]), int(defaults["bucket_size"])
+                torch_cgx.set_config(bits=mm_bits, bucket_size=bucket, algorithm=algorithm,
+                                     compressor="maxmin", compressor_params="")  # fmt: skip
+                bound = inp.bound(mm_bits, bucket, algorithm)
+            else:
+                torch_cgx.set_config(bits=32, algorithm=algorithm, compressor=name,
+                                     compressor_params="")  # fmt: skip
+                bound = None
+            rows.append(
+                _cgx_row(inp, args, bound, True, algo=algorithm, bits=bits, compressor=name)
+            )
+    return rows
+
+
 def run(args: argparse.Namespace) -> List[dict]:
     if not dist.is_initialized():
         dist.init_process_group("cgx")
     world, rank = dist.get_world_size(), dist.get_rank()
     gloo = dist.new_group(backend="gloo")
-    bits_list = [int(b) for b in args.bits.split(",") if b]
+    bits_list = _bits(args.bits)
     algorithms = [a for a in args.algorithms.split(",") if a]
     baselines = _baselines(args.baselines)
+    names = _compressors(args.compressors)
     records = []
     for size in size_range(args.minbytes, args.maxbytes, args.stepfactor):
-        count = size // 4
-        g = torch.Generator().manual_seed(1234 + rank)
-        x = torch.randn(count, generator=g)
-        exact = x.double()
-        dist.all_reduce(exact, group=gloo)
-        ranges, mags = bucket_stats(x, args.bucket_size)
-        dist.all_reduce(ranges, group=gloo)
-        dist.all_reduce(mags, group=gloo)
-        base = {"size": size, "count": count, "type": "float", "redop": "sum", "world": world}
-        rows = []
-        for name in baselines:
-            bits, method, wire_of = METHODS[name]
-            y = x.clone()
-            method(y, gloo)  # checked call
-            maxerr, relerr, _ = _errors(y, exact, None)
-            t = _time_calls(
-                lambda y=y, m=method: m(y, gloo), args.iters, args.warmup, args.max_seconds, gloo
-            )
-            rows.append(
-                dict(base, algo=name, bits=bits, time_us=t * 1e6, wire=int(wire_of(count, world)),
-                     maxerr=maxerr, relerr=relerr, wrong=-1 if name != "gloo" else 0)
-            )  # fmt: skip
-        for algorithm in algorithms:
-            for bits in bits_list:
-                torch_cgx.set_config(bits=bits, bucket_size=args.bucket_size, algorithm=algorithm)
-                y = x.clone()
-                dist.all_reduce(y)  # checked call
-                bound = bucket_bound(ranges, mags, bits, world, algorithm)
-                bound = bound.repeat_interleave(args.bucket_size)[:count]
-                maxerr, relerr, wrong = _errors(y, exact, bound)
-                wire = torch.tensor(
-                    [torch_cgx.cgx_backend().last_bytes_sent()], dtype=torch.float64
-                )
-                dist.all_reduce(wire, group=gloo)
-                t = _time_calls(
-                    lambda y=y: dist.all_reduce(y), args.iters, args.warmup, args.max_seconds, gloo
-                )
-                rows.append(
-                    dict(base, algo=algorithm, bits=bits, time_us=t * 1e6,
-                         wire=int(float(wire) / world), maxerr=maxerr, relerr=relerr, wrong=wrong)
-                )  # fmt: skip
+        inp = _Input(size, rank, world, gloo)
+        rows = _baseline_rows(inp, baselines, args)
+        rows += _maxmin_rows(inp, bits_list, algorithms, args)
+        rows += _compressor_rows(inp, names, algorithms, args)
         for r in rows:
             r["speedup"] = rows[0]["time_us"] / r["time_us"]
             r["ideal"] = rows[0]["wire"] / max(r["wire"], 1)
@@ -179,12 +301,16 @@ def format_row(r: dict) -> str:
     t = r["time_us"] * 1e-6
     algbw = r["size"] / t / 1e9
     busbw = algbw * 2 * (r["world"] - 1) / r["world"]
+    algo = r["algo"]
+    if "compressor" in r:
+        algo = f"{r['compressor']}:{'ag' if algo == 'allgather' else algo}"
+    bits = r["bits"]
     cells = [
         str(r["size"]),
         str(r["count"]),
         r["type"],
-        r["algo"],
-        str(r["bits"]),
+        algo,
+        "-" if bits is None else f"{bits:.3g}",
         f"{r['time_us']:.1f}",
         f"{algbw:.3f}",
         f"{busbw:.3f}",
@@ -203,7 +329,8 @@ def header(world: int) -> str:
     return (
         f"# torch_cgx allreduce benchmark: {world} ranks, torch {torch.__version__}, "
         f"codec ISA {torch_cgx._C.isa()}, {torch_cgx.codec.num_threads()} codec threads\n"
-        f"# algbw, busbw in GB/s; wire = bytes sent per rank per call\n{names}"
+        f"# algbw, busbw in GB/s; wire = bytes sent per rank per call; "
+        f"algo <compressor>:<algorithm> (ag: allgather-reduce)\n{names}"
     )
 
 
@@ -218,14 +345,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(header(dist.get_world_size()), flush=True)
     records = run(args)
     wrong = sum(max(r["wrong"], 0) for r in records)
+    differ = [r for r in records if r["algo"] in ALGORITHMS and not r["same"]]
     if dist.get_rank() == 0:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(records, f, indent=1)
         if not args.quiet:
             print(f"# out of bound: {wrong} elements" + ("" if wrong == 0 else "  <-- WRONG"))
+        for r in differ:
+            print(f"# results differ across ranks: {format_row(r)}  <-- WRONG", flush=True)
     dist.destroy_process_group()
-    return 1 if wrong else 0
+    return 1 if wrong or differ else 0
 
 
 if __name__ == "__main__":

@@ -25,8 +25,11 @@ _CGX_ALGOS = ("sra", "ring")
 
 
 def allreduce_label(record: dict) -> str:
-    """``cgx-<algo>-<N>bit`` for cgx rows; the method's own name (gloo, fp16, powersgd1, ...)
-    for the others, whose names already say what they send."""
+    """``cgx-<algo>-<N>bit`` for cgx rows, ``<compressor>-<algo>`` for ``--compressors`` rows;
+    the method's own name (gloo, fp16, powersgd1, ...) for the others, whose names already say
+    what they send."""
+    if record.get("compressor"):
+        return f"{record['compressor']}-{record['algo']}"
     if record["algo"] in _CGX_ALGOS:
         return f"cgx-{record['algo']}-{int(record['bits'])}bit"
     return record["algo"]
@@ -105,8 +108,9 @@ def plot_training(records: Iterable[dict], path: str) -> str:
     fig, axes = _figure(len(by_workload), 2, 6.5, 4.0)
     for row, (workload, recs) in enumerate(by_workload.items()):
         ax_t, ax_s = axes[row]
+        colors = _colors(len(recs))  # distinct up to 20 methods (every compressor)
         for i, r in enumerate(recs):
-            color = f"C{i % 10}"
+            color = colors[i]
             loss = r["losses"]
             window = max(1, len(loss) // 20)
             smooth = _smooth(loss, window)
@@ -124,6 +128,6 @@ def plot_training(records: Iterable[dict], path: str) -> str:
             ax.set_ylabel("training loss (mean over ranks)")
             ax.set_yscale("log")
             ax.grid(True, which="both", alpha=0.3)
-        ax_t.legend(fontsize="small")
+        ax_t.legend(fontsize="small" if len(recs) <= 10 else "x-small", ncol=1 + len(recs) // 11)
     fig.savefig(path, dpi=110)
     return path

@@ -1,0 +1,201 @@
+"""Methods of the training benchmark (torch_cgx/bench/train.py): how DDP reduces the gradients.
+
+gloo            DDP's built-in allreduce over a Gloo group (uncompressed)
+fp16            torch's fp16_compress_hook over the Gloo group
+powersgd        torch's powerSGD_hook (PowerSGDState) over the Gloo group
+cgxN            torch_cgx's cgx_hook on the cgx group, N bits (1..8)
+c:<name>        torch_cgx's compression_hook with CompressionState(compressor=<name>), default
+                parameters, error feedback and momentum as the hook defaults them
+all-compressors c:<name> for every registered compressor (torch_cgx.compressors.names())
+noop            torch's noop_hook: no communication at all
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import torch_cgx
+from torch_cgx import compressors
+
+METHODS = ("gloo", "fp16", "powersgd", "cgx8", "cgx4", "cgx2", "noop")
+ALL_COMPRESSORS = "all-compressors"
+
+
+def cgx_bits(method: str) -> Optional[int]:
+    if method.startswith("cgx") and method[3:].isdigit() and 1 <= int(method[3:]) <= 8:
+        return int(method[3:])
+    return None
+
+
+def compressor_of(method: str) -> Optional[str]:
+    """``c:<name>`` -> name (a registered compressor); None for the other methods."""
+    if method.startswith("c:") and method[2:] in compressors.names():
+        return method[2:]
+    return None
+
+
+def on_cgx_group(method: str) -> bool:
+    """Reduced by the cgx backend (whose byte counter then measures the wire)."""
+    return cgx_bits(method) is not None or compressor_of(method) is not None
+
+
+def parse_methods(text: str) -> List[str]:
+    methods = []
+    for m in (m.strip() for m in text.split(",")):
+        if m == ALL_COMPRESSORS:
+            methods += [f"c:{name}" for name in compressors.names()]
+        elif m:
+            methods.append(m)
+    for m in methods:
+        if m not in METHODS and not on_cgx_group(m):
+            raise argparse.ArgumentTypeError(
+                f"unknown method {m!r} (choose from {', '.join(METHODS)}, cgx1..cgx8, "
+                f"c:<compressor> with one of {', '.join(compressors.names())}, "
+                f"or {ALL_COMPRESSORS})"
+            )
+    if len(set(methods)) != len(methods) or not methods:
+        raise argparse.ArgumentTypeError(f"methods must be distinct and non-empty: {text!r}")
+    return methods
+
+
+class SerialHook:
+    """Runs a comm hook on one DDP bucket after another: bucket i starts once bucket i - 1 is
+    reduced.
+
+    powerSGD_hook issues its second and third allreduces from the callbacks of the first; with
+    several buckets, Gloo's completion threads then issue the collectives of different buckets
+    in a different order on each rank (a size mismatch, or a silently wrong sum). Chaining the
+    buckets keeps the hook unchanged and backward still overlaps with the reductions.
+    """
+
+    def __init__(self, state, hook) -> None:
+        self.state, self.hook, self.prev = state, hook, None
+
+    def __call__(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        out = torch.futures.Future()
+
+        def finish(inner: torch.futures.Future) -> None:
+            try:
+                out.set_result(inner.value())
+            except Exception as e:  # handed to DDP's wait
+                out.set_exception(e)
+
+        def start(_=None) -> None:
+            try:
+                self.hook(self.state, bucket).add_done_callback(finish)
+            except Exception as e:
+                out.set_exception(e)
+
+        prev, self.prev = self.prev, out
+        if prev is None:
+            start()
+        else:
+            prev.add_done_callback(start)  # runs at once when prev is already done
+        return out
+
+
+def serial_hook(state, bucket):  # no annotations: DDP checks them and this module's are strings
+    return state(bucket)
+
+
+def _compression_state(model: torch.nn.Module, name: str, args):
+    return torch_cgx.CompressionState(
+        dist.group.WORLD, compressor=name, layer_min_size=args.layer_min_size, module=model
+    )
+
+
+def wrap(model: torch.nn.Module, method: str, gloo, args) -> tuple:
+    """(DDP model, hook state: PowerSGDState, CompressionState or None) for the method."""
+    common = {"bucket_cap_mb": args.bucket_cap_mb}  # the models have no buffers
+    bits, name = cgx_bits(method), compressor_of(method)
+    if bits is not None or name is not None:
+        ddp = DDP(model, process_group=dist.group.WORLD, **common)  # the cgx group
+        if name is not None:
+            state = _compression_state(model, name, args)
+            ddp.register_comm_hook(state, torch_cgx.compression_hook)
+            return ddp, state
+        state = torch_cgx.CGXState(
+            dist.group.WORLD,
+            layer_min_size=args.layer_min_size,
+            compression_params={"bits": bits, "bucket_size": args.bucket_size},
+        )
+        ddp.register_comm_hook(state, torch_cgx.cgx_hook)
+        return ddp, None
+    ddp = DDP(model, process_group=gloo, **common)
+    if method == "fp16":
+        ddp.register_comm_hook(gloo, default_hooks.fp16_compress_hook)
+    elif method == "powersgd":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=gloo,
+            matrix_approximation_rank=args.powersgd_rank,
+            start_powerSGD_iter=args.powersgd_start_iter,
+            random_seed=args.seed,
+        )
+        ddp.register_comm_hook(SerialHook(state, powerSGD_hook.powerSGD_hook), serial_hook)
+        return ddp, state
+    elif method == "noop":
+        ddp.register_comm_hook(None, noop_hook)
+    return ddp, None
+
+
+def nominal_bits(method: str) -> Optional[int]:
+    """Bits per value of the method's record: N for cgxN, 16 for fp16, None for c:<name> (its
+    payload says: wire bytes), 32 for the rest."""
+    if compressor_of(method) is not None:
+        return None
+    bits = cgx_bits(method)
+    return bits if bits is not None else (16 if method == "fp16" else 32)
+
+
+def method_info(state) -> dict:
+    """The record fields of a c:<name> method's CompressionState (empty for the others)."""
+    if not isinstance(state, torch_cgx.CompressionState):
+        return {}
+    return {
+        "compressor": state.compressor,
+        "compressor_params": dict(state.params),
+        "error_feedback": state.error_feedback,
+        "hook_momentum": state.momentum,
+    }
+
+
+class WireMeter:
+    """Bytes one rank sends per step after the warm-up: the cgx backend's counter for methods
+    on the cgx group; for Gloo-based ones a ring's 2 (W - 1) / W times the reduced bytes."""
+
+    def __init__(self, method: str, state, grad_bytes: int, world: int, args) -> None:
+        self.method, self.state, self.grad_bytes, self.args = method, state, grad_bytes, args
+        self.ring = 2 * (world - 1) / world
+        self.counter = torch_cgx.cgx_backend() if on_cgx_group(method) else None
+        self.psgd = state if isinstance(state, powerSGD_hook.PowerSGDState) else None
+        self.bytes0 = self.numel0 = 0
+
+    def start(self) -> None:
+        """Called at the first timed step."""
+        if self.counter is not None:
+            self.bytes0 = self.counter.total_bytes_sent()
+        if self.psgd is not None:
+            self.numel0 = self.psgd.total_numel_after_compression
+
+    def per_step(self, steps: int, warmup: int) -> float:
+        timed = steps - warmup
+        if self.counter is not None:
+            return (self.counter.total_bytes_sent() - self.bytes0) / timed
+        if self.method == "noop":
+            return 0.0
+        if self.method == "fp16":
+            return self.ring * self.grad_bytes / 2
+        if self.psgd is not None:
+            # PowerSGDState counts the elements reduced once compression has started; steps
+            # before start_powerSGD_iter reduce every gradient uncompressed.
+            plain = max(0, min(self.args.powersgd_start_iter, steps) - warmup)
+            numel = self.psgd.total_numel_after_compression - self.numel0
+            return self.ring * (4 * numel + plain * self.grad_bytes) / timed
+        return self.ring * self.grad_bytes
