@@ -52,23 +52,15 @@ inline Layout check_body(const Envelope& e, int scalars, int bits, const char* n
 
 // Sign bits (1 = negative) of [0, n) into `codes`; returns whether every value was finite.
 inline bool put_signs(const void* in, DType t, int64_t n, uint8_t* codes) {
-  prim::BitWriter w(codes, 1);
-  bool finite = true;
-  prim::for_each(in, t, 0, n, [&](int64_t, float v) {
-    finite &= std::isfinite(v);
-    w.put(v < 0);
-  });
-  w.finish();
-  return finite;
+  return prim::sign_bits_fast(in, t, n, codes);
 }
 
-// Decodes a sign-coded body: value(bucket, negative) for every element, in order.
+// Decodes a sign-coded body: value(bucket, negative) for every element.
 template <typename V>
 void decode_signs(const uint8_t* body, const Layout& l, void* out, DType t, bool add, V&& value) {
-  prim::BitReader r(body + l.codes_offset, 1, 0);
   for (int64_t b = 0; b < l.buckets; ++b) {
     const int64_t lo = b * l.bucket, hi = std::min(l.count, lo + l.bucket);
-    prim::write_each(out, t, lo, hi, add, [&](int64_t) { return value(b, r.get() != 0); });
+    prim::select_signs(body + l.codes_offset, lo, hi, value(b, true), value(b, false), out, t, add);
   }
 }
 

@@ -5,9 +5,12 @@
 #include <cstring>
 #include <unordered_set>
 
+#include "codec_kernels.h"
 #include "error.h"
 
 namespace cgx::prim {
+
+bool use_avx2() { return kernels::isa()[0] == 'a'; }
 
 void clear(void* out, DType t, int64_t count, bool add) {
   if (!add && count > 0) std::memset(out, 0, size_t(count) * elem_size(t));  // +0.0 in all three

@@ -134,6 +134,18 @@ class BitReader {
   int avail_ = 0;
 };
 
+// The sign bits (1 = x < 0; NaN: 0) of [0, n) as a 1-bit stream; returns whether every value
+// is finite. AVX2 for fp32 where the codec uses AVX2 (primitives_avx2.cc); the same bytes.
+bool sign_bits_fast(const void* in, DType t, int64_t n, uint8_t* out);
+
+// out[i] = bit i ? neg : pos (add: +=, fp32, rounded once) for i in [begin, end) of a 1-bit
+// stream; AVX2 for fp32 output.
+void select_signs(const uint8_t* bits, int64_t begin, int64_t end, float neg, float pos, void* out,
+                  DType t, bool add);
+
+// Whether the AVX2 kernels are in use (the codec's switch, kernels::set_isa).
+bool use_avx2();
+
 // ---- statistics over [begin, end) -----------------------------------------------------------
 
 struct RangeStats {
