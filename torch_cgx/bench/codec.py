@@ -21,55 +21,36 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import platform
-import statistics
 import sys
 import time
 from functools import partial
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, List, Sequence
 
 import torch
 
 import torch_cgx
 from torch_cgx import codec
 from torch_cgx.bench import torch_ops_codec
+from torch_cgx.bench.timing import (  # noqa: F401  (re-exported for bench.compressors)
+    MB,
+    OtherLoad,
+    auto_iters,
+    auto_torch_iters,
+    cpu_model,
+    set_threads,
+    time_interleaved,
+)
 
 DEFAULT_SIZES_MB = (1, 4, 16, 64, 256)
 DEFAULT_BITS = (1, 2, 4, 8)
 QUICK_SIZES_MB = (0.0625, 0.25)
-MB = 1 << 20
 
 OPS = ("memcpy", "encode", "decode_add", "torch_encode", "torch_decode_add")
 
 
 class VerifyError(AssertionError):
     """The codec's output is outside the documented error bound (or otherwise wrong)."""
-
-
-def auto_iters(size_mb: float) -> int:
-    """Timed iterations for a size: 40 up to 4 MB, then fewer (12 at 64 MB, 6 at 256 MB)."""
-    return int(max(5, min(40, round(100 / math.sqrt(max(size_mb, 1e-9))))))
-
-
-def auto_torch_iters(iters: int) -> int:
-    """The torch-ops codec is several times slower: half the iterations, at least 3."""
-    return max(3, iters // 2)
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-# ---- verification ---------------------------------------------------------------------------
 
 
 def _format_bound(x: torch.Tensor, bits: int, bucket_size: int) -> torch.Tensor:
@@ -131,67 +112,6 @@ def verify_torch_ops(x: torch.Tensor, bits: int, bucket_size: int) -> None:
         raise VerifyError(f"torch-ops codec: bits={bits} n={x.numel()} error exceeds unit / 2")
 
 
-# ---- timing ---------------------------------------------------------------------------------
-
-
-class OtherLoad:
-    """CPU time used by *other* processes while a measurement runs, as a fraction of all cores
-    (0 = the machine was otherwise idle, 1 = every core was busy with something else). Read
-    from /proc/stat minus this process's own CPU time; ``None`` where /proc/stat is missing or
-    the window is shorter than 0.25 s."""
-
-    def __init__(self) -> None:
-        self._start = self._sample()
-
-    @staticmethod
-    def _sample():
-        try:
-            with open("/proc/stat") as f:
-                fields = [int(v) for v in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        tick = os.sysconf("SC_CLK_TCK")
-        busy = (sum(fields[:8]) - fields[3] - fields[4]) / tick  # all but idle and iowait
-        t = os.times()
-        return busy, t.user + t.system, time.monotonic()
-
-    def fraction(self) -> float | None:
-        end = self._sample()
-        if self._start is None or end is None:
-            return None
-        busy, own, wall = (e - s for e, s in zip(end, self._start))
-        if wall < 0.25:  # /proc/stat counts in ticks (10 ms): too coarse for shorter windows
-            return None
-        return min(1.0, max(0.0, (busy - own) / (wall * (os.cpu_count() or 1))))
-
-
-def _time_interleaved(
-    fns: Dict[str, Callable[[], object]], iters: Dict[str, int], warmup: int
-) -> Dict[str, float]:
-    """Median seconds of each function. Each round calls every function that still needs samples
-    once, in an order rotated every round, so that drifts of the machine hit all alike."""
-    names = list(fns)
-    for _ in range(warmup):
-        for name in names:
-            fns[name]()
-    samples: Dict[str, List[float]] = {name: [] for name in names}
-    for r in range(max(iters.values())):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for name in order:
-            if len(samples[name]) >= iters[name]:
-                continue
-            t0 = time.perf_counter()
-            fns[name]()
-            samples[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(s) for name, s in samples.items()}
-
-
-def _set_threads(n: int) -> None:
-    torch.set_num_threads(n)
-    if codec.num_threads() != n:  # resizing restarts the codec's pool: only when it changes
-        codec.set_num_threads(n)
-
-
 def codec_table(
     sizes_mb: Sequence[float] = DEFAULT_SIZES_MB,
     bits: Sequence[int] = DEFAULT_BITS,
@@ -232,7 +152,7 @@ def codec_table(
                 reference = None
                 verified = False
                 for th in threads:
-                    _set_threads(th)
+                    set_threads(th)
                     payload = codec.encode(x, b, bucket_size)
                     if verify:
                         if reference is None:
@@ -261,7 +181,7 @@ def codec_table(
                     while True:  # re-measure a row that other processes disturbed
                         attempts += 1
                         load = OtherLoad()
-                        secs = _time_interleaved(fns, n_per_op, warmup)
+                        secs = time_interleaved(fns, n_per_op, warmup)
                         other_load = load.fraction()
                         if other_load is None or other_load <= max_other_load:
                             break

@@ -112,7 +112,7 @@ def _measure(fns, n_per_op, warmup, log, max_other_load, retries, retry_wait):
     while True:
         attempts += 1
         load = bench_codec.OtherLoad()
-        secs = bench_codec._time_interleaved(fns, n_per_op, warmup)
+        secs = bench_codec.time_interleaved(fns, n_per_op, warmup)
         other = load.fraction()
         if other is None or other <= max_other_load or attempts > retries:
             return secs, other, attempts
@@ -210,7 +210,7 @@ def compressor_table(
     records: List[dict] = []
     try:
         for th in threads:
-            bench_codec._set_threads(th)
+            bench_codec.set_threads(th)
             for name in names:
                 rec = measure_compressor(
                     name,
