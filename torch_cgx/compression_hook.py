@@ -20,8 +20,8 @@ Momentum (``momentum=m``, default 0.9 for ``signum`` and ``dgc``, else 0): the s
 ``u = m * u + g`` per parameter and compresses ``u`` (plus the residual) instead of ``g``: DGC's
 momentum correction, and Signum (the sign of the momentum). With ``dgc`` (and any sparse
 compressor) the momentum is zeroed where a value was sent (DGC's momentum factor masking:
-where the new residual is exactly 0). The delivered gradient then already holds the momentum:
-use the optimizer without momentum.
+where the new residual is exactly 0; so it needs error feedback, on by default for them).
+The delivered gradient then already holds the momentum: use the optimizer without momentum.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at run time.
