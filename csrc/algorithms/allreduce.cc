@@ -87,7 +87,9 @@ void CompressedAllreduce::run(Transport& t, void* data, DType dtype, int64_t cou
     const int64_t n = std::min(piece_elems, count - begin);
     uint8_t* p = bytes + begin * int64_t(elem_size(dtype));
     residual_ = o.residual ? o.residual + begin : nullptr;
-    if (o.algorithm == Algorithm::kAllgather || gather_only(o)) {
+    if (o.algorithm != Algorithm::kAllgather && sum_in_transit(o)) {
+      sum_reduce(t, p, dtype, n, o, piece);
+    } else if (o.algorithm == Algorithm::kAllgather || gather_only(o)) {
       allgather(t, p, dtype, n, o, piece);
     } else if (o.algorithm == Algorithm::kRing) {
       ring(t, p, dtype, n, o, piece);

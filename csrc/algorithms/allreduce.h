@@ -31,7 +31,8 @@ Algorithm algorithm_from_int(int value);
 struct AllreduceOptions {
   CodecParams codec;  // bits, bucket size, raw tail, rounding, seed (streams are set per message)
   // A registered compressor instead of max-min (then only codec.seed is read). Sparse
-  // compressors and those whose payload size depends on the data always use kAllgather.
+  // compressors and those whose payload size depends on the data always use kAllgather, but
+  // summable sparse ones (random-k), which use sum-reduce unless kAllgather is asked for.
   const Compressor* compressor = nullptr;
   Algorithm algorithm = Algorithm::kScatterReduceAllgather;
   bool average = false;                    // divide the sum by the group size
@@ -87,6 +88,8 @@ class CompressedAllreduce {
             uint64_t piece);
   void allgather(Transport& t, uint8_t* data, DType dtype, int64_t count, const AllreduceOptions& o,
                  uint64_t piece);
+  void sum_reduce(Transport& t, uint8_t* data, DType dtype, int64_t count,
+                  const AllreduceOptions& o, uint64_t piece);
   void encode_final(const AllreduceOptions& o, int world, float* acc, int64_t n, Streams s,
                     uint8_t* dst, size_t slot, float* residual);
 

@@ -31,6 +31,11 @@ bool gather_only(const AllreduceOptions& o) {
          (!o.compressor->traits().fixed_size || o.compressor->traits().sparse);
 }
 
+bool sum_in_transit(const AllreduceOptions& o) {
+  return o.compressor != nullptr && o.compressor->traits().summable &&
+         o.compressor->traits().sparse && o.compressor->traits().fixed_size;
+}
+
 size_t encode_payload(const AllreduceOptions& o, const void* in, DType dtype, int64_t n, Streams s,
                       uint8_t* out, size_t capacity) {
   if (o.compressor == nullptr) {

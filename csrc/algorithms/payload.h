@@ -19,6 +19,8 @@ bool fixed_size(const AllreduceOptions& o);
 // Compressors whose payloads only allgather-reduce can carry well: data-dependent sizes, and
 // sparse ones (re-sparsifying a sum in SRA or ring would drop most of it, unfed back).
 bool gather_only(const AllreduceOptions& o);
+// Sparse compressors whose payloads sum as they travel (random-k: shared indices): sum-reduce.
+bool sum_in_transit(const AllreduceOptions& o);
 
 // Returns the bytes written (== payload_size for fixed-size compressors).
 size_t encode_payload(const AllreduceOptions& o, const void* in, DType dtype, int64_t n, Streams s,

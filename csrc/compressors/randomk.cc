@@ -52,6 +52,11 @@ class RandomK final : public EnvelopeCompressor {
     return kEnvelopeBytes + body_bytes;
   }
 
+  SummableSection summable_section(const uint8_t* payload, size_t size) const override {
+    const Envelope e = read_envelope(payload, size, id_, name_);
+    return SummableSection{kEnvelopeBytes, sparse::count_for(ratio_, e.count), e.dtype};
+  }
+
   void decode(const uint8_t* payload, size_t size, void* out, DType out_dtype, int64_t count,
               bool add) const override {
     const Envelope e = open_payload(payload, size, out, count);

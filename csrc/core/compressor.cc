@@ -115,6 +115,10 @@ void check_decode_target(const void* out, int64_t count, int64_t payload_count,
   CGX_CHECK_ARG(out != nullptr || count == 0, compressor, ": output buffer is null");
 }
 
+Compressor::SummableSection Compressor::summable_section(const uint8_t*, size_t) const {
+  throw_invalid(name(), " payloads cannot be summed in transit");
+}
+
 int64_t EnvelopeCompressor::payload_count(const uint8_t* payload, size_t size) const {
   return read_envelope(payload, size, id_, name_).count;
 }

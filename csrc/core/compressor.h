@@ -86,6 +86,16 @@ class Compressor {
   // Splitting a buffer at multiples of this keeps its encoding's buckets intact (an algorithm
   // cuts chunks there); 1 when the compressor has no buckets.
   virtual int64_t alignment() const { return 1; }
+
+  // Summable compressors (traits().summable): the `count` values of `dtype` at `offset` of a
+  // payload are what sums as it travels; the bytes before them are the same on every rank for
+  // one message but for the flags byte of the envelope, whose bits combine by OR.
+  struct SummableSection {
+    size_t offset = 0;
+    int64_t count = 0;
+    DType dtype = DType::kFloat32;
+  };
+  virtual SummableSection summable_section(const uint8_t* payload, size_t size) const;
 };
 
 // ---- the envelope shared by all compressors except max-min (docs/FORMAT.md) -----------------

@@ -7,7 +7,9 @@
 #include <thread>
 
 #include "algorithms/allreduce.h"
+#include "algorithms/payload.h"
 #include "compressors/registry.h"
+#include "core/primitives.h"
 #include "in_memory_transport.h"
 
 namespace cgx {
@@ -76,6 +78,53 @@ TEST(AllreduceCompressors, AllgatherSumsExactlyWhatWasSent) {
   }
   auto got = run(*c, Algorithm::kAllgather, world, n);
   EXPECT_EQ(got[0], want);
+}
+
+// random-k sums in transit: at the indices every rank drew from the shared stream, the fp32 sum
+// of the ranks' values in rank order; 0 elsewhere. The residual is what each rank did not send.
+TEST(AllreduceCompressors, RandomKSumsInTransitExactly) {
+  auto c = make_compressor("randomk", {{"ratio", 0.05}});
+  const int world = 3;
+  const int64_t n = 4099;
+  std::vector<std::vector<float>> x(world), res(world, std::vector<float>(size_t(n)));
+  std::mt19937 gen(9);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (auto& v : x) {
+    v.resize(size_t(n));
+    for (auto& e : v) e = d(gen);
+  }
+  const auto x0 = x;
+  AllreduceOptions o;
+  o.compressor = c.get();
+  o.codec.seed = 3;
+  testing::Hub hub;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      testing::InMemoryTransport t(hub, r, world);
+      AllreduceOptions mine = o;
+      mine.residual = res[size_t(r)].data();
+      CompressedAllreduce ar;
+      ar.run(t, x[size_t(r)].data(), DType::kFloat32, n, mine);
+      if (r == 0) {
+        EXPECT_LT(ar.bytes_sent(), size_t(n));  // 205 values: far below n * 4 / 2
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const auto idx = prim::random_k(n, 205, rng_key(3, streams_for(o, 0, 0, 0, 0).shared));
+  std::vector<float> want(size_t(n), 0.0f);
+  for (uint32_t i : idx) {
+    float sum = 0.0f;
+    for (int r = 0; r < world; ++r) sum += x0[size_t(r)][i];
+    want[i] = sum;
+  }
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(x[size_t(r)], want) << "rank " << r;
+    std::vector<float> left = x0[size_t(r)];
+    for (uint32_t i : idx) left[i] = 0.0f;
+    ASSERT_EQ(res[size_t(r)], left) << "rank " << r;
+  }
 }
 
 // Error feedback: each rank learns x - decode(encode(x)) of what it sent of its own values, and
