@@ -217,16 +217,23 @@ void ProcessGroupCGX::watchdog_loop() {
   }
 }
 
+// The worker's compressor for `c`, made again only when the settings change (not per call).
+const Compressor& ProcessGroupCGX::compressor_for(const BackendConfig& c) {
+  if (!compressor_ || compressor_name_ != c.compressor ||
+      compressor_params_ != c.compressor_params) {
+    compressor_ = make_compressor(c.compressor, c.compressor_params);
+    compressor_name_ = c.compressor;
+    compressor_params_ = c.compressor_params;
+  }
+  return *compressor_;
+}
+
 void ProcessGroupCGX::reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average,
                                         float* residual) {
   // Works on a contiguous CPU copy when t is not one (CUDA tensors: staged through the host).
   at::Tensor work = t.contiguous().cpu();
   AllreduceOptions o = to_options(c, average, calls_++);
-  std::unique_ptr<Compressor> compressor;
-  if (c.compressor != "maxmin") {
-    compressor = make_compressor(c.compressor, c.compressor_params);
-    o.compressor = compressor.get();
-  }
+  if (c.compressor != "maxmin") o.compressor = &compressor_for(c);
   o.residual = residual;
   C10dTransport transport(wire_);
   algorithm_.run(transport, work.data_ptr(), to_cgx_dtype(work.scalar_type()), work.numel(), o);
@@ -306,103 +313,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::barrier(const c10d::BarrierOptio
   // the worker after this rank's earlier allreduces. Never blocks the caller.
   auto issued = inner()->barrier(opts);
   return enqueue({}, c10d::OpType::BARRIER, [issued] { issued->wait(); });
-}
-
-// ---- forwarded ------------------------------------------------------------------------------
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::broadcast(std::vector<at::Tensor>& tensors,
-                                                          const c10d::BroadcastOptions& opts) {
-  return inner()->broadcast(tensors, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_coalesced(
-    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
-  return inner()->allreduce_coalesced(tensors, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce(std::vector<at::Tensor>& tensors,
-                                                       const c10d::ReduceOptions& opts) {
-  return inner()->reduce(tensors, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allgather(
-    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& opts) {
-  return inner()->allgather(outputs, inputs, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::_allgather_base(
-    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
-  return inner()->_allgather_base(output, input, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allgather_coalesced(
-    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& opts) {
-  return inner()->allgather_coalesced(outputs, inputs, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allgather_into_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& opts) {
-  return inner()->allgather_into_tensor_coalesced(outputs, inputs, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::gather(
-    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::GatherOptions& opts) {
-  return inner()->gather(outputs, inputs, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::scatter(
-    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
-    const c10d::ScatterOptions& opts) {
-  return inner()->scatter(outputs, inputs, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter(
-    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
-    const c10d::ReduceScatterOptions& opts) {
-  return inner()->reduce_scatter(outputs, inputs, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::_reduce_scatter_base(
-    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  return inner()->_reduce_scatter_base(output, input, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::ReduceScatterOptions& opts) {
-  return inner()->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::alltoall_base(at::Tensor& output, at::Tensor& input,
-                                                              std::vector<int64_t>& output_splits,
-                                                              std::vector<int64_t>& input_splits,
-                                                              const c10d::AllToAllOptions& opts) {
-  return inner()->alltoall_base(output, input, output_splits, input_splits, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::alltoall(std::vector<at::Tensor>& outputs,
-                                                         std::vector<at::Tensor>& inputs,
-                                                         const c10d::AllToAllOptions& opts) {
-  return inner()->alltoall(outputs, inputs, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::send(std::vector<at::Tensor>& tensors, int dst,
-                                                     int tag) {
-  return inner()->send(tensors, dst, tag);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::recv(std::vector<at::Tensor>& tensors, int src,
-                                                     int tag) {
-  return inner()->recv(tensors, src, tag);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::recvAnysource(std::vector<at::Tensor>& tensors,
-                                                              int tag) {
-  return inner()->recvAnysource(tensors, tag);
 }
 
 }  // namespace cgx::binding

@@ -145,6 +145,7 @@ class ProcessGroupCGX : public c10d::Backend {
   // Runs what is queued and stops the worker and the watchdog; later work raises. Idempotent.
   void stop_threads();
   void watchdog_loop();
+  const Compressor& compressor_for(const BackendConfig& c);
   void reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average,
                          float* residual = nullptr);
   void reduce_exact(at::Tensor& t, const c10d::ReduceOp& op);
@@ -159,6 +160,9 @@ class ProcessGroupCGX : public c10d::Backend {
 
   // Worker-thread state.
   CompressedAllreduce algorithm_;
+  std::unique_ptr<Compressor> compressor_;  // compressor_for's cache
+  std::string compressor_name_;
+  std::map<std::string, double> compressor_params_;
   uint64_t calls_ = 0;
   std::atomic<int64_t> last_bytes_sent_{0};
   std::atomic<int64_t> total_bytes_sent_{0};

@@ -32,6 +32,7 @@ import torch
 import torch_cgx
 from torch_cgx import codec
 from torch_cgx.bench import torch_ops_codec
+from torch_cgx.bench.codec_report import format_table  # noqa: F401  (demo imports it here)
 from torch_cgx.bench.timing import (  # noqa: F401  (re-exported for bench.compressors)
     MB,
     OtherLoad,
@@ -237,52 +238,6 @@ def codec_table(
 
 
 # ---- output ---------------------------------------------------------------------------------
-
-_COLUMNS = (
-    # header, width, format of one record
-    ("size MB", 7, lambda r: f"{r['size_mb']:g}"),
-    ("bits", 4, lambda r: str(r["bits"])),
-    ("thr", 3, lambda r: str(r["threads"])),
-    ("memcpy", 6, lambda r: f"{r['memcpy_gbps']:.2f}"),
-    ("encode", 6, lambda r: f"{r['encode_gbps']:.2f}"),
-    ("/mcpy", 5, lambda r: f"{r['encode_vs_memcpy']:.2f}"),
-    ("/torch", 6, lambda r: f"{r['encode_vs_torch']:.1f}"),
-    ("dec_add", 7, lambda r: f"{r['decode_add_gbps']:.2f}"),
-    ("/mcpy", 5, lambda r: f"{r['decode_add_vs_memcpy']:.2f}"),
-    ("/torch", 6, lambda r: f"{r['decode_add_vs_torch']:.1f}"),
-    ("t_enc", 5, lambda r: f"{r['torch_encode_gbps']:.2f}"),
-    ("t_dec", 5, lambda r: f"{r['torch_decode_add_gbps']:.2f}"),
-    ("ratio", 5, lambda r: f"{r['compression_ratio']:.1f}"),
-    ("other", 5, lambda r: "-" if r["other_load"] is None else f"{100 * r['other_load']:.0f}%"),
-)
-
-
-def format_table(records: Sequence[dict]) -> str:
-    """A fixed-width text table of :func:`codec_table` records, with a header line."""
-    if not records:
-        return "(no records)"
-    first = records[0]
-    threads = sorted({r["threads"] for r in records})
-    lines = [
-        f"torch_cgx codec (CPU): isa={first['isa']}, bucket={first['bucket_size']}, "
-        f"threads={','.join(map(str, threads))}, torch {first['torch_version']}, "
-        f"verified={'yes' if all(r['verified'] for r in records) else 'no'}",
-        "GB/s of fp32 input (4*numel / median time); /mcpy, /torch: speed relative to memcpy",
-        "and to the torch-ops codec",
-    ]
-    header = "  ".join(h.rjust(w) for h, w, _ in _COLUMNS)
-    lines += [header, "-" * len(header)]
-    for r in records:
-        lines.append("  ".join(fmt(r).rjust(w) for _, w, fmt in _COLUMNS))
-    lines += [
-        "encode: torch_cgx.codec.encode(out=) into a preallocated payload; dec_add: decode_add_",
-        "  into a preallocated fp32 tensor; t_enc, t_dec:",
-        "  the torch-ops codec (GB/s); ratio: fp32 bytes / payload bytes; other: CPU time of",
-        "  other processes during the row, % of all cores (a high value makes the row unreliable;",
-        "  - : row too short to tell)",
-    ]
-    return "\n".join(lines)
-
 
 # ---- command line ---------------------------------------------------------------------------
 
