@@ -42,6 +42,15 @@ inline float get_f32(const uint8_t* p) {
   return v;
 }
 
+// fn(bucket, begin, end) for every bucket, in order.
+template <typename F>
+void for_each_bucket(const Layout& l, F&& fn) {
+  for (int64_t b = 0; b < l.buckets; ++b) {
+    const int64_t lo = b * l.bucket;
+    fn(b, lo, std::min(l.count, lo + l.bucket));
+  }
+}
+
 // Checks a decoded envelope against the layout it implies; returns the layout.
 inline Layout check_body(const Envelope& e, int scalars, int bits, const char* name) {
   const Layout l = layout(e.count, e.param0, scalars, bits);
@@ -58,10 +67,9 @@ inline bool put_signs(const void* in, DType t, int64_t n, uint8_t* codes) {
 // Decodes a sign-coded body: value(bucket, negative) for every element.
 template <typename V>
 void decode_signs(const uint8_t* body, const Layout& l, void* out, DType t, bool add, V&& value) {
-  for (int64_t b = 0; b < l.buckets; ++b) {
-    const int64_t lo = b * l.bucket, hi = std::min(l.count, lo + l.bucket);
+  for_each_bucket(l, [&](int64_t b, int64_t lo, int64_t hi) {
     prim::select_signs(body + l.codes_offset, lo, hi, value(b, true), value(b, false), out, t, add);
-  }
+  });
 }
 
 }  // namespace cgx::bucketed

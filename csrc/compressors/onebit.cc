@@ -28,8 +28,7 @@ class OneBit final : public EnvelopeCompressor {
                 size_t capacity) const override {
     const auto l = bucketed::layout(count, bucket_, 2, 1);
     uint8_t* body = begin_payload(in, dtype, count, capacity, l.body, 0, uint32_t(bucket_), 0, out);
-    for (int64_t b = 0; b < l.buckets; ++b) {
-      const int64_t lo = b * l.bucket, hi = std::min(count, lo + l.bucket);
+    bucketed::for_each_bucket(l, [&](int64_t b, int64_t lo, int64_t hi) {
       double neg = 0, pos = 0;
       int64_t nneg = 0;
       bool finite = true;
@@ -43,7 +42,7 @@ class OneBit final : public EnvelopeCompressor {
       const float pm = !finite ? NAN : npos ? float(pos / double(npos)) : 0.0f;
       bucketed::put_f32(body + 8 * b, nm);
       bucketed::put_f32(body + 8 * b + 4, pm);
-    }
+    });
     bucketed::put_signs(in, dtype, count, body + l.codes_offset);
     return kEnvelopeBytes + l.body;
   }

@@ -32,8 +32,7 @@ class QSGD final : public EnvelopeCompressor {
     const RngKey key = rng_key(ctx.seed, ctx.stream);
     const float levels = float((1 << (bits_ - 1)) - 1);
     const uint32_t sign = 1u << (bits_ - 1);
-    for (int64_t b = 0; b < l.buckets; ++b) {
-      const int64_t lo = b * l.bucket, hi = std::min(count, lo + l.bucket);
+    bucketed::for_each_bucket(l, [&](int64_t b, int64_t lo, int64_t hi) {
       const prim::RangeStats st = prim::stats(in, dtype, lo, hi);
       const float norm = st.finite ? float(std::sqrt(st.sq_sum)) : NAN;
       bucketed::put_f32(body + 4 * b, norm);
@@ -46,7 +45,7 @@ class QSGD final : public EnvelopeCompressor {
         }
         w.put((v < 0 ? sign : 0u) | uint32_t(level));
       });
-    }
+    });
     w.finish();
     return kEnvelopeBytes + l.body;
   }
@@ -61,15 +60,14 @@ class QSGD final : public EnvelopeCompressor {
     const float levels = float((1 << (bits - 1)) - 1);
     const uint32_t sign = 1u << (bits - 1);
     prim::BitReader r(body + l.codes_offset, bits, 0);
-    for (int64_t b = 0; b < l.buckets; ++b) {
-      const int64_t lo = b * l.bucket, hi = std::min(count, lo + l.bucket);
+    bucketed::for_each_bucket(l, [&](int64_t b, int64_t lo, int64_t hi) {
       const float norm = bucketed::get_f32(body + 4 * b);
       prim::write_each(out, out_dtype, lo, hi, add, [&](int64_t) {
         const uint32_t c = r.get();
         const float mag = norm * (float(c & (sign - 1)) / levels);
         return (c & sign) ? -mag : mag;
       });
-    }
+    });
   }
 
  private:

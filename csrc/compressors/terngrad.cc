@@ -37,8 +37,7 @@ class TernGrad final : public EnvelopeCompressor {
         begin_payload(in, dtype, count, capacity, l.body, 0, uint32_t(bucket_), clip_bits, out);
     prim::BitWriter w(body + l.codes_offset, 2);
     const RngKey key = rng_key(ctx.seed, ctx.stream);
-    for (int64_t b = 0; b < l.buckets; ++b) {
-      const int64_t lo = b * l.bucket, hi = std::min(count, lo + l.bucket);
+    bucketed::for_each_bucket(l, [&](int64_t b, int64_t lo, int64_t hi) {
       const float s = scale(prim::stats(in, dtype, lo, hi), hi - lo);
       bucketed::put_f32(body + 4 * b, s);
       const bool usable = std::isfinite(s) && s > 0;
@@ -47,7 +46,7 @@ class TernGrad final : public EnvelopeCompressor {
         const bool keep = usable && rng_uniform(key, uint64_t(i)) < std::fabs(v) / s;
         w.put(!keep ? 0u : v < 0 ? 2u : 1u);
       });
-    }
+    });
     w.finish();
     return kEnvelopeBytes + l.body;
   }
@@ -58,15 +57,14 @@ class TernGrad final : public EnvelopeCompressor {
     const auto l = bucketed::check_body(e, 1, 2, name_);
     const uint8_t* body = payload + kEnvelopeBytes;
     prim::BitReader r(body + l.codes_offset, 2, 0);
-    for (int64_t b = 0; b < l.buckets; ++b) {
-      const int64_t lo = b * l.bucket, hi = std::min(count, lo + l.bucket);
+    bucketed::for_each_bucket(l, [&](int64_t b, int64_t lo, int64_t hi) {
       const float s = bucketed::get_f32(body + 4 * b);
       prim::write_each(out, out_dtype, lo, hi, add, [&](int64_t i) {
         const uint32_t c = r.get();
         CGX_CHECK_ARG(c != 3, name_, " payload corrupt: code 3 at element ", i);
         return std::isnan(s) ? NAN : c == 0 ? 0.0f : c == 1 ? s : -s;
       });
-    }
+    });
   }
 
  private:
