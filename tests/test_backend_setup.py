@@ -42,6 +42,7 @@ def test_init_methods(kind, tmp_path):
 
 
 def body_mismatch(rank, world):
+    import torch_cgx  # noqa: F401  (registers the backend)
 
     os.environ["CGX_COMPRESSION_QUANTIZATION_BITS"] = "4" if rank == 0 else "8"
     with pytest.raises(ValueError, match="cgx settings differ between ranks"):
