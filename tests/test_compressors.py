@@ -147,18 +147,28 @@ def test_corrupted_payloads_raise_value_error(name):
             pass
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", NAMES)
-def test_same_bytes_for_every_thread_count_and_isa(name):
+def test_same_bytes_for_every_thread_count_and_isa(name, dtype):
+    """Payloads and decoded bits agree across thread counts and instruction sets, also with
+    NaN / Inf / -0 / subnormal values in a few buckets."""
     c = compressors.get(name)
     x = sample(300_001, seed=8)
+    x[1000:1003] = torch.tensor([float("nan"), float("inf"), -0.0])
+    x[5000:5002] = torch.tensor([1e-40, -1e-42])
+    x = x.to(dtype)
     before, isa = codec.num_threads(), _C.isa()
     try:
-        outs = []
+        outs, decoded = [], []
         for threads, avx2 in ((1, False), (2, True), (3, True)):
             codec.set_num_threads(threads)
             _C.set_isa(avx2)
             outs.append(c.encode(x, seed=1, stream=2, shared=3))
+            acc = torch.linspace(-1, 1, x.numel())
+            c.decode_add_(acc, outs[0])
+            decoded.append(acc.view(torch.int32))
         assert all(torch.equal(o, outs[0]) for o in outs)
+        assert all(torch.equal(d, decoded[0]) for d in decoded)
     finally:
         codec.set_num_threads(before)
         _C.set_isa(isa == "avx2")

@@ -95,6 +95,14 @@ class CompressionState:
         if module is not None:
             self._names = {id(p): name for name, p in module.named_parameters()}
 
+    @staticmethod
+    def default_error_feedback(compressor: str) -> bool:
+        """Whether a state for ``compressor`` keeps residuals when ``error_feedback`` is None:
+        biased compressors do (default parameters), except signum (its momentum plays the part).
+        """
+        defaults = _DEFAULTS.get(compressor, {})
+        return defaults.get("error_feedback", compressors.get(compressor).traits["biased"])
+
     def compresses(self, param: torch.Tensor) -> bool:
         return param.dim() > 1 and param.numel() >= self.layer_min_size
 

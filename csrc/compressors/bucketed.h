@@ -1,4 +1,4 @@
-// Shared by the bucketed quantizers (onebit, efsignsgd, terngrad, qsgd): buckets of B values
+// Shared by the bucketed quantizers (onebit, efsignsgd, terngrad, qsgd; tbq's codes): buckets of B values
 // (B = 0: the whole tensor is one bucket), each with a few fp32 scalars, then one stream of
 // packed codes. Body layout: nb * scalars * 4 bytes of f32, then packed_bytes(n, bits) bytes.
 #pragma once
@@ -62,6 +62,27 @@ inline Layout check_body(const Envelope& e, int scalars, int bits, const char* n
 // Sign bits (1 = negative) of [0, n) into `codes`; returns whether every value was finite.
 inline bool put_signs(const void* in, DType t, int64_t n, uint8_t* codes) {
   return prim::sign_bits_fast(in, t, n, codes);
+}
+
+// Level codes (prim::Levels' rule) of [lo, hi) appended to w, a chunk at a time; returns whether
+// every value was finite.
+inline bool put_levels(const void* in, DType t, int64_t lo, int64_t hi, const prim::Levels& q,
+                       prim::BitWriter& w) {
+  constexpr int64_t kChunk = 2048;
+  uint8_t codes[kChunk];
+  bool finite = true;
+  for (int64_t c = lo; c < hi; c += kChunk) {
+    const int64_t e = std::min(hi, c + kChunk);
+    finite &= prim::level_codes(in, t, c, e, q, codes);
+    w.put_codes(codes, e - c);
+  }
+  return finite;
+}
+
+// Writes n zero codes to w (a bucket without a usable scale).
+inline void put_zeros(int64_t n, prim::BitWriter& w) {
+  static const uint8_t zeros[256] = {};
+  for (int64_t c = 0; c < n; c += 256) w.put_codes(zeros, std::min<int64_t>(256, n - c));
 }
 
 // Decodes a sign-coded body: value(bucket, negative) for every element.

@@ -24,12 +24,7 @@ class Cast final : public EnvelopeCompressor {
   size_t encode(const void* in, DType dtype, int64_t count, const EncodeContext&, uint8_t* out,
                 size_t capacity) const override {
     uint8_t* body = begin_payload(in, dtype, count, capacity, uint64_t(count) * 2, 0, 0, 0, out);
-    auto* wire = reinterpret_cast<uint8_t*>(body);
-    const bool half = wire_ == DType::kFloat16;
-    prim::for_each(in, dtype, 0, count, [&](int64_t i, float v) {
-      const uint16_t h = half ? float_to_half(v) : float_to_bf16(v);
-      std::memcpy(wire + 2 * i, &h, 2);
-    });
+    prim::convert(in, dtype, body, wire_, count, false);
     return kEnvelopeBytes + size_t(count) * 2;
   }
   void decode(const uint8_t* payload, size_t size, void* out, DType out_dtype, int64_t count,
@@ -37,13 +32,7 @@ class Cast final : public EnvelopeCompressor {
     const Envelope e = open_payload(payload, size, out, count);
     CGX_CHECK_ARG(e.body_bytes == uint64_t(e.count) * 2, name_, " payload corrupt: body of ",
                   e.body_bytes, " bytes for ", e.count, " values");
-    const uint8_t* body = payload + kEnvelopeBytes;
-    const bool half = wire_ == DType::kFloat16;
-    prim::write_each(out, out_dtype, 0, count, add, [&](int64_t i) {
-      uint16_t h;
-      std::memcpy(&h, body + 2 * i, 2);
-      return half ? half_to_float(h) : bf16_to_float(h);
-    });
+    prim::convert(payload + kEnvelopeBytes, wire_, out, out_dtype, count, add);
   }
 
  private:

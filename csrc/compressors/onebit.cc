@@ -1,5 +1,6 @@
 // onebit (Seide et al. 2014): one sign bit per value; per bucket the mean of its negative values
-// and the mean of its non-negative values, which the bits select on decode. Biased: pair it with
+// and the mean of its non-negative values (sums (sum x -+ sum |x|) / 2 of prim::stats' fp64
+// lanes), which the bits select on decode. Biased: pair it with
 // error feedback (the original keeps the residual). A bucket holding NaN or Inf sends NaN means
 // and decodes to NaN. Body: nb x (neg_mean f32, pos_mean f32), then n sign bits (1 = negative).
 // Envelope param0: bucket size (0 = the whole tensor is one bucket).
@@ -29,17 +30,11 @@ class OneBit final : public EnvelopeCompressor {
     const auto l = bucketed::layout(count, bucket_, 2, 1);
     uint8_t* body = begin_payload(in, dtype, count, capacity, l.body, 0, uint32_t(bucket_), 0, out);
     bucketed::for_each_bucket(l, [&](int64_t b, int64_t lo, int64_t hi) {
-      double neg = 0, pos = 0;
-      int64_t nneg = 0;
-      bool finite = true;
-      prim::for_each(in, dtype, lo, hi, [&](int64_t, float v) {
-        finite &= std::isfinite(v);
-        (v < 0 ? neg : pos) += v;
-        nneg += v < 0;
-      });
-      const int64_t npos = hi - lo - nneg;
-      const float nm = !finite ? NAN : nneg ? float(neg / double(nneg)) : 0.0f;
-      const float pm = !finite ? NAN : npos ? float(pos / double(npos)) : 0.0f;
+      const prim::RangeStats st = prim::stats(in, dtype, lo, hi);
+      const double neg = (st.sum - st.abs_sum) / 2, pos = (st.sum + st.abs_sum) / 2;
+      const int64_t nneg = st.negatives, npos = hi - lo - nneg;
+      const float nm = !st.finite ? NAN : nneg ? float(neg / double(nneg)) : 0.0f;
+      const float pm = !st.finite ? NAN : npos ? float(pos / double(npos)) : 0.0f;
       bucketed::put_f32(body + 8 * b, nm);
       bucketed::put_f32(body + 8 * b + 4, pm);
     });

@@ -1,7 +1,7 @@
 // QSGD (Alistarh et al. 2017): per bucket the l2 norm; each value becomes
 // sign(x) * norm * l / s with l = floor(s * |x| / norm + u), u uniform in [0, 1) from the
-// counter-based generator: unbiased. s = 2^(bits - 1) - 1 levels; a code is the sign (top bit)
-// and the level. A bucket holding NaN or Inf sends a NaN norm and decodes to NaN.
+// counter-based generator: unbiased. s = 2^(bits - 1) - 1 levels; a code is the sign (top bit,
+// set only for l > 0) and the level (prim::Levels' rule). A bucket holding NaN or Inf sends a NaN norm and decodes to NaN.
 // Body: nb x norm f32, then bits-bit codes. Envelope param0: bucket size (0: whole tensor),
 // param1: bits (2..8).
 #include <cmath>
@@ -29,22 +29,19 @@ class QSGD final : public EnvelopeCompressor {
     uint8_t* body = begin_payload(in, dtype, count, capacity, l.body, 0, uint32_t(bucket_),
                                   uint32_t(bits_), out);
     prim::BitWriter w(body + l.codes_offset, bits_);
-    const RngKey key = rng_key(ctx.seed, ctx.stream);
-    const float levels = float((1 << (bits_ - 1)) - 1);
-    const uint32_t sign = 1u << (bits_ - 1);
+    prim::Levels q;
+    q.levels = (1 << (bits_ - 1)) - 1;
+    q.num = float(q.levels);
+    q.neg_add = 1u << (bits_ - 1);
+    q.stochastic = true;
+    q.key = rng_key(ctx.seed, ctx.stream);
     bucketed::for_each_bucket(l, [&](int64_t b, int64_t lo, int64_t hi) {
       const prim::RangeStats st = prim::stats(in, dtype, lo, hi);
       const float norm = st.finite ? float(std::sqrt(st.sq_sum)) : NAN;
       bucketed::put_f32(body + 4 * b, norm);
-      const bool usable = norm > 0 && std::isfinite(norm);
-      prim::for_each(in, dtype, lo, hi, [&](int64_t i, float v) {
-        float level = 0;
-        if (usable) {
-          level = std::floor(levels * std::fabs(v) / norm + rng_uniform(key, uint64_t(i)));
-          level = std::min(level, levels);
-        }
-        w.put((v < 0 ? sign : 0u) | uint32_t(level));
-      });
+      if (!(norm > 0 && std::isfinite(norm))) return bucketed::put_zeros(hi - lo, w);
+      q.den = norm;
+      bucketed::put_levels(in, dtype, lo, hi, q, w);
     });
     w.finish();
     return kEnvelopeBytes + l.body;

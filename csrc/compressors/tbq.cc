@@ -1,5 +1,5 @@
 // TBQ, threshold binary quantization (Strom 2015, as in HiPress): +tau where x >= tau, -tau where
-// x <= -tau, 0 elsewhere. Meant to run on a residual (the caller adds the gradient to it and
+// x <= -tau, 0 elsewhere, decided as |x| / tau >= 1 in fp32 (prim::Levels' rule). Meant to run on a residual (the caller adds the gradient to it and
 // subtracts what was sent): biased. NaN or Inf anywhere sets flag bit 0 and the whole tensor
 // decodes to NaN (a code cannot carry it). Body: 2-bit codes (0: 0, 1: +tau, 2: -tau; 3 is
 // invalid). Envelope param1: tau's f32 bits.
@@ -31,12 +31,9 @@ class TBQ final : public EnvelopeCompressor {
     const size_t body_bytes = prim::packed_bytes(count, 2);
     check_encode_args(in, count, capacity, kEnvelopeBytes + body_bytes, name_);
     prim::BitWriter w(out + kEnvelopeBytes, 2);
-    bool finite = true;
-    const float tau = tau_;
-    prim::for_each(in, dtype, 0, count, [&](int64_t, float v) {
-      finite &= std::isfinite(v);
-      w.put(v >= tau ? 1u : v <= -tau ? 2u : 0u);
-    });
+    prim::Levels q;  // l = min(floor(|x| / tau), 1): |x| / tau >= 1 in fp32; negative: code 2
+    q.den = tau_;
+    const bool finite = bucketed::put_levels(in, dtype, 0, count, q, w);
     w.finish();
     uint32_t tau_bits;
     std::memcpy(&tau_bits, &tau_, 4);

@@ -1,6 +1,6 @@
 // TernGrad (Wen et al. 2017): per bucket the scale s = max |x|, and each value becomes s * sign(x)
-// with probability |x| / s, else 0 (stochastic, from the counter-based generator keyed by the
-// encode context): unbiased. Optional clipping (parameter clip = c > 0): values are first clipped
+// with probability |x| / s, else 0: the code is floor(|x| / s + u) (prim::Levels' rule, u from
+// the counter-based generator keyed by the encode context): unbiased. Optional clipping (parameter clip = c > 0): values are first clipped
 // to +-c * sigma of their bucket (the paper uses c = 2.5), which trades a bias for less variance.
 // A bucket holding NaN or Inf sends a NaN scale and decodes to NaN.
 // Body: nb x s f32, then 2-bit codes (0: 0, 1: +s, 2: -s; 3 is invalid). Envelope param0: bucket
@@ -36,16 +36,15 @@ class TernGrad final : public EnvelopeCompressor {
     uint8_t* body =
         begin_payload(in, dtype, count, capacity, l.body, 0, uint32_t(bucket_), clip_bits, out);
     prim::BitWriter w(body + l.codes_offset, 2);
-    const RngKey key = rng_key(ctx.seed, ctx.stream);
+    prim::Levels q;  // l = min(floor(min(|x|, s) / s + u), 1); negative: code 2
+    q.stochastic = true;
+    q.key = rng_key(ctx.seed, ctx.stream);
     bucketed::for_each_bucket(l, [&](int64_t b, int64_t lo, int64_t hi) {
       const float s = scale(prim::stats(in, dtype, lo, hi), hi - lo);
       bucketed::put_f32(body + 4 * b, s);
-      const bool usable = std::isfinite(s) && s > 0;
-      prim::for_each(in, dtype, lo, hi, [&](int64_t i, float x) {
-        const float v = usable ? std::clamp(x, -s, s) : 0.0f;
-        const bool keep = usable && rng_uniform(key, uint64_t(i)) < std::fabs(v) / s;
-        w.put(!keep ? 0u : v < 0 ? 2u : 1u);
-      });
+      if (!(std::isfinite(s) && s > 0)) return bucketed::put_zeros(hi - lo, w);
+      q.den = q.clip = s;
+      bucketed::put_levels(in, dtype, lo, hi, q, w);
     });
     w.finish();
     return kEnvelopeBytes + l.body;

@@ -54,7 +54,8 @@ inline float half_to_float(uint16_t h) {
   if (exp == 0) {
     out = float_bits(float(em) * 0x1p-24f);  // zero or subnormal: exact
   } else if (exp == 0x7c00u) {
-    out = (em << 13) + (224u << 23);  // Inf / NaN
+    out = (em << 13) + (224u << 23);  // Inf / NaN, quieted as F16C's conversion does
+    if (em != 0x7c00u) out |= 0x400000u;
   } else {
     out = (em << 13) + (112u << 23);
   }

@@ -30,28 +30,6 @@ void pack(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
   }
 }
 
-RangeStats stats(const void* in, DType t, int64_t begin, int64_t end) {
-  RangeStats s;
-  if (end <= begin) return s;
-  float mn = INFINITY, mx = -INFINITY;
-  double abs_sum = 0, sq_sum = 0;
-  bool nan = false;
-  for_each(in, t, begin, end, [&](int64_t, float v) {
-    nan |= std::isnan(v);
-    mn = std::min(mn, v);  // NaN compares false: ignored here, reported by `nan`
-    mx = std::max(mx, v);
-    abs_sum += std::fabs(double(v));
-    sq_sum += double(v) * double(v);
-  });
-  s.abs_sum = abs_sum;
-  s.sq_sum = sq_sum;
-  s.min = nan ? NAN : mn;
-  s.max = nan ? NAN : mx;
-  s.abs_max = nan ? NAN : std::max(std::fabs(mn), std::fabs(mx));
-  s.finite = !nan && std::isfinite(mn) && std::isfinite(mx);
-  return s;
-}
-
 namespace {
 
 // |x| for ordering, NaN above +Inf.

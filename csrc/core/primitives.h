@@ -91,6 +91,8 @@ class BitWriter {
       used_ -= 32;
     }
   }
+  // put() of codes[0..n), eight at a time while the stream is byte-aligned.
+  void put_codes(const uint8_t* codes, int64_t n);
   // Flushes the last partial bytes (unused high bits 0).
   void finish() {
     for (; used_ > 0; used_ = used_ > 8 ? used_ - 8 : 0, acc_ >>= 8) *out_++ = uint8_t(acc_);
@@ -148,14 +150,43 @@ bool use_avx2();
 
 // ---- statistics over [begin, end) -----------------------------------------------------------
 
+// Sums run in fp64 over eight lanes (element begin + 8q + j in lane j), the lanes then added as
+// ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)): the AVX2 path (fp32 input) gives the same
+// bits as the scalar one. min / max ignore NaN (reported in `finite` and as NaN min / max).
 struct RangeStats {
   float min = 0, max = 0;  // NaN if any value is NaN
   float abs_max = 0;
+  double sum = 0;      // sum of x
   double abs_sum = 0;  // sum of |x|
   double sq_sum = 0;   // sum of x^2
+  int64_t negatives = 0;  // count of x < 0
   bool finite = true;
 };
 RangeStats stats(const void* in, DType t, int64_t begin, int64_t end);
+
+// ---- quantization to levels -------------------------------------------------------------------
+
+// The shared rule of the level quantizers (qsgd, terngrad, tbq), element i of [begin, end):
+//   a = min(|x|, clip); f = floor(num * a / den + u), u = rng_uniform(key, i) or 0;
+//   l = min(f, levels); code = l + (x < 0 && l > 0 ? neg_add : 0)
+// in fp32, operations in that order; a NaN x gives l = levels. Writes codes[i - begin] (bytes).
+struct Levels {
+  float num = 1, den = 1;
+  float clip = INFINITY;
+  int levels = 1;        // 1..255
+  uint32_t neg_add = 1;  // code offset of negative values (qsgd: the sign bit)
+  bool stochastic = false;
+  RngKey key;
+};
+// Returns whether every value of the range is finite. AVX2 for fp32 input.
+bool level_codes(const void* in, DType t, int64_t begin, int64_t end, const Levels& q,
+                 uint8_t* codes);
+
+// ---- dtype conversion -------------------------------------------------------------------------
+
+// out[i] = in[i] (add: out[i] += in[i] in fp32, rounded once) for i in [0, n), converting with
+// dtype.h's rules (round to nearest even); the AVX2 / F16C path gives the same bits.
+void convert(const void* in, DType in_t, void* out, DType out_t, int64_t n, bool add);
 
 // ---- selection -------------------------------------------------------------------------------
 

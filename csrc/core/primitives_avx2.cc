@@ -2,13 +2,15 @@
 // time, with the codec's instruction-set switch (kernels::set_isa), and they give the same bytes.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "primitives.h"
+#include "primitives_lanes.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
 #pragma GCC push_options
-#pragma GCC target("avx2")
+#pragma GCC target("avx2,f16c")
 
 namespace cgx::prim::avx2 {
 
@@ -60,10 +62,175 @@ void select_signs_f32(const uint8_t* bits, int64_t begin, int64_t end, float neg
   scalar(end);
 }
 
+
+namespace {
+
+__m256i fmix32(__m256i h) {
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+  h = _mm256_mullo_epi32(h, _mm256_set1_epi32(int(0x85ebca6bu)));
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
+  h = _mm256_mullo_epi32(h, _mm256_set1_epi32(int(0xc2b2ae35u)));
+  return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+}
+
+// rng_uniform(key, index + j) for j in [0, 8); the low 32 bits of index must not wrap.
+__m256 uniform8(RngKey key, uint64_t index) {
+  const uint32_t hi_term = key.k1 ^ (uint32_t(index >> 32) * 0x9e3779b1u);
+  __m256i lo = _mm256_add_epi32(_mm256_set1_epi32(int(uint32_t(index))),
+                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256i r = fmix32(_mm256_xor_si256(lo, _mm256_set1_epi32(int(key.k0))));
+  r = fmix32(_mm256_add_epi32(r, _mm256_set1_epi32(int(hi_term))));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(r, 8)), _mm256_set1_ps(0x1p-24f));
+}
+
+void store8_bytes(__m256i v, uint8_t* out) {  // eight int32 in [0, 255] as bytes
+  const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(w, w));
+}
+
+__m256i f32_to_bf16_bits(__m256 v) {  // dtype.h's float_to_bf16 in the low 16 bits of each lane
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i hi = _mm256_srli_epi32(u, 16);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  const __m256i odd = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
+  return _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+}
+
+}  // namespace
+
+bool stats_f32(const float* x, int64_t n, detail::StatLanes& s) {
+  __m256 mn = _mm256_loadu_ps(s.mn), mx = _mm256_loadu_ps(s.mx);
+  __m256d sum[2], abs[2], sq[2];
+  for (int h = 0; h < 2; ++h) {
+    sum[h] = _mm256_loadu_pd(s.sum + 4 * h);
+    abs[h] = _mm256_loadu_pd(s.abs + 4 * h);
+    sq[h] = _mm256_loadu_pd(s.sq + 4 * h);
+  }
+  const __m256d sign = _mm256_set1_pd(-0.0);
+  __m256 nan = _mm256_setzero_ps();
+  int64_t negatives = 0, i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    mn = _mm256_min_ps(v, mn);
+    mx = _mm256_max_ps(v, mx);
+    negatives += __builtin_popcount(
+        unsigned(_mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ))));
+    const __m256d d[2] = {_mm256_cvtps_pd(_mm256_castps256_ps128(v)),
+                          _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1))};
+    for (int h = 0; h < 2; ++h) {
+      sum[h] = _mm256_add_pd(sum[h], d[h]);
+      abs[h] = _mm256_add_pd(abs[h], _mm256_andnot_pd(sign, d[h]));
+      sq[h] = _mm256_add_pd(sq[h], _mm256_mul_pd(d[h], d[h]));
+    }
+  }
+  _mm256_storeu_ps(s.mn, mn);
+  _mm256_storeu_ps(s.mx, mx);
+  for (int h = 0; h < 2; ++h) {
+    _mm256_storeu_pd(s.sum + 4 * h, sum[h]);
+    _mm256_storeu_pd(s.abs + 4 * h, abs[h]);
+    _mm256_storeu_pd(s.sq + 4 * h, sq[h]);
+  }
+  s.negatives += negatives;
+  s.nan |= _mm256_movemask_ps(nan) != 0;
+  detail::stat_lanes(x + i, DType::kFloat32, 0, n - i, s);  // the tail: lanes 0.. again
+  return true;
+}
+
+bool level_codes_f32(const float* x, int64_t begin, int64_t end, const Levels& q, uint8_t* codes,
+                     bool* finite) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 clip = _mm256_set1_ps(q.clip), num = _mm256_set1_ps(q.num);
+  const __m256 den = _mm256_set1_ps(q.den), levels = _mm256_set1_ps(float(q.levels));
+  const __m256 zero = _mm256_setzero_ps(), inf = _mm256_set1_ps(INFINITY);
+  const __m256i neg_add = _mm256_set1_epi32(int(q.neg_add));
+  __m256 bad = zero;
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 a = _mm256_min_ps(_mm256_and_ps(v, abs_mask), clip);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_and_ps(v, abs_mask), inf, _CMP_NLT_UQ));
+    __m256 t = _mm256_div_ps(_mm256_mul_ps(num, a), den);
+    if (q.stochastic) {
+      if ((uint64_t(i) & 0xffffffffu) > 0xfffffff8u) break;  // the generator's counter wraps
+      t = _mm256_add_ps(t, uniform8(q.key, uint64_t(i)));
+    }
+    const __m256 l = _mm256_min_ps(_mm256_floor_ps(t), levels);
+    const __m256 neg = _mm256_and_ps(_mm256_cmp_ps(v, zero, _CMP_LT_OQ),
+                                     _mm256_cmp_ps(l, zero, _CMP_GT_OQ));
+    const __m256i code = _mm256_add_epi32(
+        _mm256_cvttps_epi32(l), _mm256_and_si256(_mm256_castps_si256(neg), neg_add));
+    store8_bytes(code, codes + (i - begin));
+  }
+  bool ok = _mm256_movemask_ps(bad) == 0;
+  for (; i < end; ++i) {
+    ok &= std::isfinite(x[i]);
+    codes[i - begin] = detail::level_code(x[i], q, i);
+  }
+  *finite = ok;
+  return true;
+}
+
+bool convert(const void* in, DType in_t, void* out, DType out_t, int64_t n, bool add) {
+  int64_t i = 0;
+  if (in_t == DType::kFloat32 && out_t != DType::kFloat32 && !add) {
+    const float* x = static_cast<const float*>(in);
+    auto* o = static_cast<uint8_t*>(out);
+    for (; i + 8 <= n; i += 8) {
+      const __m256 v = _mm256_loadu_ps(x + i);
+      __m128i h;
+      if (out_t == DType::kFloat16) {
+        h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      } else {
+        const __m256i b = f32_to_bf16_bits(v);
+        h = _mm256_castsi256_si128(
+            _mm256_permute4x64_epi64(_mm256_packus_epi32(b, b), _MM_SHUFFLE(3, 1, 2, 0)));
+      }
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 2 * i), h);
+    }
+    for (; i < n; ++i) {
+      const uint16_t h = out_t == DType::kFloat16 ? float_to_half(x[i]) : float_to_bf16(x[i]);
+      std::memcpy(o + 2 * i, &h, 2);
+    }
+    return true;
+  }
+  if (in_t != DType::kFloat32 && out_t == DType::kFloat32) {
+    const auto* p = static_cast<const uint8_t*>(in);
+    float* o = static_cast<float*>(out);
+    for (; i + 8 <= n; i += 8) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i));
+      __m256 v = in_t == DType::kFloat16
+                     ? _mm256_cvtph_ps(h)
+                     : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+      if (add) v = _mm256_add_ps(_mm256_loadu_ps(o + i), v);
+      _mm256_storeu_ps(o + i, v);
+    }
+    for (; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      const float v = in_t == DType::kFloat16 ? half_to_float(h) : bf16_to_float(h);
+      o[i] = add ? o[i] + v : v;
+    }
+    return true;
+  }
+  return false;
+}
+
 }  // namespace cgx::prim::avx2
 
 #pragma GCC pop_options
 #define CGX_HAVE_AVX2_PRIMITIVES 1
+#else
+namespace cgx::prim::avx2 {  // no AVX2 build: every caller takes the scalar path
+bool stats_f32(const float*, int64_t, detail::StatLanes&) { return false; }
+bool level_codes_f32(const float*, int64_t, int64_t, const Levels&, uint8_t*, bool*) {
+  return false;
+}
+bool convert(const void*, DType, void*, DType, int64_t, bool) { return false; }
+}  // namespace cgx::prim::avx2
 #endif
 
 namespace cgx::prim {

@@ -99,7 +99,8 @@ CGX_HD float half_to_float(uint16_t h) {
   if (exp == 0) {
     out = as_u32(fmul(float(em), 0x1p-24f));  // zero or subnormal: exact
   } else if (exp == 0x7c00u) {
-    out = (em << 13) + (224u << 23);  // Inf / NaN
+    out = (em << 13) + (224u << 23);  // Inf / NaN, quieted (csrc/core/dtype.h's rule)
+    if (em != 0x7c00u) out |= 0x400000u;
   } else {
     out = (em << 13) + (112u << 23);
   }

@@ -6,7 +6,9 @@ powersgd        torch's powerSGD_hook (PowerSGDState) over the Gloo group
 cgxN            torch_cgx's cgx_hook on the cgx group, N bits (1..8)
 c:<name>        torch_cgx's compression_hook with CompressionState(compressor=<name>), default
                 parameters, error feedback and momentum as the hook defaults them
+c:<name>:ef     the same with error feedback forced on (:noef: forced off)
 all-compressors c:<name> for every registered compressor (torch_cgx.compressors.names())
+all-noef        c:<name>:noef for every compressor whose default keeps error feedback
 noop            torch's noop_hook: no communication at all
 """
 
@@ -26,6 +28,8 @@ from torch_cgx import compressors
 
 METHODS = ("gloo", "fp16", "powersgd", "cgx8", "cgx4", "cgx2", "noop")
 ALL_COMPRESSORS = "all-compressors"
+ALL_NOEF = "all-noef"
+_EF_SUFFIX = {"": None, ":ef": True, ":noef": False}
 
 
 def cgx_bits(method: str) -> Optional[int]:
@@ -34,11 +38,31 @@ def cgx_bits(method: str) -> Optional[int]:
     return None
 
 
+def _split_compressor(method: str):
+    """``c:<name>[:ef|:noef]`` -> (name, error feedback: None = the hook's default) or None."""
+    if not method.startswith("c:"):
+        return None
+    name, _, ef = method[2:].partition(":")
+    suffix = ":" + ef if ef else ""
+    if name not in compressors.names() or suffix not in _EF_SUFFIX:
+        return None
+    return name, _EF_SUFFIX[suffix]
+
+
 def compressor_of(method: str) -> Optional[str]:
-    """``c:<name>`` -> name (a registered compressor); None for the other methods."""
-    if method.startswith("c:") and method[2:] in compressors.names():
-        return method[2:]
-    return None
+    """``c:<name>[:ef|:noef]`` -> name (a registered compressor); None for the other methods."""
+    split = _split_compressor(method)
+    return None if split is None else split[0]
+
+
+def error_feedback_of(method: str) -> Optional[bool]:
+    """``:ef`` -> True, ``:noef`` -> False, otherwise None (the hook's default)."""
+    split = _split_compressor(method)
+    return None if split is None else split[1]
+
+
+def _default_ef_compressors() -> List[str]:
+    return [n for n in compressors.names() if torch_cgx.CompressionState.default_error_feedback(n)]
 
 
 def on_cgx_group(method: str) -> bool:
@@ -51,14 +75,16 @@ def parse_methods(text: str) -> List[str]:
     for m in (m.strip() for m in text.split(",")):
         if m == ALL_COMPRESSORS:
             methods += [f"c:{name}" for name in compressors.names()]
+        elif m == ALL_NOEF:
+            methods += [f"c:{name}:noef" for name in _default_ef_compressors()]
         elif m:
             methods.append(m)
     for m in methods:
         if m not in METHODS and not on_cgx_group(m):
             raise argparse.ArgumentTypeError(
                 f"unknown method {m!r} (choose from {', '.join(METHODS)}, cgx1..cgx8, "
-                f"c:<compressor> with one of {', '.join(compressors.names())}, "
-                f"or {ALL_COMPRESSORS})"
+                f"c:<compressor>[:ef|:noef] with one of {', '.join(compressors.names())}, "
+                f"{ALL_COMPRESSORS} or {ALL_NOEF})"
             )
     if len(set(methods)) != len(methods) or not methods:
         raise argparse.ArgumentTypeError(f"methods must be distinct and non-empty: {text!r}")
@@ -105,9 +131,13 @@ def serial_hook(state, bucket):  # no annotations: DDP checks them and this modu
     return state(bucket)
 
 
-def _compression_state(model: torch.nn.Module, name: str, args):
+def _compression_state(model: torch.nn.Module, method: str, args):
     return torch_cgx.CompressionState(
-        dist.group.WORLD, compressor=name, layer_min_size=args.layer_min_size, module=model
+        dist.group.WORLD,
+        compressor=compressor_of(method),
+        error_feedback=error_feedback_of(method),
+        layer_min_size=args.layer_min_size,
+        module=model,
     )
 
 
@@ -118,7 +148,7 @@ def wrap(model: torch.nn.Module, method: str, gloo, args) -> tuple:
     if bits is not None or name is not None:
         ddp = DDP(model, process_group=dist.group.WORLD, **common)  # the cgx group
         if name is not None:
-            state = _compression_state(model, name, args)
+            state = _compression_state(model, method, args)
             ddp.register_comm_hook(state, torch_cgx.compression_hook)
             return ddp, state
         state = torch_cgx.CGXState(

@@ -1,0 +1,154 @@
+// The AVX2 primitives against their scalar definitions (primitives_lanes.h, dtype.h): the same
+// bits on inputs with NaN, +-Inf, -0, subnormals, values at fp16 / bf16 rounding ties, and
+// lengths that leave every tail size. Skipped where the build has no AVX2 path.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/codec_kernels.h"
+#include "core/primitives.h"
+
+namespace cgx {
+namespace {
+
+std::vector<float> hostile(int64_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  const float special[] = {NAN, INFINITY, -INFINITY, -0.0f, 0.0f, 1e-40f, -1e-42f, 65520.0f,
+                           65519.0f, 1.0009765625f, 1.00048828125f, -2.00390625f, 3e38f};
+  for (int64_t i = 0; i < n; ++i) {
+    x[size_t(i)] = g() % 13 == 0 ? special[g() % 13] : normal(g);
+  }
+  return x;
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+class PrimitivesIsa : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!kernels::set_isa(true)) GTEST_SKIP() << "no AVX2 path in this build / CPU";
+  }
+  void TearDown() override { kernels::set_isa(true); }
+  // f() under the scalar path and under AVX2.
+  template <typename F>
+  auto both(F&& f) {
+    kernels::set_isa(false);
+    auto scalar = f();
+    kernels::set_isa(true);
+    return std::make_pair(scalar, f());
+  }
+};
+
+TEST_F(PrimitivesIsa, StatsAreBitIdentical) {
+  for (int64_t n : {1, 7, 8, 9, 15, 64, 1003}) {
+    for (uint32_t seed = 0; seed < 20; ++seed) {
+      std::vector<float> x = hostile(n, seed);
+      if (seed % 2) {  // finite ranges too, so that the sums are numbers
+        for (float& v : x) v = std::isfinite(v) ? v : 1.5f;
+      }
+      for (int64_t lo : {int64_t(0), std::min<int64_t>(3, n - 1)}) {
+        auto [s, v] = both([&] { return prim::stats(x.data(), DType::kFloat32, lo, n); });
+        EXPECT_EQ(bits(s.min), bits(v.min)) << n << " " << seed;
+        EXPECT_EQ(bits(s.max), bits(v.max)) << n << " " << seed;
+        EXPECT_EQ(s.finite, v.finite);
+        EXPECT_EQ(s.negatives, v.negatives);
+        EXPECT_EQ(std::memcmp(&s.sum, &v.sum, 8), 0) << s.sum << " " << v.sum;
+        EXPECT_EQ(std::memcmp(&s.abs_sum, &v.abs_sum, 8), 0) << s.abs_sum << " " << v.abs_sum;
+        EXPECT_EQ(std::memcmp(&s.sq_sum, &v.sq_sum, 8), 0) << s.sq_sum << " " << v.sq_sum;
+      }
+    }
+  }
+}
+
+TEST_F(PrimitivesIsa, LevelCodesAreBitIdentical) {
+  const int64_t n = 1003;
+  const std::vector<float> x = hostile(n, 7);
+  for (int levels : {1, 3, 127}) {
+    for (bool stochastic : {false, true}) {
+      prim::Levels q;
+      q.levels = levels;
+      q.num = float(levels);
+      q.den = 2.5f;
+      q.clip = levels == 3 ? 4.0f : INFINITY;
+      q.neg_add = levels == 127 ? 128 : 1;
+      q.stochastic = stochastic;
+      q.key = rng_key(11, 5);
+      for (int64_t lo : {0, 5}) {
+        auto [s, v] = both([&] {
+          std::vector<uint8_t> c(static_cast<size_t>(n - lo));
+          const bool finite = prim::level_codes(x.data(), DType::kFloat32, lo, n, q, c.data());
+          return std::make_pair(finite, c);
+        });
+        EXPECT_EQ(s, v) << levels << " " << stochastic << " " << lo;
+        EXPECT_FALSE(s.first);  // the input holds NaN and Inf
+      }
+    }
+  }
+  // Near the generator's 2^32 counter boundary, the vector path hands over to the scalar one.
+  prim::Levels q;
+  q.levels = 7, q.stochastic = true, q.key = rng_key(1, 2);
+  const int64_t base = (int64_t(1) << 32) - 20;
+  std::vector<float> big(size_t(40), 0.3f);
+  const float* shifted = big.data() - base;  // element i of the range is big[i - base]
+  auto [s, v] = both([&] {
+    std::vector<uint8_t> c(40);
+    prim::level_codes(shifted, DType::kFloat32, base, base + 40, q, c.data());
+    return c;
+  });
+  EXPECT_EQ(s, v);
+}
+
+TEST_F(PrimitivesIsa, ConversionsAreBitIdentical) {
+  const int64_t n = 1003;
+  const std::vector<float> x = hostile(n, 3);
+  for (DType wire : {DType::kFloat16, DType::kBFloat16}) {
+    auto [s, v] = both([&] {
+      std::vector<uint16_t> h(static_cast<size_t>(n));
+      prim::convert(x.data(), DType::kFloat32, h.data(), wire, n, false);
+      return h;
+    });
+    ASSERT_EQ(s, v) << dtype_name(wire);
+    std::vector<uint16_t> all(65536);  // every 16-bit pattern back to fp32, and added
+    for (size_t i = 0; i < all.size(); ++i) all[i] = uint16_t(i);
+    for (bool add : {false, true}) {
+      auto [a, b] = both([&] {
+        std::vector<float> out(all.size(), 0.5f);
+        prim::convert(all.data(), wire, out.data(), DType::kFloat32, int64_t(all.size()), add);
+        std::vector<uint32_t> u(out.size());
+        std::memcpy(u.data(), out.data(), 4 * out.size());
+        return u;
+      });
+      EXPECT_EQ(a, b) << dtype_name(wire) << " add " << add;
+    }
+  }
+}
+
+TEST(Primitives, BitWriterPutCodesMatchesPut) {
+  std::mt19937 g(4);
+  for (int bits = 1; bits <= 8; ++bits) {
+    for (int64_t lead : {0, 1, 3, 8}) {
+      std::vector<uint8_t> codes(size_t(lead + 77));
+      for (auto& c : codes) c = uint8_t(g() & ((1u << bits) - 1));
+      std::vector<uint8_t> a(prim::packed_bytes(int64_t(codes.size()), bits) + 8, 0xee);
+      std::vector<uint8_t> b = a;
+      prim::BitWriter one(a.data(), bits), many(b.data(), bits);
+      for (uint8_t c : codes) one.put(c);
+      for (int64_t i = 0; i < lead; ++i) many.put(codes[size_t(i)]);
+      many.put_codes(codes.data() + lead, int64_t(codes.size()) - lead);
+      one.finish();
+      many.finish();
+      EXPECT_EQ(a, b) << bits << " " << lead;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cgx
