@@ -135,9 +135,12 @@ def test_state_errors_are_clear():
         CompressionState(compressor="topk", params={"ratio": 2})
     with pytest.raises(ValueError, match="layer_min_size"):
         CompressionState(layer_min_size=-1)
-    s = CompressionState(compressor="signsgd")
+    s = CompressionState(compressor="onebit")
     assert s.error_feedback is True  # biased: on by default
     assert CompressionState(compressor="qsgd").error_feedback is False
+    # +-1 whatever the scale: no residual by default (GRACE's pairing); asked for: kept
+    assert CompressionState(compressor="signsgd").error_feedback is False
+    assert CompressionState(compressor="signsgd", error_feedback=True).error_feedback is True
     s.residuals[id(object())] = torch.zeros(3)
     with pytest.raises(ValueError, match="module=model"):
         pickle.dumps(s)

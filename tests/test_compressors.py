@@ -221,3 +221,31 @@ EXACT.update(
         "threshold": lambda x: torch.where(x.abs() >= 0.01, x, 0.0),
     }
 )
+
+
+def test_encode_into_out_buffer():
+    """encode(out=) writes the same payload into a caller's buffer (a view of its first bytes);
+    a wrong buffer is a clear ValueError and leaves the buffer untouched."""
+    x = sample(10_007)
+    for name in ("qsgd", "topk", "fp16"):
+        c = compressors.get(name)
+        buf = torch.full((c.encoded_size(x.numel()) + 5,), 0xAB, dtype=torch.uint8)
+        p = c.encode(x, seed=1, stream=2, out=buf)
+        assert torch.equal(p, c.encode(x, seed=1, stream=2))
+        assert p.data_ptr() == buf.data_ptr()
+        assert (buf[p.numel() :] == 0xAB).all()
+    c = compressors.get("qsgd")
+    need = c.encoded_size(x.numel())
+    small = torch.zeros(need - 1, dtype=torch.uint8)
+    with pytest.raises(
+        ValueError, match=f"out holds {need - 1} bytes, the payload needs up to {need}"
+    ):
+        c.encode(x, out=small)
+    assert (small == 0).all()
+    with pytest.raises(ValueError, match="out must be a 1-D uint8 tensor"):
+        c.encode(x, out=torch.zeros(need, dtype=torch.int32))
+    with pytest.raises(ValueError, match="contiguous"):
+        c.encode(x, out=torch.zeros(2 * need, dtype=torch.uint8)[::2])
+    raw = torch.zeros(4 * x.numel() + need, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="overlaps"):
+        c.encode(raw[: 4 * x.numel()].view(torch.float32), out=raw[8:])

@@ -37,7 +37,14 @@ __all__ = ["CompressionState", "compression_hook"]
 
 _MAXMIN_FIELDS = ("bits", "bucket_size", "skip_incomplete_buckets", "stochastic")
 # Per compressor, the hook's defaults where the published method differs from the general ones.
-_DEFAULTS = {"signum": {"momentum": 0.9, "error_feedback": False}, "dgc": {"momentum": 0.9}}
+# signsgd decodes to +-1 whatever the gradient's scale, so a residual x - sign(x) is not a
+# compression error to feed back (GRACE pairs it with no memory; efsignsgd is the scaled,
+# error-feedback variant).
+_DEFAULTS = {
+    "signsgd": {"error_feedback": False},
+    "signum": {"momentum": 0.9, "error_feedback": False},
+    "dgc": {"momentum": 0.9},
+}
 
 
 class CompressionState:
@@ -48,7 +55,8 @@ class CompressionState:
         compressor: a name of ``torch_cgx.compressors.names()``.
         params: the compressor's parameters (``compressors.params(name)``); for ``maxmin``:
             ``bits`` (default 4), ``bucket_size``, ``skip_incomplete_buckets``, ``stochastic``.
-        error_feedback: keep residuals; None (default): for biased compressors only (signum: off).
+        error_feedback: keep residuals; None (default): for biased compressors only (signsgd and
+            signum: off).
         momentum: keep ``u = m * u + g`` and compress it (DGC, Signum); None: 0.9 for ``signum``
             and ``dgc``, else 0.
         layer_min_size: parameters with fewer values (or ``dim() <= 1``) are reduced exactly.

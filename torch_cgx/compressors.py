@@ -70,6 +70,21 @@ def _payload(p) -> torch.Tensor:
     return p.contiguous()
 
 
+def _check_out_buffer(out, need: int, tensor: torch.Tensor) -> None:
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.uint8 or out.dim() != 1:
+        what = f"{out.dtype} of shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else out
+        raise ValueError(f"out must be a 1-D uint8 tensor, got {what!r}")
+    if out.device.type != "cpu" or not out.is_contiguous():
+        raise ValueError("out must be a contiguous CPU tensor")
+    if out.numel() < need:
+        raise ValueError(f"out holds {out.numel()} bytes, the payload needs up to {need}")
+    lo, hi = out.data_ptr(), out.data_ptr() + out.numel()
+    t_lo = tensor.data_ptr()
+    t_hi = t_lo + tensor.numel() * tensor.element_size()
+    if tensor.numel() and out.numel() and lo < t_hi and t_lo < hi:
+        raise ValueError("out overlaps the tensor being encoded")
+
+
 class Compressor:
     """One configured compressor (see :func:`get`)."""
 
@@ -95,16 +110,27 @@ class Compressor:
         return self._native.max_encoded_size(numel, _DTYPES[dtype])
 
     def encode(
-        self, tensor: torch.Tensor, seed: int = 0, stream: int = 0, shared: int = 0
+        self,
+        tensor: torch.Tensor,
+        seed: int = 0,
+        stream: int = 0,
+        shared: int = 0,
+        *,
+        out: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """The payload of ``tensor`` (any shape, flattened). ``seed`` / ``stream`` key stochastic
         choices (give every rank and call its own stream); ``shared`` must be the same on every
-        rank for one message (random-k's indices)."""
+        rank for one message (random-k's indices). ``out``: a reusable 1-D uint8 buffer of at
+        least ``encoded_size(tensor.numel(), tensor.dtype)`` bytes; the payload is then a view
+        of its first bytes (no allocation)."""
         tensor = _float_tensor(tensor, "tensor")
         for what, v in (("seed", seed), ("stream", stream), ("shared", shared)):
             if not isinstance(v, int) or not 0 <= v < 2**64:
                 raise ValueError(f"{what} must be an integer in [0, 2^64), got {v!r}")
-        return self._native.encode(tensor.detach().contiguous().view(-1), seed, stream, shared)
+        flat = tensor.detach().contiguous().view(-1)
+        if out is not None:
+            _check_out_buffer(out, self.encoded_size(flat.numel(), flat.dtype), flat)
+        return self._native.encode(flat, seed, stream, shared, out)
 
     def numel(self, payload: torch.Tensor) -> int:
         """The element count a payload describes (validated)."""

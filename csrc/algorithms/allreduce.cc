@@ -293,6 +293,10 @@ void CompressedAllreduce::ring(Transport& t, uint8_t* data, DType dtype, int64_t
       out_bytes = payload_size(o, in.size(), DType::kFloat32);
       encode_payload(o, acc_.data(), DType::kFloat32, in.size(), streams_for(o, piece, me, k, 1),
                      send_.data(), out_bytes);
+      if (residual_) {  // what this re-compression of the running sum left out
+        store_residual(o, acc_.data(), DType::kFloat32, in.size(), send_.data(), out_bytes,
+                       residual_ + in.begin);
+      }
     }
   }
   // Rank r now holds the sum of chunk r + 1: encode it, allgather, decode every chunk.

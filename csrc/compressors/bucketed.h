@@ -1,5 +1,5 @@
-// Shared by the bucketed quantizers (onebit, efsignsgd, terngrad, qsgd; tbq's codes): buckets of B values
-// (B = 0: the whole tensor is one bucket), each with a few fp32 scalars, then one stream of
+// Shared by the bucketed quantizers (onebit, efsignsgd, terngrad, qsgd; tbq's codes): buckets of B
+// values (B = 0: the whole tensor is one bucket), each with a few fp32 scalars, then one stream of
 // packed codes. Body layout: nb * scalars * 4 bytes of f32, then packed_bytes(n, bits) bytes.
 #pragma once
 
@@ -83,6 +83,19 @@ inline bool put_levels(const void* in, DType t, int64_t lo, int64_t hi, const pr
 inline void put_zeros(int64_t n, prim::BitWriter& w) {
   static const uint8_t zeros[256] = {};
   for (int64_t c = 0; c < n; c += 256) w.put_codes(zeros, std::min<int64_t>(256, n - c));
+}
+
+// out[lo, hi) (+)= table[code] for the body's codes of [lo, hi).
+inline void decode_codes(const uint8_t* body, const Layout& l, int64_t lo, int64_t hi,
+                         const float* table, void* out, DType t, bool add) {
+  prim::decode_table(body + l.codes_offset, l.body - l.codes_offset, l.bits, lo, hi, table, out, t,
+                     add);
+}
+
+// Rejects code 3 of a 2-bit stream (before anything is written).
+inline void check_no_code3(const uint8_t* codes, int64_t n, const char* name) {
+  const int64_t at = prim::find_code3(codes, n);
+  CGX_CHECK_ARG(at < 0, name, " payload corrupt: code 3 at element ", at);
 }
 
 // Decodes a sign-coded body: value(bucket, negative) for every element.

@@ -1,9 +1,9 @@
 // QSGD (Alistarh et al. 2017): per bucket the l2 norm; each value becomes
 // sign(x) * norm * l / s with l = floor(s * |x| / norm + u), u uniform in [0, 1) from the
 // counter-based generator: unbiased. s = 2^(bits - 1) - 1 levels; a code is the sign (top bit,
-// set only for l > 0) and the level (prim::Levels' rule). A bucket holding NaN or Inf sends a NaN norm and decodes to NaN.
-// Body: nb x norm f32, then bits-bit codes. Envelope param0: bucket size (0: whole tensor),
-// param1: bits (2..8).
+// set only for l > 0) and the level (prim::Levels' rule). A bucket holding NaN or Inf sends a NaN
+// norm and decodes to NaN. Body: nb x norm f32, then bits-bit codes. Envelope param0: bucket size
+// (0: whole tensor), param1: bits (2..8).
 #include <cmath>
 #include <vector>
 
@@ -56,14 +56,14 @@ class QSGD final : public EnvelopeCompressor {
     const uint8_t* body = payload + kEnvelopeBytes;
     const float levels = float((1 << (bits - 1)) - 1);
     const uint32_t sign = 1u << (bits - 1);
-    prim::BitReader r(body + l.codes_offset, bits, 0);
+    float table[256];
     bucketed::for_each_bucket(l, [&](int64_t b, int64_t lo, int64_t hi) {
       const float norm = bucketed::get_f32(body + 4 * b);
-      prim::write_each(out, out_dtype, lo, hi, add, [&](int64_t) {
-        const uint32_t c = r.get();
+      for (uint32_t c = 0; c < 2 * sign; ++c) {
         const float mag = norm * (float(c & (sign - 1)) / levels);
-        return (c & sign) ? -mag : mag;
-      });
+        table[c] = (c & sign) ? -mag : mag;
+      }
+      bucketed::decode_codes(body, l, lo, hi, table, out, out_dtype, add);
     });
   }
 

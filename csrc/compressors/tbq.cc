@@ -1,8 +1,8 @@
 // TBQ, threshold binary quantization (Strom 2015, as in HiPress): +tau where x >= tau, -tau where
-// x <= -tau, 0 elsewhere, decided as |x| / tau >= 1 in fp32 (prim::Levels' rule). Meant to run on a residual (the caller adds the gradient to it and
-// subtracts what was sent): biased. NaN or Inf anywhere sets flag bit 0 and the whole tensor
-// decodes to NaN (a code cannot carry it). Body: 2-bit codes (0: 0, 1: +tau, 2: -tau; 3 is
-// invalid). Envelope param1: tau's f32 bits.
+// x <= -tau, 0 elsewhere, decided as |x| / tau >= 1 in fp32 (prim::Levels' rule). Meant to run on a
+// residual (the caller adds the gradient to it and subtracts what was sent): biased. NaN or Inf
+// anywhere sets flag bit 0 and the whole tensor decodes to NaN (a code cannot carry it). Body:
+// 2-bit codes (0: 0, 1: +tau, 2: -tau; 3 is invalid). Envelope param1: tau's f32 bits.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -50,12 +50,10 @@ class TBQ final : public EnvelopeCompressor {
     float tau;
     std::memcpy(&tau, &e.param1, 4);
     const bool nan = e.flags & kFlagNonFinite;
-    prim::BitReader r(payload + kEnvelopeBytes, 2, 0);
-    prim::write_each(out, out_dtype, 0, count, add, [&](int64_t i) {
-      const uint32_t c = r.get();
-      CGX_CHECK_ARG(c != 3, name_, " payload corrupt: code 3 at element ", i);
-      return nan ? NAN : c == 0 ? 0.0f : c == 1 ? tau : -tau;
-    });
+    const uint8_t* codes = payload + kEnvelopeBytes;
+    bucketed::check_no_code3(codes, e.count, name_);
+    const float table[4] = {nan ? NAN : 0.0f, nan ? NAN : tau, nan ? NAN : -tau, NAN};
+    prim::decode_table(codes, e.body_bytes, 2, 0, count, table, out, out_dtype, add);
   }
 
  private:

@@ -1,10 +1,10 @@
 // TernGrad (Wen et al. 2017): per bucket the scale s = max |x|, and each value becomes s * sign(x)
 // with probability |x| / s, else 0: the code is floor(|x| / s + u) (prim::Levels' rule, u from
-// the counter-based generator keyed by the encode context): unbiased. Optional clipping (parameter clip = c > 0): values are first clipped
-// to +-c * sigma of their bucket (the paper uses c = 2.5), which trades a bias for less variance.
-// A bucket holding NaN or Inf sends a NaN scale and decodes to NaN.
-// Body: nb x s f32, then 2-bit codes (0: 0, 1: +s, 2: -s; 3 is invalid). Envelope param0: bucket
-// size (0: the whole tensor), param1: the clip factor's f32 bits (informational).
+// the counter-based generator keyed by the encode context): unbiased. Optional clipping (parameter
+// clip = c > 0): values are first clipped to +-c * sigma of their bucket (the paper uses c = 2.5),
+// which trades a bias for less variance. A bucket holding NaN or Inf sends a NaN scale and decodes
+// to NaN. Body: nb x s f32, then 2-bit codes (0: 0, 1: +s, 2: -s; 3 is invalid). Envelope param0:
+// bucket size (0: the whole tensor), param1: the clip factor's f32 bits (informational).
 #include <cmath>
 #include <vector>
 
@@ -55,14 +55,11 @@ class TernGrad final : public EnvelopeCompressor {
     CGX_CHECK_ARG(e.flags == 0, name_, " payload corrupt: unknown flags");
     const auto l = bucketed::check_body(e, 1, 2, name_);
     const uint8_t* body = payload + kEnvelopeBytes;
-    prim::BitReader r(body + l.codes_offset, 2, 0);
+    bucketed::check_no_code3(body + l.codes_offset, e.count, name_);
     bucketed::for_each_bucket(l, [&](int64_t b, int64_t lo, int64_t hi) {
       const float s = bucketed::get_f32(body + 4 * b);
-      prim::write_each(out, out_dtype, lo, hi, add, [&](int64_t i) {
-        const uint32_t c = r.get();
-        CGX_CHECK_ARG(c != 3, name_, " payload corrupt: code 3 at element ", i);
-        return std::isnan(s) ? NAN : c == 0 ? 0.0f : c == 1 ? s : -s;
-      });
+      const float table[4] = {std::isnan(s) ? NAN : 0.0f, s, -s, NAN};  // 3: rejected above
+      bucketed::decode_codes(body, l, lo, hi, table, out, out_dtype, add);
     });
   }
 

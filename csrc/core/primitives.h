@@ -156,9 +156,9 @@ bool use_avx2();
 struct RangeStats {
   float min = 0, max = 0;  // NaN if any value is NaN
   float abs_max = 0;
-  double sum = 0;      // sum of x
-  double abs_sum = 0;  // sum of |x|
-  double sq_sum = 0;   // sum of x^2
+  double sum = 0;         // sum of x
+  double abs_sum = 0;     // sum of |x|
+  double sq_sum = 0;      // sum of x^2
   int64_t negatives = 0;  // count of x < 0
   bool finite = true;
 };
@@ -181,6 +181,15 @@ struct Levels {
 // Returns whether every value of the range is finite. AVX2 for fp32 input.
 bool level_codes(const void* in, DType t, int64_t begin, int64_t end, const Levels& q,
                  uint8_t* codes);
+
+// out[i] = table[code i] (add: +=, fp32, rounded once) for i in [begin, end) of a stream of
+// `bits`-bit codes (1..8) that is `stream_bytes` long; table has 2^bits entries. AVX2 for fp32
+// output.
+void decode_table(const uint8_t* packed, size_t stream_bytes, int bits, int64_t begin, int64_t end,
+                  const float* table, void* out, DType t, bool add);
+
+// The index of the first code equal to 3 in a stream of n 2-bit codes, or -1.
+int64_t find_code3(const uint8_t* packed, int64_t n);
 
 // ---- dtype conversion -------------------------------------------------------------------------
 

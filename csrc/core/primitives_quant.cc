@@ -1,5 +1,6 @@
 // Statistics, level quantization, dtype conversion and code packing: the scalar definitions
 // (the AVX2 paths in primitives_avx2.cc give the same bits and are picked at run time).
+#include <algorithm>
 #include <cstring>
 
 #include "primitives.h"
@@ -12,6 +13,12 @@ bool stats_f32(const float* x, int64_t n, detail::StatLanes& s);
 bool level_codes_f32(const float* x, int64_t begin, int64_t end, const Levels& q, uint8_t* codes,
                      bool* finite);
 bool convert(const void* in, DType in_t, void* out, DType out_t, int64_t n, bool add);
+// Packs a multiple of 32 codes of 2 or 4 bits (byte-aligned output); returns how many.
+int64_t pack_codes(const uint8_t* codes, int64_t n, int bits, uint8_t* out);
+// Handles [begin, end) from `first` on (a multiple of 8) while 8 bytes can be read; returns where
+// it stopped.
+int64_t decode_table_f32(const uint8_t* packed, size_t stream_bytes, int bits, int64_t first,
+                         int64_t end, const float* table, float* out, bool add);
 }  // namespace avx2
 
 namespace detail {
@@ -66,6 +73,36 @@ bool level_codes(const void* in, DType t, int64_t begin, int64_t end, const Leve
   return finite;
 }
 
+void decode_table(const uint8_t* packed, size_t stream_bytes, int bits, int64_t begin, int64_t end,
+                  const float* table, void* out, DType t, bool add) {
+  int64_t i = begin;
+  if (t == DType::kFloat32 && use_avx2()) {
+    const int64_t first = std::min(end, (begin + 7) / 8 * 8);
+    BitReader head(packed, bits, begin);
+    write_each(out, t, begin, first, add, [&](int64_t) { return table[head.get()]; });
+    i = avx2::decode_table_f32(packed, stream_bytes, bits, first, end, table,
+                               static_cast<float*>(out), add);
+  }
+  BitReader r(packed, bits, i);
+  write_each(out, t, i, end, add, [&](int64_t) { return table[r.get()]; });
+}
+
+int64_t find_code3(const uint8_t* packed, int64_t n) {
+  const int64_t full = n / 4;
+  for (int64_t b = 0; b < full; ++b) {
+    const uint8_t v = packed[b];
+    if (v & (v >> 1) & 0x55) {
+      for (int j = 0; j < 4; ++j) {
+        if (((v >> (2 * j)) & 3) == 3) return 4 * b + j;
+      }
+    }
+  }
+  for (int64_t i = 4 * full; i < n; ++i) {
+    if (unpack_one(packed, i, 2) == 3) return i;
+  }
+  return -1;
+}
+
 void convert(const void* in, DType in_t, void* out, DType out_t, int64_t n, bool add) {
   if (n <= 0) return;
   if (in_t == out_t && !add) {
@@ -76,16 +113,36 @@ void convert(const void* in, DType in_t, void* out, DType out_t, int64_t n, bool
   for_each(in, in_t, 0, n, [&](int64_t i, float v) { put_value(out, out_t, i, v, add); });
 }
 
+namespace {
+
+// Groups of eight codes of B bits, B bytes each (little-endian hosts).
+template <int B>
+uint8_t* pack_groups(const uint8_t* codes, int64_t groups, uint8_t* out) {
+  for (int64_t g = 0; g < groups; ++g, codes += 8, out += B) {
+    uint64_t word = 0;
+    for (int j = 0; j < 8; ++j) word |= uint64_t(codes[j]) << (j * B);
+    std::memcpy(out, &word, B);
+  }
+  return out;
+}
+
+using PackFn = uint8_t* (*)(const uint8_t*, int64_t, uint8_t*);
+constexpr PackFn kPackGroups[9] = {nullptr,        pack_groups<1>, pack_groups<2>,
+                                   pack_groups<3>, pack_groups<4>, pack_groups<5>,
+                                   pack_groups<6>, pack_groups<7>, pack_groups<8>};
+
+}  // namespace
+
 void BitWriter::put_codes(const uint8_t* codes, int64_t n) {
   int64_t i = 0;
   if (used_ % 8 == 0) {
     for (; used_ > 0; used_ -= 8, acc_ >>= 8) *out_++ = uint8_t(acc_);
-    for (; i + 8 <= n; i += 8) {  // eight codes of bits_ bits fill bits_ bytes exactly
-      uint64_t word = 0;
-      for (int j = 0; j < 8; ++j) word |= uint64_t(codes[i + j]) << (j * bits_);
-      std::memcpy(out_, &word, size_t(bits_));  // little-endian hosts
-      out_ += bits_;
+    if (use_avx2()) {
+      i = avx2::pack_codes(codes, n, bits_, out_);
+      out_ += i * bits_ / 8;
     }
+    out_ = kPackGroups[bits_](codes + i, (n - i) / 8, out_);
+    i += (n - i) / 8 * 8;
   }
   for (; i < n; ++i) put(codes[i]);
 }

@@ -17,8 +17,9 @@ std::vector<float> hostile(int64_t n, uint32_t seed) {
   std::mt19937 g(seed);
   std::normal_distribution<float> normal(0.0f, 3.0f);
   std::vector<float> x(static_cast<size_t>(n));
-  const float special[] = {NAN, INFINITY, -INFINITY, -0.0f, 0.0f, 1e-40f, -1e-42f, 65520.0f,
-                           65519.0f, 1.0009765625f, 1.00048828125f, -2.00390625f, 3e38f};
+  const float special[] = {
+      NAN,      INFINITY, -INFINITY,     -0.0f,          0.0f,         1e-40f, -1e-42f,
+      65520.0f, 65519.0f, 1.0009765625f, 1.00048828125f, -2.00390625f, 3e38f};
   for (int64_t i = 0; i < n; ++i) {
     x[size_t(i)] = g() % 13 == 0 ? special[g() % 13] : normal(g);
   }
@@ -129,6 +130,43 @@ TEST_F(PrimitivesIsa, ConversionsAreBitIdentical) {
       EXPECT_EQ(a, b) << dtype_name(wire) << " add " << add;
     }
   }
+}
+
+TEST_F(PrimitivesIsa, TableDecodeIsBitIdentical) {
+  std::mt19937 g(9);
+  for (int bits = 1; bits <= 8; ++bits) {
+    const int64_t n = 1003;
+    std::vector<uint8_t> packed(prim::packed_bytes(n, bits));
+    for (auto& b : packed) b = uint8_t(g());
+    std::vector<float> table(size_t(1) << bits);
+    for (size_t c = 0; c < table.size(); ++c) table[c] = float(c) * 0.37f - 3.0f;
+    for (int64_t lo : {0, 3, 8, 1000}) {
+      for (bool add : {false, true}) {
+        auto [s, v] = both([&] {
+          std::vector<float> out(static_cast<size_t>(n), 0.25f);
+          prim::decode_table(packed.data(), packed.size(), bits, lo, n, table.data(), out.data(),
+                             DType::kFloat32, add);
+          return out;
+        });
+        ASSERT_EQ(s, v) << bits << " " << lo << " " << add;
+        prim::BitReader r(packed.data(), bits, lo);  // and equal to the definition
+        for (int64_t i = lo; i < n; ++i) {
+          const float want = table[r.get()] + (add ? 0.25f : 0.0f);
+          ASSERT_EQ(s[size_t(i)], want) << bits << " " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(Primitives, FindCode3) {
+  std::vector<uint8_t> packed(26, 0x66);  // codes 2, 1, 2, 1, ...
+  EXPECT_EQ(prim::find_code3(packed.data(), 103), -1);
+  packed[25] = 0x36;  // code 3 at element 102 (byte 25, codes 100..103)
+  EXPECT_EQ(prim::find_code3(packed.data(), 103), 102);
+  EXPECT_EQ(prim::find_code3(packed.data(), 102), -1);  // beyond n: not looked at
+  packed[3] = 0x6c;                                     // element 13
+  EXPECT_EQ(prim::find_code3(packed.data(), 103), 13);
 }
 
 TEST(Primitives, BitWriterPutCodesMatchesPut) {

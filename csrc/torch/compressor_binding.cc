@@ -6,6 +6,8 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <optional>
+
 #include "compressors/registry.h"
 #include "core/error.h"
 #include "dtype_map.h"
@@ -17,19 +19,25 @@ void check_cpu_contiguous(const at::Tensor& t, const char* what) {
   CGX_CHECK_ARG(t.device().is_cpu() && t.is_contiguous(), what, " must be a contiguous CPU tensor");
 }
 
+// Into `out` (a 1-D uint8 buffer of at least max_encoded_size bytes, checked by the Python front)
+// when given, else into a new tensor; returns the payload (a view of `out`).
 at::Tensor encode(const Compressor& c, const at::Tensor& input, uint64_t seed, uint64_t stream,
-                  uint64_t shared) {
+                  uint64_t shared, std::optional<at::Tensor> out) {
   check_cpu_contiguous(input, "input");
   const DType dtype = to_cgx_dtype(input.scalar_type());
   const size_t cap = c.max_encoded_size(input.numel(), dtype);
-  at::Tensor out = at::empty({int64_t(cap)}, input.options().dtype(at::kByte));
+  at::Tensor buf = out ? *out : at::empty({int64_t(cap)}, input.options().dtype(at::kByte));
+  check_cpu_contiguous(buf, "out");
+  CGX_CHECK_ARG(buf.scalar_type() == at::kByte && buf.dim() == 1 && size_t(buf.numel()) >= cap,
+                "out must be a 1-D uint8 tensor of at least ", cap, " bytes");
   size_t used;
   {
     pybind11::gil_scoped_release no_gil;
     used = c.encode(input.data_ptr(), dtype, input.numel(), EncodeContext{seed, stream, shared},
-                    out.data_ptr<uint8_t>(), cap);
+                    buf.data_ptr<uint8_t>(), size_t(buf.numel()));
   }
-  return used == cap ? out : out.narrow(0, 0, int64_t(used)).clone();
+  if (used == size_t(buf.numel())) return buf;
+  return out ? buf.narrow(0, 0, int64_t(used)) : buf.narrow(0, 0, int64_t(used)).clone();
 }
 
 void decode_into(const Compressor& c, const at::Tensor& payload, at::Tensor& out, bool add) {
@@ -80,7 +88,7 @@ void bind_compressors(pybind11::module& m) {
              return c.max_encoded_size(count, dtype_from_name(dtype));
            })
       .def("encode", &encode, py::arg("input"), py::arg("seed"), py::arg("stream"),
-           py::arg("shared"))
+           py::arg("shared"), py::arg("out") = py::none())
       .def("decode_into", &decode_into)
       .def("payload_count", [](const Compressor& c, const at::Tensor& payload) {
         check_cpu_contiguous(payload, "payload");

@@ -4,8 +4,10 @@ For one fp32 buffer (``--size``, default 64M bytes: 16M values of ``randn``) and
 of ``torch_cgx.compressors`` with its default parameters, interleaved in one loop whose order
 rotates every round (the timing helpers of :mod:`torch_cgx.bench.codec`), it times the median of:
 
-- ``encode``: ``compressors.get(name).encode(x, seed, stream, shared)``. The compressor API has no
-  ``out=``: every call allocates its payload (and data-dependent sizes copy it to its length);
+- ``encode``: ``compressors.get(name).encode(x, seed, stream, shared, out=buf)`` into a
+  preallocated payload buffer (as the backend's workspace and a hook reuse theirs; the torch-ops
+  peers allocate, as GRACE / HiPress write them); ``--encode-alloc`` times ``encode`` without
+  ``out=`` (a new payload per call: page faults of a fresh buffer included);
 - ``decode_add``: ``decode_add_(out, payload)`` into a preallocated fp32 tensor;
 - ``memcpy``: ``dst.copy_(x)`` of the input bytes, and ``pcpy``: ``copy_`` of as many bytes as
   the payload, between preallocated tensors;
@@ -36,6 +38,7 @@ from torch_cgx import codec
 from torch_cgx import compressors as registry
 from torch_cgx.bench import codec as bench_codec
 from torch_cgx.bench.compressor_checks import check
+from torch_cgx.bench.compressors_report import format_table  # noqa: F401  (this module's API)
 from torch_cgx.bench.torch_ops_compressors import OPS as TORCH_OPS
 
 OPS = ("encode", "decode_add", "memcpy", "pcpy", "torch_encode", "torch_decode_add")
@@ -135,6 +138,7 @@ def measure_compressor(
     max_other_load: float = 0.15,
     retries: int = 2,
     retry_wait: float = 2.0,
+    alloc: bool = False,
 ) -> dict:
     """One record: the timings of ``name`` on ``x``; ``bufs`` holds the preallocated ``out``,
     ``dst`` (like ``x``) and ``tout`` tensors, reused across compressors."""
@@ -146,8 +150,11 @@ def measure_compressor(
     if verify:
         result = _verify(name, comp, x, payload, torch_payload, params)
     psrc, pdst = payload.clone(), torch.empty_like(payload)
+    encode_out = (
+        {} if alloc else {"out": torch.empty(comp.encoded_size(x.numel()), dtype=torch.uint8)}
+    )
     fns = {
-        "encode": partial(comp.encode, x, SEED, STREAM, SHARED),
+        "encode": partial(comp.encode, x, SEED, STREAM, SHARED, **encode_out),
         "decode_add": partial(comp.decode_add_, bufs["out"], payload),
         "memcpy": partial(bufs["dst"].copy_, x),
         "pcpy": partial(pdst.copy_, psrc),
@@ -172,7 +179,7 @@ def measure_compressor(
         "iters": iters,
         "torch_iters": torch_iters,
         "warmup": warmup,
-        "encode_includes_alloc": True,
+        "encode_includes_alloc": alloc,
         "other_load": other,
         "attempts": attempts,
         **result,
@@ -198,6 +205,7 @@ def compressor_table(
     max_other_load: float = 0.15,
     retries: int = 2,
     retry_wait: float = 2.0,
+    alloc: bool = False,
 ) -> List[dict]:
     """One record per (thread count, compressor) on ``numel`` values of ``randn``. ``iters=None``
     picks iterations by size as the max-min benchmark does (half, at least 3, for torch ops)."""
@@ -225,6 +233,7 @@ def compressor_table(
                     max_other_load=max_other_load,
                     retries=retries,
                     retry_wait=retry_wait,
+                    alloc=alloc,
                 )
                 rec.update(threads=th, isa=torch_cgx._C.isa(), torch_version=torch.__version__)
                 records.append(rec)
@@ -238,59 +247,6 @@ def compressor_table(
         if codec.num_threads() != saved[1]:
             codec.set_num_threads(saved[1])
     return records
-
-
-# ---- output ---------------------------------------------------------------------------------
-
-
-def _opt(fmt: str, key: str):
-    return lambda r: "-" if r[key] is None else format(r[key], fmt)
-
-
-_COLUMNS = (
-    # header, width, format of one record
-    ("compressor", 10, lambda r: r["name"]),
-    ("thr", 3, lambda r: str(r["threads"])),
-    ("ratio", 6, lambda r: f"{r['ratio']:.1f}"),
-    ("memcpy", 6, lambda r: f"{r['memcpy_gbps']:.2f}"),
-    ("pcpy", 6, lambda r: f"{r['pcpy_gbps']:.1f}"),
-    ("encode", 6, lambda r: f"{r['encode_gbps']:.2f}"),
-    ("/mcpy", 5, lambda r: f"{r['encode_vs_memcpy']:.2f}"),
-    ("/torch", 6, lambda r: f"{r['encode_vs_torch']:.1f}"),
-    ("dec_add", 7, lambda r: f"{r['decode_add_gbps']:.2f}"),
-    ("/torch", 6, lambda r: f"{r['decode_add_vs_torch']:.1f}"),
-    ("t_enc", 5, lambda r: f"{r['torch_encode_gbps']:.2f}"),
-    ("t_dec", 5, lambda r: f"{r['torch_decode_add_gbps']:.2f}"),
-    ("max_err", 8, _opt(".3g", "max_err")),
-    ("verify", 6, lambda r: r["verify"]),
-    ("other", 5, lambda r: "-" if r["other_load"] is None else f"{100 * r['other_load']:.0f}%"),
-)
-
-
-def format_table(records: Sequence[dict]) -> str:
-    """A fixed-width text table of :func:`compressor_table` records, with a header."""
-    if not records:
-        return "(no records)"
-    first = records[0]
-    lines = [
-        f"torch_cgx compressors (CPU): {first['numel']} fp32 values "
-        f"({first['input_bytes'] / bench_codec.MB:g} MiB), isa={first['isa']}, "
-        f"threads={','.join(str(t) for t in sorted({r['threads'] for r in records}))}, "
-        f"torch {first['torch_version']}, default parameters",
-        "GB/s of fp32 input (4*numel / median time); /mcpy, /torch: encode (or dec_add) speed",
-        "relative to memcpy of the input and to the torch-ops version",
-    ]
-    header = "  ".join(h.rjust(w) for h, w, _ in _COLUMNS)
-    lines += [header, "-" * len(header)]
-    lines += ["  ".join(fmt(r).rjust(w) for _, w, fmt in _COLUMNS) for r in records]
-    lines += [
-        "ratio: input bytes / payload bytes; pcpy: copy_ of the payload's bytes (as GB/s of",
-        "  input); encode allocates its payload (no out= in the compressor API); t_enc, t_dec:",
-        "  the torch-ops versions (torch_cgx/bench/torch_ops_compressors.py); max_err: max",
-        "  |decode - x| of ours; verify: within the compressor's worst case (ok), FAIL (ours),",
-        "  t-FAIL (torch-ops); other: CPU time of other processes, % of all cores",
-    ]
-    return "\n".join(lines)
 
 
 # ---- command line ---------------------------------------------------------------------------
@@ -338,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--retries", type=int, default=2, help="re-measurements per compressor (2)")
     p.add_argument(
+        "--encode-alloc", action="store_true", help="time encode without out= (new payloads)"
+    )
+    p.add_argument(
         "--no-verify",
         dest="verify",
         action="store_false",
@@ -377,6 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log=log,
         max_other_load=args.max_other_load,
         retries=max(0, args.retries),
+        alloc=args.encode_alloc,
     )
     print(format_table(records))
     if args.json:
