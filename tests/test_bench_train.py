@@ -148,7 +148,23 @@ def test_method_and_workload_flags():
     assert train.parse_methods("gloo,c:topk") == ["gloo", "c:topk"]
     every = [f"c:{name}" for name in compressors.names()]
     assert train.parse_methods("gloo,all-compressors") == ["gloo", *every]
-    for bad in ("gloo,cgx9", "nccl", "gloo,gloo", "", "c:nope", "c:", "c:topk,all-compressors"):
+    assert train.parse_methods("c:topk:ef,c:qsgd:noef") == ["c:topk:ef", "c:qsgd:noef"]
+    assert train.error_feedback_of("c:topk:noef") is False
+    assert train.error_feedback_of("c:topk") is None
+    noef = train.parse_methods("all-noef")
+    assert "c:onebit:noef" in noef and "c:qsgd:noef" not in noef  # unbiased: nothing to turn off
+    assert "c:signsgd:noef" not in noef  # its default is already off
+    for bad in (
+        "gloo,cgx9",
+        "nccl",
+        "gloo,gloo",
+        "",
+        "c:nope",
+        "c:",
+        "c:topk,all-compressors",
+        "c:topk:maybe",
+        "c:topk:ef:ef",
+    ):
         with pytest.raises(argparse.ArgumentTypeError):
             train.parse_methods(bad)
     with pytest.raises(argparse.ArgumentTypeError):
@@ -185,6 +201,19 @@ def test_comparisons_and_table():
     text = train.table(records)
     assert "| w | cgx4 | 15.0 | 5.0 | 0.25x |" in text
     assert text.count("\n") == 4
+
+
+def test_convergence_table_averages_the_last_steps():
+    from torch_cgx.bench.train_report import convergence_table
+
+    def rec(workload, method, losses):
+        return {"workload": workload, "method": method, "losses": losses,
+                "wire_bytes_per_step": 2e6, "eval": {"acc": 0.5}}  # fmt: skip
+
+    records = [rec("w", "gloo", [9.0, 2.0, 2.0]), rec("w", "c:x", [1.0, 2.0, 3.0])]
+    text = convergence_table(records, last=2)
+    assert "| c:x | 2.000 | 2.5000 | +25.00% | acc 0.5 |" in text
+    assert "| gloo | 2.000 | 2.0000 | +0.00% | acc 0.5 |" in text
 
 
 def test_plot_allreduce_writes_png(tmp_path):

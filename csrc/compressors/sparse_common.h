@@ -144,11 +144,7 @@ class PairCompressor : public EnvelopeCompressor {
 // Indices with magnitude >= thr, ascending.
 inline std::vector<uint32_t> select_at_least(const void* in, DType dtype, int64_t count,
                                              float thr) {
-  std::vector<uint32_t> idx;
-  for (int64_t i = 0; i < count; ++i) {
-    if (magnitude(load_as_float(in, dtype, i)) >= thr) idx.push_back(uint32_t(i));
-  }
-  return idx;
+  return prim::indices_at_least(in, dtype, count, thr);
 }
 
 // The sampled-threshold selection of dgc and graddrop (docs/FORMAT.md, "Sparse compressors"): about

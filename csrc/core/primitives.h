@@ -199,6 +199,9 @@ void convert(const void* in, DType in_t, void* out, DType out_t, int64_t n, bool
 
 // ---- selection -------------------------------------------------------------------------------
 
+// The indices of the values with |x| >= thr (NaN counts as +Inf), ascending. AVX2 for fp32.
+std::vector<uint32_t> indices_at_least(const void* in, DType t, int64_t n, float thr);
+
 // The k indices of the largest |x| (ties: lower index first; NaN counts as largest), ascending.
 std::vector<uint32_t> top_k(const void* in, DType t, int64_t n, int64_t k);
 

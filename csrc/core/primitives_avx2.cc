@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "primitives.h"
 #include "primitives_lanes.h"
@@ -232,6 +233,26 @@ int64_t decode_table_f32(const uint8_t* packed, size_t stream_bytes, int bits, i
   return i;
 }
 
+bool indices_at_least_f32(const float* x, int64_t n, float thr, std::vector<uint32_t>& out) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 t = _mm256_set1_ps(thr);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, _MM_HINT_T0);
+    const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask);
+    // not below thr, or NaN (unordered): NaN counts as +Inf
+    for (unsigned m = unsigned(_mm256_movemask_ps(_mm256_cmp_ps(a, t, _CMP_NLT_UQ))); m != 0;
+         m &= m - 1) {
+      out.push_back(uint32_t(i + __builtin_ctz(m)));
+    }
+  }
+  for (; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    if (std::isnan(a) || a >= thr) out.push_back(uint32_t(i));
+  }
+  return true;
+}
+
 bool convert(const void* in, DType in_t, void* out, DType out_t, int64_t n, bool add) {
   int64_t i = 0;
   if (in_t == DType::kFloat32 && out_t != DType::kFloat32 && !add) {
@@ -290,6 +311,7 @@ bool level_codes_f32(const float*, int64_t, int64_t, const Levels&, uint8_t*, bo
 }
 bool convert(const void*, DType, void*, DType, int64_t, bool) { return false; }
 int64_t pack_codes(const uint8_t*, int64_t, int, uint8_t*) { return 0; }
+bool indices_at_least_f32(const float*, int64_t, float, std::vector<uint32_t>&) { return false; }
 int64_t decode_table_f32(const uint8_t*, size_t, int, int64_t first, int64_t, const float*, float*,
                          bool) {
   return first;

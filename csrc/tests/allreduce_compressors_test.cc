@@ -15,31 +15,53 @@
 namespace cgx {
 namespace {
 
-std::vector<std::vector<float>> run(const Compressor& c, Algorithm alg, int world, int64_t n,
-                                    size_t fusion = size_t(1) << 20, size_t segment = 0) {
+// Normal(0, 1) inputs of `world` ranks, n values each.
+std::vector<std::vector<float>> normal_inputs(int world, int64_t n, uint32_t seed) {
   std::vector<std::vector<float>> x(static_cast<size_t>(world));
-  std::mt19937 gen(uint32_t(n + world));
+  std::mt19937 gen(seed);
   std::normal_distribution<float> d(0.0f, 1.0f);
   for (auto& v : x) {
     v.resize(static_cast<size_t>(n));
     for (auto& e : v) e = d(gen);
   }
+  return x;
+}
+
+// Every rank (a thread over an in-memory hub) runs the allreduce of x[rank] in place with
+// options(rank); check(rank, ar) runs after that rank's call.
+template <typename Options, typename Check>
+void on_ranks(std::vector<std::vector<float>>& x, int64_t n, Options options, Check check) {
+  const int world = int(x.size());
   testing::Hub hub;
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       testing::InMemoryTransport t(hub, r, world);
-      AllreduceOptions o;
-      o.compressor = &c;
-      o.algorithm = alg;
-      o.fusion_bytes = fusion;
-      o.segment_bytes = segment;
-      o.codec.seed = 3;
       CompressedAllreduce ar;
-      ar.run(t, x[size_t(r)].data(), DType::kFloat32, n, o);
+      ar.run(t, x[size_t(r)].data(), DType::kFloat32, n, options(r));
+      check(r, ar);
     });
   }
   for (auto& t : threads) t.join();
+}
+
+template <typename Options>
+void on_ranks(std::vector<std::vector<float>>& x, int64_t n, Options options) {
+  on_ranks(x, n, options, [](int, const CompressedAllreduce&) {});
+}
+
+std::vector<std::vector<float>> run(const Compressor& c, Algorithm alg, int world, int64_t n,
+                                    size_t fusion = size_t(1) << 20, size_t segment = 0) {
+  auto x = normal_inputs(world, n, uint32_t(n + world));
+  on_ranks(x, n, [&](int) {
+    AllreduceOptions o;
+    o.compressor = &c;
+    o.algorithm = alg;
+    o.fusion_bytes = fusion;
+    o.segment_bytes = segment;
+    o.codec.seed = 3;
+    return o;
+  });
   return x;
 }
 
@@ -64,13 +86,7 @@ TEST(AllreduceCompressors, AllgatherSumsExactlyWhatWasSent) {
   auto c = make_compressor("fp16");
   const int world = 3;
   const int64_t n = 5000;
-  std::vector<std::vector<float>> x(world);
-  std::mt19937 gen(uint32_t(n + world));
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  for (auto& v : x) {
-    v.resize(size_t(n));
-    for (auto& e : v) e = d(gen);
-  }
+  const auto x = normal_inputs(world, n, uint32_t(n + world));
   std::vector<float> want(size_t(n), 0.0f);
   for (int r = 0; r < world; ++r) {
     for (int64_t i = 0; i < n; ++i)
@@ -86,32 +102,22 @@ TEST(AllreduceCompressors, RandomKSumsInTransitExactly) {
   auto c = make_compressor("randomk", {{"ratio", 0.05}});
   const int world = 3;
   const int64_t n = 4099;
-  std::vector<std::vector<float>> x(world), res(world, std::vector<float>(size_t(n)));
-  std::mt19937 gen(9);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  for (auto& v : x) {
-    v.resize(size_t(n));
-    for (auto& e : v) e = d(gen);
-  }
+  auto x = normal_inputs(world, n, 9);
+  std::vector<std::vector<float>> res(world, std::vector<float>(size_t(n)));
   const auto x0 = x;
   AllreduceOptions o;
   o.compressor = c.get();
   o.codec.seed = 3;
-  testing::Hub hub;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      testing::InMemoryTransport t(hub, r, world);
-      AllreduceOptions mine = o;
-      mine.residual = res[size_t(r)].data();
-      CompressedAllreduce ar;
-      ar.run(t, x[size_t(r)].data(), DType::kFloat32, n, mine);
-      if (r == 0) {
-        EXPECT_LT(ar.bytes_sent(), size_t(n));  // 205 values: far below n * 4 / 2
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  auto options = [&](int r) {
+    AllreduceOptions mine = o;
+    mine.residual = res[size_t(r)].data();
+    return mine;
+  };
+  on_ranks(x, n, options, [&](int r, const CompressedAllreduce& ar) {
+    if (r == 0) {
+      EXPECT_LT(ar.bytes_sent(), size_t(n));  // 205 values: far below n * 4 / 2
+    }
+  });
   const auto idx = prim::random_k(n, 205, rng_key(3, streams_for(o, 0, 0, 0, 0).shared));
   std::vector<float> want(size_t(n), 0.0f);
   for (uint32_t i : idx) {
@@ -136,29 +142,17 @@ TEST(AllreduceCompressors, ResidualIsWhatTheRankDidNotSend) {
   const int world = 3;
   const int64_t n = 1001;
   for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing, Algorithm::kAllgather}) {
-    std::vector<std::vector<float>> x(world), res(world, std::vector<float>(size_t(n), 7.0f));
-    std::mt19937 gen(5);
-    std::normal_distribution<float> d(0.0f, 1.0f);
-    for (auto& v : x) {
-      v.resize(size_t(n));
-      for (auto& e : v) e = d(gen);
-    }
+    auto x = normal_inputs(world, n, 5);
+    std::vector<std::vector<float>> res(world, std::vector<float>(size_t(n), 7.0f));
     const auto x0 = x;
-    testing::Hub hub;
-    std::vector<std::thread> threads;
-    for (int r = 0; r < world; ++r) {
-      threads.emplace_back([&, r] {
-        testing::InMemoryTransport t(hub, r, world);
-        AllreduceOptions o;
-        o.compressor = c.get();
-        o.algorithm = alg;
-        o.segment_bytes = 400;  // pipelined SRA
-        o.residual = res[size_t(r)].data();
-        CompressedAllreduce ar;
-        ar.run(t, x[size_t(r)].data(), DType::kFloat32, n, o);
-      });
-    }
-    for (auto& t : threads) t.join();
+    on_ranks(x, n, [&](int r) {
+      AllreduceOptions o;
+      o.compressor = c.get();
+      o.algorithm = alg;
+      o.segment_bytes = 400;  // pipelined SRA
+      o.residual = res[size_t(r)].data();
+      return o;
+    });
     for (int r = 0; r < world; ++r) {
       for (int64_t i = 0; i < n; ++i) {
         const float v = x0[size_t(r)][size_t(i)];
@@ -198,28 +192,16 @@ TEST(AllreduceCompressors, ResidualsAddUpToTheLoss) {
     for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing, Algorithm::kAllgather}) {
       const int world = 4;
       const int64_t n = 3001;
-      std::vector<std::vector<float>> x(world), res(world, std::vector<float>(size_t(n)));
-      std::mt19937 gen(13);
-      std::normal_distribution<float> d(0.0f, 1.0f);
-      for (auto& v : x) {
-        v.resize(size_t(n));
-        for (auto& e : v) e = d(gen);
-      }
+      auto x = normal_inputs(world, n, 13);
+      std::vector<std::vector<float>> res(world, std::vector<float>(size_t(n)));
       const auto x0 = x;
-      testing::Hub hub;
-      std::vector<std::thread> threads;
-      for (int r = 0; r < world; ++r) {
-        threads.emplace_back([&, r] {
-          testing::InMemoryTransport t(hub, r, world);
-          AllreduceOptions o;
-          o.compressor = c.get();
-          o.algorithm = alg;
-          o.residual = res[size_t(r)].data();
-          CompressedAllreduce ar;
-          ar.run(t, x[size_t(r)].data(), DType::kFloat32, n, o);
-        });
-      }
-      for (auto& t : threads) t.join();
+      on_ranks(x, n, [&](int r) {
+        AllreduceOptions o;
+        o.compressor = c.get();
+        o.algorithm = alg;
+        o.residual = res[size_t(r)].data();
+        return o;
+      });
       double worst = 0, lost_norm = 0;
       for (int64_t i = 0; i < n; ++i) {
         double exact = 0, fed_back = 0;

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "core/codec_kernels.h"
@@ -167,6 +168,60 @@ TEST(Primitives, FindCode3) {
   EXPECT_EQ(prim::find_code3(packed.data(), 102), -1);  // beyond n: not looked at
   packed[3] = 0x6c;                                     // element 13
   EXPECT_EQ(prim::find_code3(packed.data(), 103), 13);
+}
+
+// top_k's candidate path (n >= 65536) against a plain sort by (NaN first, |x| descending, index
+// ascending), on normal values, heavy ties at the k-th magnitude and NaN / Inf, fp32 and bf16.
+TEST(Primitives, TopKMatchesAFullSort) {
+  std::mt19937 g(21);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  const int64_t n = 100003;
+  for (int kind = 0; kind < 3; ++kind) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto& v : x) v = kind == 1 ? float(int(g() % 5) - 2) : d(g);  // kind 1: ties
+    if (kind == 2) {
+      for (int j = 0; j < 50; ++j) x[g() % size_t(n)] = j % 2 ? NAN : -INFINITY;
+    }
+    std::vector<uint16_t> half(x.size());
+    for (size_t i = 0; i < x.size(); ++i) half[i] = float_to_bf16(x[i]);
+    for (DType t : {DType::kFloat32, DType::kBFloat16}) {
+      const void* in = t == DType::kFloat32 ? static_cast<const void*>(x.data()) : half.data();
+      std::vector<uint32_t> order(static_cast<size_t>(n));
+      for (size_t i = 0; i < order.size(); ++i) order[i] = uint32_t(i);
+      auto mag = [&](uint32_t i) { return std::fabs(load_as_float(in, t, i)); };
+      std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+        const bool na = std::isnan(mag(a)), nb = std::isnan(mag(b));
+        if (na != nb) return na;
+        return !na && mag(a) > mag(b);
+      });
+      for (int64_t k : {1, 7, 1000, 20000}) {
+        std::vector<uint32_t> want(order.begin(), order.begin() + k);
+        std::sort(want.begin(), want.end());
+        for (bool avx2 : {false, true}) {
+          kernels::set_isa(avx2);
+          EXPECT_EQ(prim::top_k(in, t, n, k), want) << kind << " " << dtype_name(t) << " " << k;
+        }
+        kernels::set_isa(true);
+      }
+    }
+  }
+}
+
+// random_k's bitmap and hash-set paths against Floyd's algorithm written out with std::set.
+TEST(Primitives, RandomKIsFloydsSample) {
+  for (auto [n, k] :
+       {std::pair<int64_t, int64_t>{100000, 1000}, {100000, 99999}, {int64_t(1) << 26, 50}}) {
+    const RngKey key = rng_key(5, uint64_t(n));
+    std::set<uint32_t> want;
+    for (int64_t j = n - k, step = 0; j < n; ++j, ++step) {
+      const uint64_t r64 = (uint64_t(rng_bits(key, 2 * uint64_t(step))) << 32) |
+                           rng_bits(key, 2 * uint64_t(step) + 1);
+      const uint32_t r = uint32_t(r64 % uint64_t(j + 1));
+      want.insert(want.count(r) ? uint32_t(j) : r);
+    }
+    const auto got = prim::random_k(n, k, key);
+    EXPECT_EQ(got, std::vector<uint32_t>(want.begin(), want.end())) << n << " " << k;
+  }
 }
 
 TEST(Primitives, BitWriterPutCodesMatchesPut) {

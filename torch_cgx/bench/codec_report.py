@@ -23,6 +23,14 @@ _COLUMNS = (
 )
 
 
+def render_rows(columns, records: Sequence[dict]) -> list:
+    """A header line, a rule and one right-aligned row a record: columns are (header, width,
+    format of one record)."""
+    header = "  ".join(h.rjust(w) for h, w, _ in columns)
+    rows = ["  ".join(fmt(r).rjust(w) for _, w, fmt in columns) for r in records]
+    return [header, "-" * len(header), *rows]
+
+
 def format_table(records: Sequence[dict]) -> str:
     """A fixed-width text table of :func:`codec_table` records, with a header line."""
     if not records:
@@ -36,10 +44,7 @@ def format_table(records: Sequence[dict]) -> str:
         "GB/s of fp32 input (4*numel / median time); /mcpy, /torch: speed relative to memcpy",
         "and to the torch-ops codec",
     ]
-    header = "  ".join(h.rjust(w) for h, w, _ in _COLUMNS)
-    lines += [header, "-" * len(header)]
-    for r in records:
-        lines.append("  ".join(fmt(r).rjust(w) for _, w, fmt in _COLUMNS))
+    lines += render_rows(_COLUMNS, records)
     lines += [
         "encode: torch_cgx.codec.encode(out=) into a preallocated payload; dec_add: decode_add_",
         "  into a preallocated fp32 tensor; t_enc, t_dec:",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from torch_cgx.bench import codec as bench_codec
+from torch_cgx.bench.codec_report import render_rows
 
 
 def _opt(fmt: str, key: str):
@@ -45,9 +46,7 @@ def format_table(records: Sequence[dict]) -> str:
         "GB/s of fp32 input (4*numel / median time); /mcpy, /torch: encode (or dec_add) speed",
         "relative to memcpy of the input and to the torch-ops version",
     ]
-    header = "  ".join(h.rjust(w) for h, w, _ in _COLUMNS)
-    lines += [header, "-" * len(header)]
-    lines += ["  ".join(fmt(r).rjust(w) for _, w, fmt in _COLUMNS) for r in records]
+    lines += render_rows(_COLUMNS, records)
     encode = "allocates its payload" if first["encode_includes_alloc"] else "reuses an out= buffer"
     lines += [
         "ratio: input bytes / payload bytes; pcpy: copy_ of the payload's bytes (as GB/s of",

@@ -58,6 +58,7 @@ from torch_cgx.bench.train_methods import (  # noqa: F401
     SerialHook,
     cgx_bits,
     compressor_of,
+    error_feedback_of,
     parse_methods,
     serial_hook,
     wrap,
@@ -97,6 +98,12 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         )
     g = p.add_argument_group("gpt2")
     g.add_argument("--seq-len", type=int, default=128)
+    g.add_argument(
+        "--gpt2-optimizer",
+        choices=("adamw", "sgd"),
+        default="adamw",
+        help="AdamW(betas=(0.9, 0.95)) or SGD(momentum=0.9) (--gpt2-lr: its learning rate)",
+    )
     g.add_argument("--n-layer", type=int, default=6)
     g.add_argument("--n-embd", type=int, default=512)
     g.add_argument("--n-head", type=int, default=8)

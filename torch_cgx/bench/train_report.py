@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
-from typing import List
+import sys
+from typing import List, Optional
 
 
 def add_comparisons(records: List[dict]) -> None:
@@ -51,3 +54,53 @@ def table(records: List[dict]) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _tail_mean(losses: List[float], last: int) -> float:
+    tail = losses[-last:] if losses else []
+    return sum(tail) / len(tail) if tail else float("nan")
+
+
+def convergence_table(records: List[dict], last: int = 20) -> str:
+    """Markdown: per method, each workload's mean training loss over the last ``last`` steps and
+    its difference to gloo's, plus the evaluation; one column group per workload."""
+    workloads = list(dict.fromkeys(r["workload"] for r in records))
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    by = {(r["workload"], r["method"]): r for r in records}
+    head = ["method", "wire MB/step"]
+    for w in workloads:
+        head += [f"{w} loss (last {last})", f"{w} vs gloo", f"{w} eval"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 2) + "---|"]
+    for m in methods:
+        cells = [m]
+        wire = [by[(w, m)]["wire_bytes_per_step"] for w in workloads if (w, m) in by]
+        cells.append(_fmt(wire[0] / 1e6 if wire else None, ".3f"))
+        for w in workloads:
+            r, ref = by.get((w, m)), by.get((w, "gloo"))
+            if r is None:
+                cells += ["-", "-", "-"]
+                continue
+            mine = _tail_mean(r["losses"], last)
+            base = _tail_mean(ref["losses"], last) if ref is not None else float("nan")
+            delta = 100 * (mine - base) / abs(base) if base and math.isfinite(base) else None
+            ev = ", ".join(f"{k} {v:.4g}" for k, v in sorted(r["eval"].items()))
+            cells += [_fmt(mine, ".4f"), _fmt(delta, "+.2f", "%"), ev or "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m torch_cgx.bench.train_report RUN.json [--last N]``: the convergence table of
+    a training benchmark's records (``--json`` of torch_cgx.bench.train)."""
+    p = argparse.ArgumentParser(prog="python -m torch_cgx.bench.train_report")
+    p.add_argument("json", help="records written by torch_cgx.bench.train --json")
+    p.add_argument("--last", type=int, default=20, help="steps averaged at the end (20)")
+    args = p.parse_args(argv)
+    with open(args.json) as f:
+        data = json.load(f)
+    print(convergence_table(data["records"] if isinstance(data, dict) else data, args.last))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -131,6 +131,9 @@ class GPT2Workload(Workload):
         return self._model_cls(self.config)
 
     def optimizer(self, params, momentum: bool = True) -> torch.optim.Optimizer:
+        if getattr(self.args, "gpt2_optimizer", "adamw") == "sgd":  # where error feedback's
+            # theory holds (it does not for Adam's second moment)
+            return torch.optim.SGD(params, lr=self.args.gpt2_lr, momentum=0.9 if momentum else 0.0)
         return torch.optim.AdamW(params, lr=self.args.gpt2_lr, betas=(0.9, 0.95), weight_decay=0.0)
 
     def _windows(self, tokens: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
@@ -166,7 +169,9 @@ class GPT2Workload(Workload):
             "corpus_files": self.files,
             "corpus_crc32": self.crc,
             "lr": self.args.gpt2_lr,
-            "optimizer": "AdamW(betas=(0.9, 0.95))",
+            "optimizer": "SGD(momentum=0.9)"
+            if getattr(self.args, "gpt2_optimizer", "adamw") == "sgd"
+            else "AdamW(betas=(0.9, 0.95))",
         }
 
 
