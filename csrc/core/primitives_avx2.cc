@@ -13,7 +13,16 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,f16c")
 
+namespace cgx::prim::avx512 {  // primitives_avx512.cc
+int64_t stochastic_levels_f32(const float* x, int64_t begin, int64_t end, const Levels& q,
+                              uint8_t* codes, bool* bad);
+bool available();
+}  // namespace cgx::prim::avx512
+
 namespace cgx::prim::avx2 {
+
+// The stochastic level rule goes to AVX-512 where the CPU has it (same bytes).
+const bool avx512_ok = avx512::available();
 
 // Streaming kernels fetch this far ahead (prefetching past the end of an array is harmless):
 // the hardware prefetcher alone leaves them at half the memory bandwidth on the VMs measured.
@@ -157,6 +166,8 @@ bool level_codes_f32(const float* x, int64_t begin, int64_t end, const Levels& q
   const RngKey key = q.key;
   __m256 bad = zero;
   int64_t i = begin;
+  bool bad512 = false;
+  if (stochastic && avx512_ok) i = avx512::stochastic_levels_f32(x, begin, end, q, codes, &bad512);
   for (; i + 8 <= end; i += 8) {
     _mm_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, _MM_HINT_T0);
     const __m256 v = _mm256_loadu_ps(x + i);
@@ -174,7 +185,7 @@ bool level_codes_f32(const float* x, int64_t begin, int64_t end, const Levels& q
                                           _mm256_and_si256(_mm256_castps_si256(neg), neg_add));
     store8_bytes(code, codes + (i - begin));
   }
-  bool ok = _mm256_movemask_ps(bad) == 0;
+  bool ok = _mm256_movemask_ps(bad) == 0 && !bad512;
   for (; i < end; ++i) {
     ok &= std::isfinite(x[i]);
     codes[i - begin] = detail::level_code(x[i], q, i);
