@@ -26,7 +26,20 @@ variable                                       default    meaning
                                                           default: usable cores divided by the
                                                           ranks on this host (LOCAL_WORLD_SIZE)
 ``CGX_DISABLE_AVX2``                           0          1: use the portable codec kernels
+``CGX_SETTINGS_PER_CALL``                      1          read the first three variables again at
+                                                          every allreduce, as CGX does (0: once)
 =============================================  =========  =========================================
+
+As in CGX, ``CGX_COMPRESSION_QUANTIZATION_BITS``, ``CGX_COMPRESSION_BUCKET_SIZE`` and
+``CGX_COMPRESSION_SKIP_INCOMPLETE_BUCKETS`` are read again at every allreduce: a script may change
+them with ``os.environ[...] = ...`` between calls. A variable that changed since the group last
+read it (set, changed, or unset: its default) replaces the group's value; values given to
+:func:`torch_cgx.set_config` stay until a variable changes again (the last change wins). Every
+allreduce that could be compressed then starts with a 16-byte allgather in which the ranks
+agree on the three values; ranks that differ all raise ``ValueError`` naming the variable and
+every rank's value. ``CGX_SETTINGS_PER_CALL=0`` (or ``set_config(settings_per_call=False)``)
+reads them once and skips that exchange. Integers are decimal; booleans 1/0, true/false,
+yes/no, on/off (one parser, in C++, for Python and for the per-call reads).
 
 Compression is on when ``CGX_COMPRESSOR`` is max-min at 1..8 bits, or any other compressor.
 ``CGX_CODEC_THREADS`` and ``CGX_DISABLE_AVX2`` are per process and read once, at import; the
@@ -60,6 +73,7 @@ _ENV = {
     "seed": "CGX_COMPRESSION_SEED",
     "compressor": "CGX_COMPRESSOR",
     "compressor_params": "CGX_COMPRESSOR_PARAMS",
+    "settings_per_call": "CGX_SETTINGS_PER_CALL",
 }
 
 
@@ -78,6 +92,7 @@ class CGXConfig:
     seed: int = 0
     compressor: str = "maxmin"
     compressor_params: str = ""  # canonical "name=value,..." (set_config also takes a dict)
+    settings_per_call: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.compressor_params, Mapping):
@@ -107,7 +122,7 @@ class CGXConfig:
             raise bad("algorithm", f"must be one of {sorted(ALGORITHMS)}", self.algorithm)
         if not _is_int(self.seed) or not 0 <= self.seed < 2**64:
             raise bad("seed", "must be an integer in [0, 2^64)", self.seed)
-        for flag in ("skip_incomplete_buckets", "stochastic"):
+        for flag in ("skip_incomplete_buckets", "stochastic", "settings_per_call"):
             if not isinstance(getattr(self, flag), bool):
                 raise bad(flag, "must be a bool", getattr(self, flag))
         known = list(_C.compressor_names())
@@ -169,6 +184,7 @@ class CGXConfig:
             seed=native.seed,
             compressor=native.compressor,
             compressor_params=_format_params(native.compressor_params),
+            settings_per_call=native.settings_per_call,
         )
 
     def to_native(self) -> _C.BackendConfig:
@@ -184,6 +200,7 @@ class CGXConfig:
         native.seed = self.seed
         native.compressor = self.compressor
         native.compressor_params = _parse_params("compressor_params", self.compressor_params)
+        native.settings_per_call = self.settings_per_call
         return native
 
     def describe(self) -> str:
@@ -254,14 +271,7 @@ def _is_int(v) -> bool:
 
 def _parse(var: str, kind: str, raw: str):
     if kind == "bool":
-        if raw.lower() in ("1", "true", "yes", "on"):
-            return True
-        if raw.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"{var} must be 0 or 1, got {raw!r}")
+        return _C.parse_env_bool(var, raw)
     if kind == "int":
-        try:
-            return int(raw, 0)
-        except ValueError:
-            raise ValueError(f"{var} must be an integer, got {raw!r}") from None
+        return _C.parse_env_int(var, raw)
     return raw.lower()

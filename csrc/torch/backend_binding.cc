@@ -54,7 +54,8 @@ void bind_backend(pybind11::module& m) {
       .def_readwrite("stochastic", &BackendConfig::stochastic)
       .def_readwrite("seed", &BackendConfig::seed)
       .def_readwrite("compressor", &BackendConfig::compressor)
-      .def_readwrite("compressor_params", &BackendConfig::compressor_params);
+      .def_readwrite("compressor_params", &BackendConfig::compressor_params)
+      .def_readwrite("settings_per_call", &BackendConfig::settings_per_call);
 
   py::class_<ProcessGroupCGX, c10d::Backend, c10::intrusive_ptr<ProcessGroupCGX>>(m,
                                                                                   "ProcessGroupCGX")
@@ -73,6 +74,8 @@ void bind_backend(pybind11::module& m) {
       .def("total_bytes_sent", &ProcessGroupCGX::total_bytes_sent)
       .def_static("shutdown_all", &ProcessGroupCGX::shutdown_all);
 
+  m.def("parse_env_int", &parse_env_int, py::arg("var"), py::arg("raw"));
+  m.def("parse_env_bool", &parse_env_bool, py::arg("var"), py::arg("raw"));
   m.def("bucket_error_bound", &bucket_error_bound, py::arg("range_sum"), py::arg("magnitude_sum"),
         py::arg("bits"), py::arg("world"), py::arg("algorithm"), py::arg("average"),
         py::arg("stochastic"), py::arg("dtype"));

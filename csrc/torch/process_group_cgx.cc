@@ -18,10 +18,15 @@ namespace {
 std::mutex g_live_mu;
 std::set<ProcessGroupCGX*> g_live;  // every constructed, not yet destroyed group
 
+// Whether some bits setting would compress t (minimal_size is agreed at creation; bits may
+// change per call).
+bool eligible(const at::Tensor& t, const BackendConfig& c) {
+  return is_codec_dtype(t.scalar_type()) && t.numel() >= std::max<int64_t>(c.minimal_size, 16);
+}
+
 bool compressible(const at::Tensor& t, const BackendConfig& c) {
   const bool on = c.compressor != "maxmin" || (c.bits >= 1 && c.bits <= 8);
-  return on && is_codec_dtype(t.scalar_type()) &&
-         t.numel() >= std::max<int64_t>(c.minimal_size, 16);
+  return on && eligible(t, c);
 }
 
 AllreduceOptions to_options(const BackendConfig& c, bool average, uint64_t call_index) {
@@ -126,6 +131,12 @@ void ProcessGroupCGX::setTimeout(std::chrono::milliseconds timeout) {
   if (wire_) wire_->setTimeout(timeout);
   std::lock_guard<std::mutex> lk(watch_mu_);
   timeout_ = timeout;
+}
+
+BackendConfig ProcessGroupCGX::call_config() {
+  std::lock_guard<std::mutex> lk(config_mu_);
+  if (config_.settings_per_call) call_settings_.refresh(config_);
+  return config_;
 }
 
 BackendConfig ProcessGroupCGX::config() const {
@@ -265,20 +276,59 @@ void ProcessGroupCGX::reduce_exact(at::Tensor& t, const c10d::ReduceOp& op) {
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
   TORCH_CHECK_VALUE(tensors.size() == 1, "cgx allreduce takes one tensor, got ", tensors.size());
-  at::Tensor t = tensors[0];
-  const auto op = opts.reduceOp.op_;
-  const bool floating = at::isFloatingType(t.scalar_type());
-  TORCH_CHECK_VALUE(op != c10d::ReduceOp::AVG || floating,
+  return enqueue(tensors, c10d::OpType::ALLREDUCE,
+                 reduce_job(tensors[0], call_config(), opts.reduceOp));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK_VALUE(!tensors.empty(), "allreduce_coalesced needs at least one tensor");
+  bool uniform = true;
+  for (const at::Tensor& t : tensors) {
+    uniform = uniform && t.scalar_type() == tensors[0].scalar_type() &&
+              t.device() == tensors[0].device() && t.layout() == at::kStrided;
+  }
+  if (!uniform) return inner()->allreduce_coalesced(tensors, opts);  // Gloo names the problem
+  // One fused piece: the flattened tensors reduced like one allreduce (compressed when the
+  // settings say so), then copied back.
+  std::vector<at::Tensor> flat_views;
+  for (const at::Tensor& t : tensors) flat_views.push_back(t.reshape({-1}));
+  at::Tensor flat = at::cat(flat_views);
+  auto job = reduce_job(flat, call_config(), opts.reduceOp);
+  return enqueue(tensors, c10d::OpType::ALLREDUCE_COALESCED, [job, flat, tensors]() mutable {
+    job();
+    int64_t at = 0;
+    for (at::Tensor& t : tensors) {
+      t.copy_(flat.narrow(0, at, t.numel()).view(t.sizes()));
+      at += t.numel();
+    }
+  });
+}
+
+std::function<void()> ProcessGroupCGX::reduce_job(at::Tensor t, const BackendConfig& c,
+                                                  const c10d::ReduceOp& rop) {
+  const auto op = rop.op_;
+  TORCH_CHECK_VALUE(op != c10d::ReduceOp::AVG || at::isFloatingType(t.scalar_type()),
                     "ReduceOp.AVG needs a floating-point tensor, got ", t.scalar_type());
-  const BackendConfig c = config();
-  if ((op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG) && compressible(t, c)) {
+  const bool sum = op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG;
+  if (sum && c.settings_per_call && eligible(t, c) && getSize() > 1) {
+    // The ranks agree on this call's settings first, then all take the same branch.
+    return [this, t, c, rop]() mutable {
+      C10dTransport transport(wire_);
+      agree_call_settings(transport, c);
+      if (compressible(t, c)) {
+        reduce_compressed(t, c, rop.op_ == c10d::ReduceOp::AVG);
+      } else {
+        reduce_exact(t, rop);
+      }
+    };
+  }
+  if (sum && compressible(t, c)) {
     const bool average = op == c10d::ReduceOp::AVG;
-    return enqueue(tensors, c10d::OpType::ALLREDUCE,
-                   [this, t, c, average]() mutable { reduce_compressed(t, c, average); });
+    return [this, t, c, average]() mutable { reduce_compressed(t, c, average); };
   }
   // Exact, on the worker too: every allreduce of the group in one order (see the header).
-  return enqueue(tensors, c10d::OpType::ALLREDUCE,
-                 [this, t, rop = opts.reduceOp]() mutable { reduce_exact(t, rop); });
+  return [this, t, rop]() mutable { reduce_exact(t, rop); };
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_with(at::Tensor tensor,

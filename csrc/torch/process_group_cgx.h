@@ -26,6 +26,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "algorithms/allreduce.h"
+#include "call_settings.h"
 #include "cgx_work.h"
 #include "core/serial_executor.h"
 
@@ -47,6 +48,9 @@ struct BackendConfig {
   // skip_incomplete_buckets and stochastic above, the others their own parameters.
   std::string compressor = "maxmin";
   std::map<std::string, double> compressor_params;
+  // Read CGX_COMPRESSION_{QUANTIZATION_BITS,BUCKET_SIZE,SKIP_INCOMPLETE_BUCKETS} again at every
+  // allreduce (call_settings.h); false: once, at group creation.
+  bool settings_per_call = true;
 };
 
 // Throws cgx::InvalidArgument (ValueError in Python) naming the first bad field.
@@ -65,6 +69,9 @@ class ProcessGroupCGX : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override;
+  // One fused piece (the tensors flattened and concatenated), reduced like allreduce.
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
 
   // Stops the threads of every live cgx group (runs what they have queued first). Called at
   // interpreter exit, before Python finalizes: a background thread that needs the GIL then
@@ -92,8 +99,6 @@ class ProcessGroupCGX : public c10d::Backend {
   // ---- forwarded to the inner backend ----
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
-      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -149,6 +154,11 @@ class ProcessGroupCGX : public c10d::Backend {
   void reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average,
                          float* residual = nullptr);
   void reduce_exact(at::Tensor& t, const c10d::ReduceOp& op);
+  // The group's settings for an allreduce issued now (per-call variables applied).
+  BackendConfig call_config();
+  // The worker's job reducing t in place with c: the settings agreement when per call, then
+  // compressed or exact.
+  std::function<void()> reduce_job(at::Tensor t, const BackendConfig& c, const c10d::ReduceOp& rop);
 
   c10::intrusive_ptr<c10d::Backend> inner_;
   c10::intrusive_ptr<c10d::Backend> wire_;
@@ -157,6 +167,7 @@ class ProcessGroupCGX : public c10d::Backend {
   std::atomic<int64_t> config_version_{0};
   mutable std::mutex config_mu_;
   BackendConfig config_;
+  CallSettings call_settings_;  // with config_mu_ held
 
   // Worker-thread state.
   CompressedAllreduce algorithm_;

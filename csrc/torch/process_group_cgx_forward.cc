@@ -9,11 +9,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::broadcast(std::vector<at::Tensor
   return inner()->broadcast(tensors, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_coalesced(
-    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
-  return inner()->allreduce_coalesced(tensors, opts);
-}
-
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::ReduceOptions& opts) {
   return inner()->reduce(tensors, opts);
