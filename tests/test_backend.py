@@ -68,7 +68,7 @@ def body_allreduce(rank, world):
     dist.init_process_group("cgx")
     gloo = dist.new_group(backend="gloo")
     seed = 0
-    for algorithm in ("sra", "ring"):
+    for algorithm in ("sra", "ring", "tree"):
         for bits, bucket in ((8, 512), (4, 128), (2, 64)):
             torch_cgx.set_config(bits=bits, bucket_size=bucket, algorithm=algorithm)
             for dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -99,7 +99,7 @@ def body_tail_pipeline_stochastic(rank, world):
     # skip_incomplete_buckets: the raw tail of the last chunk can be longer than chunk 0's
     # payload (1000 values on 2 ranks and 997 on 4 crashed with a heap overflow).
     n = 1000 if world == 2 else 997
-    for algorithm in ("sra", "ring"):
+    for algorithm in ("sra", "ring", "tree"):
         torch_cgx.set_config(
             bits=8, bucket_size=512, skip_incomplete_buckets=True, algorithm=algorithm
         )
@@ -121,7 +121,7 @@ def body_tail_pipeline_stochastic(rank, world):
     assert torch_cgx.cgx_backend().last_bytes_sent() > 0
     # Stochastic rounding through the allreduce: its own (doubled) bound, the RMS of its noise.
     torch_cgx.set_config(bits=4, bucket_size=128, stochastic=True, seed=7, fusion_buffer_mb=64)
-    for algorithm in ("sra", "ring"):
+    for algorithm in ("sra", "ring", "tree"):
         torch_cgx.set_config(algorithm=algorithm)
         check_allreduce(
             rank, world, 65537, torch.float32, dist.ReduceOp.SUM, 4, 128, algorithm, gloo, 4, 64,

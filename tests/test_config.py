@@ -52,7 +52,7 @@ def test_env_values_are_read():
         ("CGX_COMPRESSION_MINIMAL_SIZE", "-1"),
         ("CGX_FUSION_BUFFER_SIZE_MB", "-64"),
         ("CGX_FUSION_BUFFER_SIZE_MB", "0"),
-        ("CGX_REDUCTION_ALGORITHM", "tree"),
+        ("CGX_REDUCTION_ALGORITHM", "butterfly"),
         ("CGX_INNER_REDUCTION_TYPE", "butterfly"),
         ("CGX_COMPRESSION_SKIP_INCOMPLETE_BUCKETS", "2"),
         ("CGX_COMPRESSION_SEED", "-1"),

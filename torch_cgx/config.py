@@ -10,9 +10,10 @@ variable                                       default    meaning
                                                           (values below 16 count as 16, as in CGX)
 ``CGX_FUSION_BUFFER_SIZE_MB``                  64         largest piece reduced at once (MiB)
 ``CGX_REDUCTION_ALGORITHM``                    sra        ``sra`` (scatter-reduce-allgather),
-                                                          ``ring`` or ``allgather``; when unset,
+                                                          ``ring``, ``tree`` (binomial; small
+                                                          messages) or ``allgather``; when unset,
                                                           CGX's ``CGX_INNER_REDUCTION_TYPE``
-                                                          (SRA|Ring)
+                                                          (SRA|Ring|Tree)
 ``CGX_PIPELINE_SEGMENT_MB``                    4          SRA pipelines segments of this size
                                                           (encode one while another is sent);
                                                           0 = no pipeline
@@ -59,7 +60,7 @@ from typing import Mapping, Optional, Tuple
 
 from torch_cgx import _C
 
-ALGORITHMS = {"sra": 0, "ring": 1, "allgather": 2}
+ALGORITHMS = {"sra": 0, "ring": 1, "allgather": 2, "tree": 3}
 
 _ENV = {
     "bits": "CGX_COMPRESSION_QUANTIZATION_BITS",

@@ -38,8 +38,8 @@ void grow(std::vector<T>& v, size_t n) {
 }  // namespace
 
 Algorithm algorithm_from_int(int value) {
-  CGX_CHECK_ARG(value >= 0 && value <= int(Algorithm::kAllgather), "unknown allreduce algorithm ",
-                value, " (0: sra, 1: ring, 2: allgather)");
+  CGX_CHECK_ARG(value >= 0 && value <= int(Algorithm::kTree), "unknown allreduce algorithm ", value,
+                " (0: sra, 1: ring, 2: allgather, 3: tree)");
   return Algorithm(value);
 }
 
@@ -91,6 +91,8 @@ void CompressedAllreduce::run(Transport& t, void* data, DType dtype, int64_t cou
       sum_reduce(t, p, dtype, n, o, piece);
     } else if (o.algorithm == Algorithm::kAllgather || gather_only(o)) {
       allgather(t, p, dtype, n, o, piece);
+    } else if (o.algorithm == Algorithm::kTree) {
+      tree(t, p, dtype, n, o, piece);
     } else if (o.algorithm == Algorithm::kRing) {
       ring(t, p, dtype, n, o, piece);
     } else {

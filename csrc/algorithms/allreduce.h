@@ -23,6 +23,7 @@ enum class Algorithm : uint8_t {
   kScatterReduceAllgather = 0,  // each value quantized exactly twice (default)
   kRing = 1,                    // W - 1 re-quantizing hops, then a compressed allgather
   kAllgather = 2,               // every rank's payload to every rank, summed there (sparse)
+  kTree = 3,                    // binomial tree: re-quantizing sums up, the root's payload down
 };
 
 // The algorithm with this numeric value; InvalidArgument for any other value.
@@ -44,8 +45,9 @@ struct AllreduceOptions {
   // Error feedback: when set (count fp32 values), receives what this rank's compressions left
   // out: x - decode(encode(x)) of its own values as it sent them (SRA's first stage, ring's
   // first hop, allgather-reduce) and, on the chunk it owns (SRA, ring), what the final
-  // compression of the sum left out, times W when averaging. Ring's intermediate hops are not
-  // included. Adding it to the next call's input feeds the whole error back.
+  // compression of the sum left out, times W when averaging; ring's intermediate hops and the
+  // tree's partial sums add what their re-compressions left out. Summed over the ranks, the
+  // residuals are what the allreduce lost: adding each to its rank's next input feeds it back.
   float* residual = nullptr;
 };
 
@@ -88,6 +90,8 @@ class CompressedAllreduce {
             uint64_t piece);
   void allgather(Transport& t, uint8_t* data, DType dtype, int64_t count, const AllreduceOptions& o,
                  uint64_t piece);
+  void tree(Transport& t, uint8_t* data, DType dtype, int64_t count, const AllreduceOptions& o,
+            uint64_t piece);
   void sum_reduce(Transport& t, uint8_t* data, DType dtype, int64_t count,
                   const AllreduceOptions& o, uint64_t piece);
   void encode_final(const AllreduceOptions& o, int world, float* acc, int64_t n, Streams s,

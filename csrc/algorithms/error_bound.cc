@@ -8,16 +8,21 @@ namespace cgx {
 // rounding, twice that with stochastic rounding; the range of what is quantized is at most the
 // ranks' summed range plus twice the error so far. SRA quantizes every value twice (the W - 1
 // first-stage errors, each from its own rank's range, are bounded by R / (2L) together), ring
-// W times, allgather-reduce once. fp32 roundings (relative 1e-6 of the magnitudes, with a 1e-3
-// margin on the quantization terms) and the final rounding to the result's dtype are added.
+// W times, the tree ceil(log2 W) + 1 times, allgather-reduce once. fp32 roundings (relative
+// 1e-6 of the magnitudes, with a 1e-3 margin on the quantization terms) and the final rounding
+// to the result's dtype are added.
 double bucket_error_bound(double range_sum, double magnitude_sum, const BoundParams& p) {
   CGX_CHECK_ARG(p.bits >= 1 && p.bits <= 8, "bits must be in [1, 8], got ", p.bits);
   CGX_CHECK_ARG(p.world >= 1, "world size must be >= 1, got ", p.world);
   const double levels = double((1 << p.bits) - 1);
   const double per_unit = p.rounding == Rounding::kStochastic ? 1.0 : 0.5;
   // Allgather-reduce: each rank's values once, the W errors together within R / (2L).
+  // Tree: a value is re-quantized at each of up to ceil(log2 W) levels, then once at the root.
+  int depth = 0;
+  while ((1 << depth) < p.world) ++depth;
   const int rounds = p.algorithm == Algorithm::kRing        ? p.world
                      : p.algorithm == Algorithm::kAllgather ? 1
+                     : p.algorithm == Algorithm::kTree      ? depth + 1
                                                             : 2;
   double err = 0.0;
   if (p.world > 1) {

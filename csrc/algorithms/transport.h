@@ -1,6 +1,7 @@
-// What the compressed allreduce algorithms need from the network: three blocking exchanges of
-// opaque bytes. Implemented over torch's Gloo (csrc/torch/c10d_transport.cc) and, for the C++
-// tests, in memory with ranks as threads (csrc/tests/in_memory_transport.h).
+// What the compressed allreduce algorithms need from the network: blocking exchanges of opaque
+// bytes (three collective ones, and point to point). Implemented over torch's Gloo
+// (csrc/torch/c10d_transport.cc) and, for the C++ tests, in memory with ranks as threads
+// (csrc/tests/in_memory_transport.h).
 //
 // Contract: every rank of the group calls the same operations in the same order; sizes agree
 // pairwise (what rank a sends to b is exactly what b expects from a). An implementation throws
@@ -30,6 +31,10 @@ class Transport {
   // Sends to rank `to` while receiving from rank `from`.
   virtual void sendrecv(int to, const uint8_t* send, size_t send_bytes, int from, uint8_t* recv,
                         size_t recv_bytes) = 0;
+
+  // Point to point (the tree): messages between two ranks arrive in the order they were sent.
+  virtual void send(int to, const uint8_t* data, size_t bytes) = 0;
+  virtual void recv(int from, uint8_t* data, size_t bytes) = 0;
 };
 
 }  // namespace cgx

@@ -68,7 +68,8 @@ std::vector<std::vector<float>> run(const Compressor& c, Algorithm alg, int worl
 TEST(AllreduceCompressors, EveryCompressorAndAlgorithmGivesIdenticalReplicas) {
   for (const std::string& name : compressor_names()) {
     auto c = make_compressor(name);
-    for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing, Algorithm::kAllgather}) {
+    for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing, Algorithm::kAllgather,
+                     Algorithm::kTree}) {
       for (int world : {2, 3}) {
         for (int64_t n : {1, 1000, 4099}) {
           auto x = run(*c, alg, world, n, 8192, 2048);  // several pieces and segments
@@ -189,8 +190,9 @@ TEST(AllreduceCompressors, ResidualIsWhatTheRankDidNotSend) {
 TEST(AllreduceCompressors, ResidualsAddUpToTheLoss) {
   for (const char* name : {"onebit", "qsgd", "topk"}) {
     auto c = make_compressor(name, {});
-    for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing, Algorithm::kAllgather}) {
-      const int world = 4;
+    for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing, Algorithm::kAllgather,
+                     Algorithm::kTree}) {
+      const int world = 5;
       const int64_t n = 3001;
       auto x = normal_inputs(world, n, 13);
       std::vector<std::vector<float>> res(world, std::vector<float>(size_t(n)));

@@ -134,7 +134,7 @@ TEST(Allreduce, Ring) {
 }
 
 TEST(Allreduce, AverageDtypesAndFusionPieces) {
-  for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing}) {
+  for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing, Algorithm::kTree}) {
     for (auto dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
       run_case({3, 10007, alg, 4, 100, 4096, true, dtype});  // pieces of 1024 / 2048 elements
     }
@@ -183,10 +183,21 @@ TEST(Allreduce, PipelineEqualsSequentialPiecesOfTheSameBoundaries) {
 }
 
 // The raw tail of the last chunk can need more bytes than chunk 0's payload: 1000 values on 2
+// Binomial tree at world sizes that are and are not powers of two (leaves at several depths).
+TEST(Allreduce, Tree) {
+  for (int world : {2, 3, 5, 7, 8}) {
+    for (int64_t count : {1, 100, 4099}) {
+      for (int bits : {2, 4, 8}) {
+        run_case({world, count, Algorithm::kTree, bits, 32, 1 << 20, false, DType::kFloat32});
+      }
+    }
+  }
+}
+
 // ranks at bucket 512 (chunks 512 and 488: the second all raw), 997 on 4 (chunks 256 x 3 and
 // 229). Both algorithms, pipelined or not, with odd pieces and segments.
 TEST(Allreduce, SkipIncompleteBucketsSendsTheTailRaw) {
-  for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing}) {
+  for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing, Algorithm::kTree}) {
     for (auto dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
       for (int world : {2, 3, 4}) {
         for (int64_t count : {1, 997, 1000, 20011}) {
@@ -201,7 +212,7 @@ TEST(Allreduce, SkipIncompleteBucketsSendsTheTailRaw) {
 }
 
 TEST(Allreduce, StochasticRoundingWithinItsBound) {
-  for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing}) {
+  for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing, Algorithm::kTree}) {
     for (int world : {2, 4}) {
       for (int bits : {1, 2, 4}) {
         Case c{world, 4099, alg, bits, 64, 1 << 20, false, DType::kFloat32};
@@ -223,6 +234,8 @@ TEST(Allreduce, UnknownAlgorithmIsRejected) {
   EXPECT_THROW(ar.run(t, x.data(), DType::kFloat32, 100, o), InvalidArgument);
   EXPECT_THROW((void)algorithm_from_int(-1), InvalidArgument);
   EXPECT_EQ(algorithm_from_int(1), Algorithm::kRing);
+  EXPECT_EQ(algorithm_from_int(3), Algorithm::kTree);
+  EXPECT_THROW((void)algorithm_from_int(4), InvalidArgument);
 }
 
 TEST(Allreduce, SingleRankIsIdentity) {

@@ -47,4 +47,14 @@ void C10dTransport::sendrecv(int to, const uint8_t* send, size_t send_bytes, int
   r->wait();
 }
 
+void C10dTransport::send(int to, const uint8_t* data, size_t bytes) {
+  std::vector<at::Tensor> out = {bytes_view(data, bytes)};
+  inner_->send(out, to, 0)->wait();
+}
+
+void C10dTransport::recv(int from, uint8_t* data, size_t bytes) {
+  std::vector<at::Tensor> in = {bytes_view(data, bytes)};
+  inner_->recv(in, from, 0)->wait();
+}
+
 }  // namespace cgx::binding

@@ -18,6 +18,8 @@ class C10dTransport : public Transport {
   void allgather(const uint8_t* send, size_t bytes, uint8_t* recv) override;
   void sendrecv(int to, const uint8_t* send, size_t send_bytes, int from, uint8_t* recv,
                 size_t recv_bytes) override;
+  void send(int to, const uint8_t* data, size_t bytes) override;
+  void recv(int from, uint8_t* data, size_t bytes) override;
 
  private:
   c10::intrusive_ptr<c10d::Backend> inner_;
