@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 
 from torch_cgx import _C
-from torch_cgx.config import CGXConfig
+from torch_cgx.config import CREATION_ONLY, CGXConfig
+from torch_cgx.topology import attach_hierarchy
 
 __all__ = ["get_config", "set_config", "cgx_backend", "is_cgx_group"]
 
@@ -61,7 +62,9 @@ def _create(store, rank: int, size: int, timeout: datetime.timedelta):
     wire = dist.ProcessGroupGloo(dist.PrefixStore("wire/", group_store), rank, size, timeout)
     _agree(group_store, rank, size, "config/0", config)
     native = config.to_native()
-    return _C.ProcessGroupCGX(rank, size, inner, wire, native, group_store, timeout)
+    backend = _C.ProcessGroupCGX(rank, size, inner, wire, native, group_store, timeout)
+    attach_hierarchy(backend, config, group_store, rank, size, timeout)
+    return backend
 
 
 def _register() -> None:
@@ -112,6 +115,9 @@ def set_config(group: Optional[dist.ProcessGroup] = None, **changes) -> CGXConfi
     backend = cgx_backend(group)
     key = f"config/{backend.next_config_version()}"
     try:
+        fixed = sorted(set(changes) & set(CREATION_ONLY))
+        if fixed:
+            raise ValueError(f"{fixed} are fixed when the group is created (CGX_* variables)")
         new = get_config(group).replace(**changes)
     except (TypeError, ValueError) as e:
         # Tell the other ranks, which would otherwise wait for this rank's settings.

@@ -29,6 +29,16 @@ variable                                       default    meaning
 ``CGX_DISABLE_AVX2``                           0          1: use the portable codec kernels
 ``CGX_SETTINGS_PER_CALL``                      1          read the first three variables again at
                                                           every allreduce, as CGX does (0: once)
+``CGX_HIERARCHICAL``                           auto       node-aware allreduce: exact inside a
+                                                          node, compressed across nodes; auto: on
+                                                          when nodes hold several ranks; on / off
+``CGX_INTRA_BROADCAST``                        1          1: only node leaders talk across nodes
+                                                          (CGX's default); 0: every local rank
+                                                          owns a slice of the buffer across nodes
+``CGX_INNER_COMMUNICATOR_TYPE``                (none)     CGX's intra-node transport: SHM, MPI or
+                                                          NCCL (accepted; torch_cgx uses Gloo)
+``CGX_CROSS_COMMUNICATOR_TYPE``                (none)     CGX's cross-node transport: MPI, NCCL
+                                                          or SHM (accepted; torch_cgx uses Gloo)
 =============================================  =========  =========================================
 
 As in CGX, ``CGX_COMPRESSION_QUANTIZATION_BITS``, ``CGX_COMPRESSION_BUCKET_SIZE`` and
@@ -75,7 +85,16 @@ _ENV = {
     "compressor": "CGX_COMPRESSOR",
     "compressor_params": "CGX_COMPRESSOR_PARAMS",
     "settings_per_call": "CGX_SETTINGS_PER_CALL",
+    "hierarchical": "CGX_HIERARCHICAL",
+    "intra_broadcast": "CGX_INTRA_BROADCAST",
+    "inner_communicator": "CGX_INNER_COMMUNICATOR_TYPE",
+    "cross_communicator": "CGX_CROSS_COMMUNICATOR_TYPE",
 }
+# Fixed when a group is created (its node layout and Gloo subgroups): not for set_config.
+CREATION_ONLY = ("hierarchical", "intra_broadcast", "inner_communicator", "cross_communicator")
+_HIERARCHICAL = {"auto": "auto", "on": "on", "off": "off", "1": "on", "0": "off"}
+_COMMUNICATORS = {"inner_communicator": ("", "shm", "mpi", "nccl", "gloo"),
+                  "cross_communicator": ("", "mpi", "nccl", "shm", "gloo")}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +113,10 @@ class CGXConfig:
     compressor: str = "maxmin"
     compressor_params: str = ""  # canonical "name=value,..." (set_config also takes a dict)
     settings_per_call: bool = True
+    hierarchical: str = "auto"
+    intra_broadcast: bool = True
+    inner_communicator: str = ""
+    cross_communicator: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.compressor_params, Mapping):
@@ -123,7 +146,15 @@ class CGXConfig:
             raise bad("algorithm", f"must be one of {sorted(ALGORITHMS)}", self.algorithm)
         if not _is_int(self.seed) or not 0 <= self.seed < 2**64:
             raise bad("seed", "must be an integer in [0, 2^64)", self.seed)
-        for flag in ("skip_incomplete_buckets", "stochastic", "settings_per_call"):
+        if self.hierarchical not in _HIERARCHICAL:
+            raise bad("hierarchical", "must be auto, on or off (1 / 0)", self.hierarchical)
+        object.__setattr__(self, "hierarchical", _HIERARCHICAL[self.hierarchical])
+        for field, allowed in _COMMUNICATORS.items():
+            if getattr(self, field) not in allowed:
+                raise bad(field, f"must be one of {[a.upper() for a in allowed if a]}",
+                          getattr(self, field))  # fmt: skip
+        for flag in ("skip_incomplete_buckets", "stochastic", "settings_per_call",
+                     "intra_broadcast"):  # fmt: skip
             if not isinstance(getattr(self, flag), bool):
                 raise bad(flag, "must be a bool", getattr(self, flag))
         known = list(_C.compressor_names())
@@ -186,6 +217,10 @@ class CGXConfig:
             compressor=native.compressor,
             compressor_params=_format_params(native.compressor_params),
             settings_per_call=native.settings_per_call,
+            hierarchical=native.hierarchical,
+            intra_broadcast=native.intra_broadcast,
+            inner_communicator=native.inner_communicator,
+            cross_communicator=native.cross_communicator,
         )
 
     def to_native(self) -> _C.BackendConfig:
@@ -202,6 +237,8 @@ class CGXConfig:
         native.compressor = self.compressor
         native.compressor_params = _parse_params("compressor_params", self.compressor_params)
         native.settings_per_call = self.settings_per_call
+        for field in CREATION_ONLY:
+            setattr(native, field, getattr(self, field))
         return native
 
     def describe(self) -> str:

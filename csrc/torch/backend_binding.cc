@@ -55,7 +55,20 @@ void bind_backend(pybind11::module& m) {
       .def_readwrite("seed", &BackendConfig::seed)
       .def_readwrite("compressor", &BackendConfig::compressor)
       .def_readwrite("compressor_params", &BackendConfig::compressor_params)
-      .def_readwrite("settings_per_call", &BackendConfig::settings_per_call);
+      .def_readwrite("settings_per_call", &BackendConfig::settings_per_call)
+      .def_readwrite("hierarchical", &BackendConfig::hierarchical)
+      .def_readwrite("intra_broadcast", &BackendConfig::intra_broadcast)
+      .def_readwrite("inner_communicator", &BackendConfig::inner_communicator)
+      .def_readwrite("cross_communicator", &BackendConfig::cross_communicator);
+
+  py::class_<Hierarchy>(m, "Hierarchy")
+      .def(py::init<>())
+      .def_readwrite("intra", &Hierarchy::intra)
+      .def_readwrite("cross", &Hierarchy::cross)
+      .def_readwrite("local_rank", &Hierarchy::local_rank)
+      .def_readwrite("local_size", &Hierarchy::local_size)
+      .def_readwrite("nodes", &Hierarchy::nodes)
+      .def_readwrite("intra_broadcast", &Hierarchy::intra_broadcast);
 
   py::class_<ProcessGroupCGX, c10d::Backend, c10::intrusive_ptr<ProcessGroupCGX>>(m,
                                                                                   "ProcessGroupCGX")
@@ -65,6 +78,8 @@ void bind_backend(pybind11::module& m) {
            py::arg("store"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
       .def("config", &ProcessGroupCGX::config)
       .def("set_config", &ProcessGroupCGX::set_config)
+      .def("set_hierarchy", &ProcessGroupCGX::set_hierarchy)
+      .def("hierarchical", &ProcessGroupCGX::hierarchical)
       .def("store", &ProcessGroupCGX::store)
       .def("next_config_version", &ProcessGroupCGX::next_config_version)
       .def("allreduce_with", &ProcessGroupCGX::allreduce_with, py::arg("tensor"), py::arg("config"),

@@ -241,16 +241,23 @@ const Compressor& ProcessGroupCGX::compressor_for(const BackendConfig& c) {
 
 void ProcessGroupCGX::reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average,
                                         float* residual) {
+  if (hierarchy_) return reduce_hierarchical(t, c, average, residual);
   // Works on a contiguous CPU copy when t is not one (CUDA tensors: staged through the host).
   at::Tensor work = t.contiguous().cpu();
+  run_algorithm(wire_, work, c, average, residual);
+  if (!work.is_same(t)) t.copy_(work);
+}
+
+// The compressed algorithm of `c` over the ranks of `over`, in place on `work` (contiguous CPU).
+void ProcessGroupCGX::run_algorithm(const c10::intrusive_ptr<c10d::Backend>& over, at::Tensor& work,
+                                    const BackendConfig& c, bool average, float* residual) {
   AllreduceOptions o = to_options(c, average, calls_++);
   if (c.compressor != "maxmin") o.compressor = &compressor_for(c);
   o.residual = residual;
-  C10dTransport transport(wire_);
+  C10dTransport transport(over);
   algorithm_.run(transport, work.data_ptr(), to_cgx_dtype(work.scalar_type()), work.numel(), o);
   last_bytes_sent_ = int64_t(algorithm_.bytes_sent());
   total_bytes_sent_ += last_bytes_sent_;
-  if (!work.is_same(t)) t.copy_(work);
 }
 
 void ProcessGroupCGX::reduce_exact(at::Tensor& t, const c10d::ReduceOp& op) {

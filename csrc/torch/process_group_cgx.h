@@ -51,10 +51,31 @@ struct BackendConfig {
   // Read CGX_COMPRESSION_{QUANTIZATION_BITS,BUCKET_SIZE,SKIP_INCOMPLETE_BUCKETS} again at every
   // allreduce (call_settings.h); false: once, at group creation.
   bool settings_per_call = true;
+  // Node-aware allreduce, fixed at group creation (torch_cgx/backend.py builds the Hierarchy):
+  // "auto" (on when several nodes have several ranks), "on", "off"; CGX's communicator types
+  // are validated and recorded (both levels travel over torch's Gloo).
+  std::string hierarchical = "auto";
+  bool intra_broadcast = true;
+  std::string inner_communicator;
+  std::string cross_communicator;
 };
 
 // Throws cgx::InvalidArgument (ValueError in Python) naming the first bad field.
 void validate_config(const BackendConfig& c);
+
+// Node-aware (hierarchical) compressed allreduce, hierarchical.cc: ranks on one node reduce
+// exactly among themselves (`intra`, the node's Gloo group), and only node sums cross nodes,
+// compressed (`cross`): among the node leaders (intra_broadcast, CGX's default; others: no
+// cross group) followed by an intra-node broadcast, or with every local rank owning a slice of
+// the buffer (cross: the ranks of its local rank across nodes) followed by an intra allgather.
+struct Hierarchy {
+  c10::intrusive_ptr<c10d::Backend> intra;
+  c10::intrusive_ptr<c10d::Backend> cross;  // null on non-leaders with intra_broadcast
+  int local_rank = 0;
+  int local_size = 1;
+  int nodes = 1;
+  bool intra_broadcast = true;
+};
 
 class ProcessGroupCGX : public c10d::Backend {
  public:
@@ -87,6 +108,9 @@ class ProcessGroupCGX : public c10d::Backend {
 
   BackendConfig config() const;
   void set_config(const BackendConfig& config);
+  // Turns on the hierarchical path for compressed allreduces (before the group's first use).
+  void set_hierarchy(const Hierarchy& h);
+  bool hierarchical() const { return hierarchy_ != nullptr; }
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
   // 1, 2, ...: numbers the settings agreements of this group (keys in the store).
   int64_t next_config_version() { return ++config_version_; }
@@ -154,6 +178,9 @@ class ProcessGroupCGX : public c10d::Backend {
   void reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average,
                          float* residual = nullptr);
   void reduce_exact(at::Tensor& t, const c10d::ReduceOp& op);
+  void reduce_hierarchical(at::Tensor& t, const BackendConfig& c, bool average, float* residual);
+  void run_algorithm(const c10::intrusive_ptr<c10d::Backend>& over, at::Tensor& work,
+                     const BackendConfig& c, bool average, float* residual);
   // The group's settings for an allreduce issued now (per-call variables applied).
   BackendConfig call_config();
   // The worker's job reducing t in place with c: the settings agreement when per call, then
@@ -168,6 +195,8 @@ class ProcessGroupCGX : public c10d::Backend {
   mutable std::mutex config_mu_;
   BackendConfig config_;
   CallSettings call_settings_;  // with config_mu_ held
+
+  std::unique_ptr<Hierarchy> hierarchy_;
 
   // Worker-thread state.
   CompressedAllreduce algorithm_;

@@ -56,15 +56,15 @@ from torch_cgx.bench.hosts_run import (  # noqa: F401
 
 
 def maybe_run_on_hosts(argv: Sequence[str], module: str) -> Optional[int]:
-    """For a benchmark's main(): with `--hosts W --link RATE [--latency T]` in argv, runs
-    `python -m module <argv without them>` on W emulated hosts and returns its exit code;
-    without --hosts returns None (run normally). Missing prerequisites: the reason on stderr,
-    2."""
+    """For a benchmark's main(): with `--hosts W --link RATE [--latency T]
+    [--ranks-per-host K]` in argv, runs `python -m module <argv without them>` on W emulated
+    hosts (K ranks each) and returns its exit code; without --hosts returns None (run
+    normally). Missing prerequisites: the reason on stderr, 2."""
     rest, opts = [], {}
     it = iter(argv)
     for a in it:
         name, eq, value = a.partition("=")
-        if name in ("--hosts", "--link", "--latency"):
+        if name in ("--hosts", "--link", "--latency", "--ranks-per-host"):
             if not eq:
                 value = next(it, None)
                 if value is None or value.startswith("--"):
@@ -89,13 +89,23 @@ def maybe_run_on_hosts(argv: Sequence[str], module: str) -> Optional[int]:
         raise SystemExit(f"--hosts/--link/--latency: {e}") from None
     if world < 1:
         raise SystemExit("--hosts needs W >= 1")
+    per_host = opts.get("--ranks-per-host", "1")
+    if not per_host.isdigit() or int(per_host) < 1:
+        raise SystemExit(f"--ranks-per-host needs an integer >= 1, got {per_host!r}")
     try:
         check_prerequisites(latency="--latency" in opts)
     except HostsUnavailable as e:
         print(f"emulated hosts unavailable: {e.reason}", file=sys.stderr)
         return 2
     try:
-        return run_on_hosts(world, opts["--link"], opts.get("--latency"), module, rest)
+        return run_on_hosts(
+            world,
+            opts["--link"],
+            opts.get("--latency"),
+            module,
+            rest,
+            ranks_per_host=int(per_host),
+        )
     except HostsUnavailable as e:
         print(f"emulated hosts unavailable: {e.reason}", file=sys.stderr)
         return 2

@@ -28,15 +28,18 @@ def _package_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
-def rank_env(host: Host, world: int, master: Host, port: int, extra=None) -> Dict[str, str]:
-    """The environment torchrun would give the rank of `host` (one process per host)."""
+def rank_env(
+    host: Host, world: int, master: Host, port: int, extra=None, local: int = 0, per_host: int = 1
+) -> Dict[str, str]:
+    """The environment torchrun would give local rank `local` of `per_host` on `host` (world:
+    the number of hosts)."""
     env = dict(os.environ)
     path = [_package_root()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env.update(
-        RANK=str(host.rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK="0",
-        LOCAL_WORLD_SIZE="1",
+        RANK=str(host.rank * per_host + local),
+        WORLD_SIZE=str(world * per_host),
+        LOCAL_RANK=str(local),
+        LOCAL_WORLD_SIZE=str(per_host),
         GROUP_RANK=str(host.rank),
         MASTER_ADDR=master.ip,
         MASTER_PORT=str(port),
@@ -47,7 +50,7 @@ def rank_env(host: Host, world: int, master: Host, port: int, extra=None) -> Dic
     )
     env[HOST_ENV_MARK] = host.netns
     if "CGX_CODEC_THREADS" not in os.environ:  # the "hosts" share this machine's cores
-        env["CGX_CODEC_THREADS"] = str(max(1, (os.cpu_count() or 1) // world))
+        env["CGX_CODEC_THREADS"] = str(max(1, (os.cpu_count() or 1) // (world * per_host)))
     env.update(extra or {})
     return env
 
@@ -98,8 +101,11 @@ def run_on_hosts(
     env: Optional[Dict[str, str]] = None,
     port: int = DEFAULT_PORT,
     prefix: Optional[str] = None,
+    ranks_per_host: int = 1,
 ) -> int:
-    """Runs `python -m module *argv` once per emulated host, with torchrun's variables.
+    """Runs `python -m module *argv` `ranks_per_host` times per emulated host (ranks of one host
+    share its namespace and link; between them traffic stays on the host), with torchrun's
+    variables.
 
     Rank 0's output is forwarded live; the other ranks' output is shown only when the run fails.
     Returns the first nonzero exit code (signals as 128 + n; 124 on timeout), else 0. A failing
@@ -111,9 +117,10 @@ def run_on_hosts(
         pumps: List[threading.Thread] = []
         first: Optional[tuple] = None  # (rank, code) of the first rank to fail on its own
         try:
-            for h in hosts:
+            for h, local in ((h, k) for h in hosts for k in range(ranks_per_host)):
                 cmd = ["ip", "netns", "exec", h.netns, sys.executable, "-m", module, *argv]
-                if h.rank == 0:
+                first_rank = h.rank == 0 and local == 0
+                if first_rank:
                     out = err = subprocess.PIPE
                 else:
                     log = tempfile.TemporaryFile()
@@ -121,14 +128,14 @@ def run_on_hosts(
                     out, err = log, subprocess.STDOUT
                 p = subprocess.Popen(
                     cmd,
-                    env=rank_env(h, world, hosts[0], port, env),
+                    env=rank_env(h, world, hosts[0], port, env, local, ranks_per_host),
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
                     start_new_session=True,
                 )
                 procs.append(p)
-                if h.rank == 0:
+                if first_rank:
                     for src, dst in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
                         t = threading.Thread(target=_pump, args=(src, dst), daemon=True)
                         t.start()
@@ -166,6 +173,7 @@ def _report_failure(first: tuple, codes: List, logs: List, hosts: List[Host]) ->
         log.seek(0)
         text = log.read().decode(errors="replace")
         state = "killed" if codes[r] is None else f"exit {_exit_code(codes[r])}"
-        print(f"----- rank {r} ({hosts[r].netns}, {state}) -----", file=sys.stderr)
+        host = hosts[r * len(hosts) // len(codes)]  # ranks_per_host ranks per host, in order
+        print(f"----- rank {r} ({host.netns}, {state}) -----", file=sys.stderr)
         sys.stderr.write(text if text.endswith("\n") or not text else text + "\n")
     sys.stderr.flush()

@@ -1,0 +1,102 @@
+"""Hierarchical allreduce: 4 real ranks as 2 nodes of 2 (LOCAL_WORLD_SIZE=2), exact node sums,
+compressed across nodes; both CGX_INTRA_BROADCAST modes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from dist_helpers import run_ranks
+
+from torch_cgx.topology import layout
+
+
+def _input(rank: int, n: int, dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 100 + rank)
+    return (torch.randn(n, generator=g) * (1 + rank)).to(dtype)
+
+
+def _same_everywhere(t: torch.Tensor, gloo) -> None:
+    raw = t.contiguous().view(-1).view(torch.uint8)
+    got = [torch.empty_like(raw) for _ in range(dist.get_world_size())]
+    dist.all_gather(got, raw, group=gloo)
+    assert all(torch.equal(g, got[0]) for g in got)
+
+
+def body_hierarchical(rank, world, intra_broadcast):
+    import torch_cgx
+    from torch_cgx.bounds import allreduce_error_bound
+
+    dist.init_process_group("cgx")
+    gloo = dist.new_group(backend="gloo")
+    backend = torch_cgx.cgx_backend()
+    assert backend.hierarchical()
+    assert torch_cgx.get_config().intra_broadcast is intra_broadcast
+    torch_cgx.set_config(bits=4, bucket_size=128)
+    seed = 0
+    for dtype in (torch.float32, torch.bfloat16):
+        for n in (997, 65537):
+            for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+                seed += 1
+                y = _input(rank, n, dtype, seed)
+                dist.all_reduce(y, op=op)
+                _same_everywhere(y, gloo)
+                inputs = [_input(r, n, dtype, seed).double() for r in range(world)]
+                nodes = [(inputs[0] + inputs[1]).float(), (inputs[2] + inputs[3]).float()]
+                exact = sum(inputs)
+                bound = allreduce_error_bound(nodes, 4, 128, "sra", False, 1 << 24, dtype)
+                if op == dist.ReduceOp.AVG:
+                    exact, bound = exact / world, bound / world
+                err = (y.double() - exact).abs()
+                assert bool((err <= bound).all()), f"{dtype} n={n} {op}: max {err.max():.3g}"
+                assert err.max() > 0  # compressed, not exact
+    # Only the cross-node part is compressed: leaders (or slice owners) send, inside a node
+    # nothing is counted.
+    sent = backend.last_bytes_sent()
+    local = rank % 2
+    assert (sent > 0) if (local == 0 or not intra_broadcast) else (sent == 0)
+    # Error feedback: the ranks' residuals add up to what the allreduce lost.
+    x = _input(rank, 5000, torch.float32, 77)
+    res = torch.empty(5000)
+    y = x.clone()
+    backend.allreduce_with(y, backend.config(), False, res).wait()
+    total = torch.stack([_input(r, 5000, torch.float32, 77) for r in range(world)]).sum(0)
+    fed = res.clone()
+    dist.all_reduce(fed, group=gloo)
+    assert torch.allclose(total - y, fed, atol=1e-4) and (total - y).abs().max() > 0.01
+    with pytest.raises(ValueError, match="fixed when the group is created"):
+        torch_cgx.set_config(intra_broadcast=not intra_broadcast)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("intra_broadcast", [True, False])
+def test_hierarchical_two_nodes_of_two(intra_broadcast):
+    env = {"LOCAL_WORLD_SIZE": "2", "CGX_INTRA_BROADCAST": "1" if intra_broadcast else "0"}
+    run_ranks(body_hierarchical, 4, intra_broadcast, env=env, timeout=180)
+
+
+def body_flat_when_off(rank, world):
+    import torch_cgx
+
+    dist.init_process_group("cgx")
+    assert not torch_cgx.cgx_backend().hierarchical()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("env", [{"CGX_HIERARCHICAL": "off", "LOCAL_WORLD_SIZE": "2"},
+                                 {"LOCAL_WORLD_SIZE": "1"}, {"LOCAL_WORLD_SIZE": "4"}])  # fmt: skip
+def test_flat_when_off_or_one_rank_per_node_or_one_node(env):
+    run_ranks(body_flat_when_off, 4, env=env, timeout=120)
+
+
+def test_layout_and_communicator_values():
+    from torch_cgx.config import CGXConfig
+
+    assert layout(["a", "b", "a", "c", "b"]) == [[0, 2], [1, 4], [3]]
+    for var, value in (("CGX_INNER_COMMUNICATOR_TYPE", "SHM"), ("CGX_CROSS_COMMUNICATOR_TYPE",
+                                                                "NCCL")):  # fmt: skip
+        assert CGXConfig.from_env({var: value})  # accepted (carried by Gloo)
+    with pytest.raises(ValueError, match="CGX_INNER_COMMUNICATOR_TYPE must be one of"):
+        CGXConfig.from_env({"CGX_INNER_COMMUNICATOR_TYPE": "RDMA"})
+    with pytest.raises(ValueError, match="CGX_HIERARCHICAL must be auto, on or off"):
+        CGXConfig.from_env({"CGX_HIERARCHICAL": "maybe"})

@@ -1,0 +1,80 @@
+"""Node layout of a cgx group and its hierarchical allreduce (``CGX_HIERARCHICAL``).
+
+Ranks are grouped by node: under torchrun / mpirun (``LOCAL_WORLD_SIZE`` and ``RANK`` set, the
+launcher giving each node a contiguous block of ranks) by ``RANK // LOCAL_WORLD_SIZE``, else by
+hostname; each rank publishes its node id in the group's store, so every rank sees the same
+layout. Nodes are numbered by their lowest rank; a rank's local rank is its place among its
+node's ranks. With several nodes holding several ranks (``auto``) or with ``on``, the group gets
+a Gloo group per node (exact node sums) and cross-node Gloo groups for the compressed part:
+the node leaders (``CGX_INTRA_BROADCAST=1``) or, per local rank, the ranks of that local rank on
+every node (``CGX_INTRA_BROADCAST=0``; every node must then hold as many ranks).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from typing import List, Tuple
+
+import torch.distributed as dist
+
+from torch_cgx import _C
+from torch_cgx.config import CGXConfig
+
+
+def node_id() -> str:
+    local, rank = os.environ.get("LOCAL_WORLD_SIZE"), os.environ.get("RANK")
+    if local and rank and local.isdigit() and rank.isdigit() and int(local) > 0:
+        return f"launcher-node-{int(rank) // int(local)}"
+    return f"host-{socket.gethostname()}"
+
+
+def layout(ids: List[str]) -> List[List[int]]:
+    """The ranks of each node (group ranks, ascending), nodes ordered by their lowest rank."""
+    nodes: dict = {}
+    for r, nid in enumerate(ids):
+        nodes.setdefault(nid, []).append(r)
+    return list(nodes.values())
+
+
+def _place(nodes: List[List[int]], rank: int) -> Tuple[int, int]:
+    for i, members in enumerate(nodes):
+        if rank in members:
+            return i, members.index(rank)
+    raise AssertionError("rank not in the layout")
+
+
+def attach_hierarchy(backend, config: CGXConfig, store, rank: int, size: int,
+                     timeout: datetime.timedelta) -> None:  # fmt: skip
+    """Builds the node and cross-node Gloo groups and hands them to ``backend`` when the
+    hierarchical allreduce applies (see the module docstring); otherwise does nothing."""
+    if config.hierarchical == "off" or size == 1:
+        return
+    store.set(f"node/{rank}", node_id())
+    nodes = layout([store.get(f"node/{r}").decode() for r in range(size)])
+    if len(nodes) == 1 or max(len(m) for m in nodes) == 1:
+        return  # one node, or one rank per node: the flat algorithms already are the best
+    sizes = {len(m) for m in nodes}
+    if not config.intra_broadcast and len(sizes) != 1:
+        raise ValueError(
+            "CGX_INTRA_BROADCAST=0 needs as many ranks on every node, got "
+            f"{[len(m) for m in nodes]} (use CGX_INTRA_BROADCAST=1 or CGX_HIERARCHICAL=off)"
+        )
+    node, local = _place(nodes, rank)
+    h = _C.Hierarchy()
+    h.local_rank, h.local_size, h.nodes = local, len(nodes[node]), len(nodes)
+    h.intra_broadcast = config.intra_broadcast
+    h.intra = dist.ProcessGroupGloo(
+        dist.PrefixStore(f"intra/{node}/", store), local, len(nodes[node]), timeout
+    )
+    if config.intra_broadcast:
+        if local == 0:
+            h.cross = dist.ProcessGroupGloo(
+                dist.PrefixStore("cross/", store), node, len(nodes), timeout
+            )
+    else:
+        h.cross = dist.ProcessGroupGloo(
+            dist.PrefixStore(f"cross/{local}/", store), node, len(nodes), timeout
+        )
+    backend.set_hierarchy(h)
