@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 
@@ -162,6 +163,11 @@ def test_cgx_state_validation_and_pickling():
         CGXState(layer_min_size=-1)
     s = pickle.loads(pickle.dumps(CGXState("not-a-group", 7, {"bits": 2})))
     assert s.process_group is None and s.layer_min_size == 7 and s.compression_params == {"bits": 2}
+    buf = io.BytesIO()
+    torch.save({"hook": CGXState(None, 9, {"bits": 4})}, buf)
+    buf.seek(0)
+    s = torch.load(buf, weights_only=True)["hook"]  # torch's default loader accepts it
+    assert s.layer_min_size == 9 and s.compression_params == {"bits": 4}
 
 
 def body_train(rank, world, how, out_path):

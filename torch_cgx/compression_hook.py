@@ -13,8 +13,10 @@ default for biased compressors (``traits["biased"]``). Residuals are keyed by pa
 rebuild after the first iteration; with ``module=`` they are saved by ``__getstate__`` and
 restored by ``__setstate__`` (``torch.save(state)`` in a checkpoint). Memory: one fp32 value per
 compressed gradient value. What is fed back: every compression of each rank's own values and,
-on the chunk a rank owns, the final compression of the sum (SRA, ring); ring's intermediate
-re-compressions are not.
+on the chunk a rank owns, the final compression of the sum (SRA, ring), and ring's and the tree's
+re-compressions of partial sums: over the ranks, the residuals add up to what was lost.
+``torch.load(..., weights_only=True)`` (torch's default) loads the state: the class is registered
+as a safe global and its saved form holds only strings, numbers, dicts and tensors.
 
 Momentum (``momentum=m``, default 0.9 for ``signum`` and ``dgc``, else 0): the state keeps
 ``u = m * u + g`` per parameter and compresses ``u`` (plus the residual) instead of ``g``: DGC's
@@ -190,6 +192,10 @@ def _add_memory(state: CompressionState, tensor: torch.Tensor, spans: List[tuple
         if old is not None and old.numel() == n:
             part += old.to(part.dtype)
         pos += n
+
+
+# torch.load(weights_only=True), torch's default, accepts the state (plain data and tensors).
+torch.serialization.add_safe_globals([CompressionState])
 
 
 def compression_hook(

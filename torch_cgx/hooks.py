@@ -65,6 +65,10 @@ class CGXState:
         return param.dim() > 1 and param.numel() >= self.layer_min_size
 
 
+# torch.load(weights_only=True), torch's default, accepts the state (plain data).
+torch.serialization.add_safe_globals([CGXState])
+
+
 def _split(state: CGXState, bucket) -> List[tuple]:
     """(offset, numel, compress) per gradient in the bucket buffer, in buffer order."""
     spans, offset = [], 0
