@@ -34,22 +34,23 @@ def body_hierarchical(rank, world, intra_broadcast):
     assert torch_cgx.get_config().intra_broadcast is intra_broadcast
     torch_cgx.set_config(bits=4, bucket_size=128)
     seed = 0
-    for dtype in (torch.float32, torch.bfloat16):
-        for n in (997, 65537):
-            for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
-                seed += 1
-                y = _input(rank, n, dtype, seed)
-                dist.all_reduce(y, op=op)
-                _same_everywhere(y, gloo)
-                inputs = [_input(r, n, dtype, seed).double() for r in range(world)]
-                nodes = [(inputs[0] + inputs[1]).float(), (inputs[2] + inputs[3]).float()]
-                exact = sum(inputs)
-                bound = allreduce_error_bound(nodes, 4, 128, "sra", False, 1 << 24, dtype)
-                if op == dist.ReduceOp.AVG:
-                    exact, bound = exact / world, bound / world
-                err = (y.double() - exact).abs()
-                assert bool((err <= bound).all()), f"{dtype} n={n} {op}: max {err.max():.3g}"
-                assert err.max() > 0  # compressed, not exact
+    cases = [(dtype, n, op) for dtype in (torch.float32, torch.bfloat16) for n in (997, 65537)
+             for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG)]  # fmt: skip
+    cases.append((torch.float32, (4 << 20) + 1001, dist.ReduceOp.SUM))  # > one 16 MiB shm slot
+    for dtype, n, op in cases:
+        seed += 1
+        y = _input(rank, n, dtype, seed)
+        dist.all_reduce(y, op=op)
+        _same_everywhere(y, gloo)
+        inputs = [_input(r, n, dtype, seed).double() for r in range(world)]
+        nodes = [(inputs[0] + inputs[1]).float(), (inputs[2] + inputs[3]).float()]
+        exact = sum(inputs)
+        bound = allreduce_error_bound(nodes, 4, 128, "sra", False, 1 << 24, dtype)
+        if op == dist.ReduceOp.AVG:
+            exact, bound = exact / world, bound / world
+        err = (y.double() - exact).abs()
+        assert bool((err <= bound).all()), f"{dtype} n={n} {op}: max {err.max():.3g}"
+        assert err.max() > 0  # compressed, not exact
     # Only the cross-node part is compressed: leaders (or slice owners) send, inside a node
     # nothing is counted.
     sent = backend.last_bytes_sent()
@@ -69,9 +70,11 @@ def body_hierarchical(rank, world, intra_broadcast):
     dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("inner", ["", "GLOO"])  # shared memory (default) / the node's Gloo
 @pytest.mark.parametrize("intra_broadcast", [True, False])
-def test_hierarchical_two_nodes_of_two(intra_broadcast):
-    env = {"LOCAL_WORLD_SIZE": "2", "CGX_INTRA_BROADCAST": "1" if intra_broadcast else "0"}
+def test_hierarchical_two_nodes_of_two(intra_broadcast, inner):
+    env = {"LOCAL_WORLD_SIZE": "2", "CGX_INTRA_BROADCAST": "1" if intra_broadcast else "0",
+           "CGX_INNER_COMMUNICATOR_TYPE": inner}  # fmt: skip
     run_ranks(body_hierarchical, 4, intra_broadcast, env=env, timeout=180)
 
 

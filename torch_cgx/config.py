@@ -35,8 +35,9 @@ variable                                       default    meaning
 ``CGX_INTRA_BROADCAST``                        1          1: only node leaders talk across nodes
                                                           (CGX's default); 0: every local rank
                                                           owns a slice of the buffer across nodes
-``CGX_INNER_COMMUNICATOR_TYPE``                (none)     CGX's intra-node transport: SHM, MPI or
-                                                          NCCL (accepted; torch_cgx uses Gloo)
+``CGX_INNER_COMMUNICATOR_TYPE``                SHM        hierarchical intra-node transport: SHM
+                                                          (shared memory), or MPI / NCCL / GLOO
+                                                          (the node's Gloo group)
 ``CGX_CROSS_COMMUNICATOR_TYPE``                (none)     CGX's cross-node transport: MPI, NCCL
                                                           or SHM (accepted; torch_cgx uses Gloo)
 =============================================  =========  =========================================

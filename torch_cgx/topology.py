@@ -5,7 +5,9 @@ launcher giving each node a contiguous block of ranks) by ``RANK // LOCAL_WORLD_
 hostname; each rank publishes its node id in the group's store, so every rank sees the same
 layout. Nodes are numbered by their lowest rank; a rank's local rank is its place among its
 node's ranks. With several nodes holding several ranks (``auto``) or with ``on``, the group gets
-a Gloo group per node (exact node sums) and cross-node Gloo groups for the compressed part:
+a shared-memory segment per node (``CGX_INNER_COMMUNICATOR_TYPE=SHM``, the default; MPI / NCCL /
+GLOO: the node's Gloo group instead) for the exact node sums, and cross-node Gloo groups for
+the compressed part:
 the node leaders (``CGX_INTRA_BROADCAST=1``) or, per local rank, the ranks of that local rank on
 every node (``CGX_INTRA_BROADCAST=0``; every node must then hold as many ranks).
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import uuid
 from typing import List, Tuple
 
 import torch.distributed as dist
@@ -68,6 +71,10 @@ def attach_hierarchy(backend, config: CGXConfig, store, rank: int, size: int,
     h.intra = dist.ProcessGroupGloo(
         dist.PrefixStore(f"intra/{node}/", store), local, len(nodes[node]), timeout
     )
+    if config.inner_communicator in ("", "shm"):  # the node's ranks share a memory segment
+        if local == 0:
+            store.set(f"shm/{node}", f"/cgx-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        h.shm_name = store.get(f"shm/{node}").decode()
     if config.intra_broadcast:
         if local == 0:
             h.cross = dist.ProcessGroupGloo(
@@ -78,3 +85,6 @@ def attach_hierarchy(backend, config: CGXConfig, store, rank: int, size: int,
             dist.PrefixStore(f"cross/{local}/", store), node, len(nodes), timeout
         )
     backend.set_hierarchy(h)
+    if h.shm_name:  # once every local rank has mapped it, the name can go (no leak on a crash)
+        h.intra.barrier().wait()
+        backend.unlink_node_segment()

@@ -68,7 +68,8 @@ void bind_backend(pybind11::module& m) {
       .def_readwrite("local_rank", &Hierarchy::local_rank)
       .def_readwrite("local_size", &Hierarchy::local_size)
       .def_readwrite("nodes", &Hierarchy::nodes)
-      .def_readwrite("intra_broadcast", &Hierarchy::intra_broadcast);
+      .def_readwrite("intra_broadcast", &Hierarchy::intra_broadcast)
+      .def_readwrite("shm_name", &Hierarchy::shm_name);
 
   py::class_<ProcessGroupCGX, c10d::Backend, c10::intrusive_ptr<ProcessGroupCGX>>(m,
                                                                                   "ProcessGroupCGX")
@@ -80,6 +81,7 @@ void bind_backend(pybind11::module& m) {
       .def("set_config", &ProcessGroupCGX::set_config)
       .def("set_hierarchy", &ProcessGroupCGX::set_hierarchy)
       .def("hierarchical", &ProcessGroupCGX::hierarchical)
+      .def("unlink_node_segment", &ProcessGroupCGX::unlink_node_segment)
       .def("store", &ProcessGroupCGX::store)
       .def("next_config_version", &ProcessGroupCGX::next_config_version)
       .def("allreduce_with", &ProcessGroupCGX::allreduce_with, py::arg("tensor"), py::arg("config"),

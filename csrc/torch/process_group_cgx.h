@@ -29,6 +29,7 @@
 #include "call_settings.h"
 #include "cgx_work.h"
 #include "core/serial_executor.h"
+#include "core/shm_node.h"
 
 namespace cgx::binding {
 
@@ -75,6 +76,10 @@ struct Hierarchy {
   int local_size = 1;
   int nodes = 1;
   bool intra_broadcast = true;
+  // Non-empty: the node's shared-memory segment (core/shm_node.h) carries the intra-node steps
+  // instead of `intra` (CGX_INNER_COMMUNICATOR_TYPE=SHM, the default); local rank 0 creates it.
+  std::string shm_name;
+  std::shared_ptr<ShmNode> shm;  // set by set_hierarchy
 };
 
 class ProcessGroupCGX : public c10d::Backend {
@@ -111,6 +116,8 @@ class ProcessGroupCGX : public c10d::Backend {
   // Turns on the hierarchical path for compressed allreduces (before the group's first use).
   void set_hierarchy(const Hierarchy& h);
   bool hierarchical() const { return hierarchy_ != nullptr; }
+  // Removes the node segment's name once every local rank has mapped it (leader; idempotent).
+  void unlink_node_segment();
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
   // 1, 2, ...: numbers the settings agreements of this group (keys in the store).
   int64_t next_config_version() { return ++config_version_; }
@@ -179,6 +186,8 @@ class ProcessGroupCGX : public c10d::Backend {
                          float* residual = nullptr);
   void reduce_exact(at::Tensor& t, const c10d::ReduceOp& op);
   void reduce_hierarchical(at::Tensor& t, const BackendConfig& c, bool average, float* residual);
+  void shm_leaders(float* w, int64_t n, const BackendConfig& c, float* residual);
+  void shm_slices(float* w, int64_t n, const BackendConfig& c, float* residual);
   void run_algorithm(const c10::intrusive_ptr<c10d::Backend>& over, at::Tensor& work,
                      const BackendConfig& c, bool average, float* residual);
   // The group's settings for an allreduce issued now (per-call variables applied).
