@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import pickle
@@ -206,6 +207,10 @@ def body_train(rank, world, how, out_path):
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(losses, f)
+    # DDP holds the group: drop it first, so that the group (and Gloo's threads, which may
+    # hold tensors) goes now, with the interpreter alive, not during its finalization.
+    del ddp, opt, model
+    gc.collect()
     dist.destroy_process_group()
 
 

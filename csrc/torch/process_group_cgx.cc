@@ -103,6 +103,7 @@ void ProcessGroupCGX::stop_threads() {
     // object, which needs the GIL, and at interpreter exit a thread that asks for it is killed.
     inner_.reset();
     wire_.reset();
+    hierarchy_.reset();  // the node and cross-node Gloo groups, and the shared-memory mapping
   };
   if (Py_IsInitialized() && PyGILState_Check()) {
     pybind11::gil_scoped_release no_gil;
