@@ -15,6 +15,7 @@
 namespace cgx::kernels::avx2 {
 void encode_span(const EncodeArgs& args);
 void decode_span(const DecodeArgs& args);
+void pack_groups(const uint8_t* codes, int64_t groups, int bits, uint8_t* out);
 }  // namespace cgx::kernels::avx2
 #endif
 
@@ -52,6 +53,13 @@ void decode_span(const DecodeArgs& args) {
   if (use_avx2()) return avx2::decode_span(args);
 #endif
   generic::decode_span(args);
+}
+
+void pack_groups(const uint8_t* codes, int64_t groups, int bits, uint8_t* out) {
+#ifdef CGX_HAVE_AVX2_KERNELS
+  if (use_avx2()) return avx2::pack_groups(codes, groups, bits, out);
+#endif
+  generic::pack_groups(codes, groups, bits, out);
 }
 
 const char* isa() { return use_avx2() ? "avx2" : "generic"; }

@@ -38,6 +38,10 @@ struct DecodeArgs {
 void encode_span(const EncodeArgs& args);
 void decode_span(const DecodeArgs& args);
 
+// Packs `groups` groups of 8 codes of `bits` bits (1..8; one code per byte of `codes`) into
+// groups * bits bytes of the codec's little-endian bit stream.
+void pack_groups(const uint8_t* codes, int64_t groups, int bits, uint8_t* out);
+
 // Which instruction set the kernels run with on this machine ("avx2" or "generic").
 const char* isa();
 

@@ -194,31 +194,6 @@ bool level_codes_f32(const float* x, int64_t begin, int64_t end, const Levels& q
   return true;
 }
 
-int64_t pack_codes(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
-  int64_t i = 0;
-  if (bits == 4) {  // c0 + 16 c1 per byte pair, then the low bytes in order
-    const __m256i w = _mm256_set1_epi16(0x1001);
-    for (; i + 32 <= n; i += 32) {
-      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i));
-      const __m256i b = _mm256_maddubs_epi16(c, w);
-      const __m256i p =
-          _mm256_permute4x64_epi64(_mm256_packus_epi16(b, b), _MM_SHUFFLE(3, 1, 2, 0));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i / 2), _mm256_castsi256_si128(p));
-    }
-  } else if (bits == 2) {  // c0 + 4 c1, then + 16 (c2 + 4 c3), then the low bytes in order
-    const __m256i w1 = _mm256_set1_epi16(0x0401), w2 = _mm256_set1_epi32(0x00100001);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (; i + 32 <= n; i += 32) {
-      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i));
-      const __m256i q = _mm256_madd_epi16(_mm256_maddubs_epi16(c, w1), w2);
-      const __m256i h = _mm256_packus_epi32(q, q);
-      const __m256i p = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(h, h), order);
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i / 4), _mm256_castsi256_si128(p));
-    }
-  }
-  return i;
-}
-
 int64_t decode_table_f32(const uint8_t* packed, size_t stream_bytes, int bits, int64_t first,
                          int64_t end, const float* table, float* out, bool add) {
   // Codes i..i+7 start at byte i * bits / 8: lanes 0-3 from the low 32 bits of that word,
@@ -321,7 +296,6 @@ bool level_codes_f32(const float*, int64_t, int64_t, const Levels&, uint8_t*, bo
   return false;
 }
 bool convert(const void*, DType, void*, DType, int64_t, bool) { return false; }
-int64_t pack_codes(const uint8_t*, int64_t, int, uint8_t*) { return 0; }
 bool indices_at_least_f32(const float*, int64_t, float, std::vector<uint32_t>&) { return false; }
 int64_t decode_table_f32(const uint8_t*, size_t, int, int64_t first, int64_t, const float*, float*,
                          bool) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "codec_kernels.h"
 #include "primitives.h"
 #include "primitives_lanes.h"
 
@@ -13,8 +14,6 @@ bool stats_f32(const float* x, int64_t n, detail::StatLanes& s);
 bool level_codes_f32(const float* x, int64_t begin, int64_t end, const Levels& q, uint8_t* codes,
                      bool* finite);
 bool convert(const void* in, DType in_t, void* out, DType out_t, int64_t n, bool add);
-// Packs a multiple of 32 codes of 2 or 4 bits (byte-aligned output); returns how many.
-int64_t pack_codes(const uint8_t* codes, int64_t n, int bits, uint8_t* out);
 // Handles [begin, end) from `first` on (a multiple of 8) while 8 bytes can be read; returns where
 // it stopped.
 int64_t decode_table_f32(const uint8_t* packed, size_t stream_bytes, int bits, int64_t first,
@@ -113,36 +112,14 @@ void convert(const void* in, DType in_t, void* out, DType out_t, int64_t n, bool
   for_each(in, in_t, 0, n, [&](int64_t i, float v) { put_value(out, out_t, i, v, add); });
 }
 
-namespace {
-
-// Groups of eight codes of B bits, B bytes each (little-endian hosts).
-template <int B>
-uint8_t* pack_groups(const uint8_t* codes, int64_t groups, uint8_t* out) {
-  for (int64_t g = 0; g < groups; ++g, codes += 8, out += B) {
-    uint64_t word = 0;
-    for (int j = 0; j < 8; ++j) word |= uint64_t(codes[j]) << (j * B);
-    std::memcpy(out, &word, B);
-  }
-  return out;
-}
-
-using PackFn = uint8_t* (*)(const uint8_t*, int64_t, uint8_t*);
-constexpr PackFn kPackGroups[9] = {nullptr,        pack_groups<1>, pack_groups<2>,
-                                   pack_groups<3>, pack_groups<4>, pack_groups<5>,
-                                   pack_groups<6>, pack_groups<7>, pack_groups<8>};
-
-}  // namespace
-
 void BitWriter::put_codes(const uint8_t* codes, int64_t n) {
   int64_t i = 0;
-  if (used_ % 8 == 0) {
+  if (used_ % 8 == 0) {  // byte-aligned: whole groups of eight codes through the codec's packer
     for (; used_ > 0; used_ -= 8, acc_ >>= 8) *out_++ = uint8_t(acc_);
-    if (use_avx2()) {
-      i = avx2::pack_codes(codes, n, bits_, out_);
-      out_ += i * bits_ / 8;
-    }
-    out_ = kPackGroups[bits_](codes + i, (n - i) / 8, out_);
-    i += (n - i) / 8 * 8;
+    const int64_t groups = n / 8;
+    kernels::pack_groups(codes, groups, bits_, out_);
+    out_ += groups * bits_;
+    i = groups * 8;
   }
   for (; i < n; ++i) put(codes[i]);
 }
