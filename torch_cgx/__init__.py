@@ -13,9 +13,8 @@ from torch_cgx import (
 from torch_cgx import backend as _backend
 from torch_cgx import config as _config
 from torch_cgx.backend import cgx_backend, get_config, is_cgx_group, set_config
-from torch_cgx.compression_hook import CompressionState, compression_hook
 from torch_cgx.config import CGXConfig
-from torch_cgx.hooks import CGXState, cgx_hook
+from torch_cgx.hooks import CGXState, CompressionState, cgx_hook, compression_hook
 from torch_cgx.launch import apply_launcher_env
 from torch_cgx.version import __version__
 

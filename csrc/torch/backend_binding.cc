@@ -53,6 +53,7 @@ void bind_backend(pybind11::module& m) {
       .def_readwrite("algorithm", &BackendConfig::algorithm)
       .def_readwrite("stochastic", &BackendConfig::stochastic)
       .def_readwrite("seed", &BackendConfig::seed)
+      .def_readwrite("stream", &BackendConfig::stream)
       .def_readwrite("compressor", &BackendConfig::compressor)
       .def_readwrite("compressor_params", &BackendConfig::compressor_params)
       .def_readwrite("settings_per_call", &BackendConfig::settings_per_call)

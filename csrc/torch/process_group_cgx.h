@@ -45,6 +45,10 @@ struct BackendConfig {
   int algorithm = 0;                                  // cgx::Algorithm
   bool stochastic = false;
   uint64_t seed = 0;
+  // >= 0: the index of this call's random streams, given by a caller that counts its own calls
+  // (a DDP hook's state: a resumed run then draws what an uninterrupted one would); -1: the
+  // group's call counter.
+  int64_t stream = -1;
   // A registered compressor (csrc/compressors/list.h); "maxmin" takes bits, bucket_size,
   // skip_incomplete_buckets and stochastic above, the others their own parameters.
   std::string compressor = "maxmin";

@@ -27,6 +27,7 @@ The delivered gradient then already holds the momentum: use the optimizer withou
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at run time.
+import zlib
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -66,7 +67,7 @@ class CompressionState:
     """
 
     __slots__ = ("process_group", "compressor", "params", "error_feedback", "layer_min_size",
-                 "momentum", "residuals", "momenta", "_names")  # fmt: skip
+                 "momentum", "residuals", "momenta", "steps", "_names")  # fmt: skip
 
     def __init__(
         self,
@@ -101,6 +102,7 @@ class CompressionState:
         self.layer_min_size = layer_min_size
         self.residuals: Dict[Any, torch.Tensor] = {}
         self.momenta: Dict[Any, torch.Tensor] = {}
+        self.steps = 0  # DDP steps seen: numbers the random streams of stochastic compressors
         self._names = {}
         if module is not None:
             self._names = {id(p): name for name, p in module.named_parameters()}
@@ -133,6 +135,7 @@ class CompressionState:
             "momentum": self.momentum,
             "residuals": {k: v.clone() for k, v in self.residuals.items()},
             "momenta": {k: v.clone() for k, v in self.momenta.items()},
+            "steps": self.steps,
         }
 
     def __setstate__(self, state):
@@ -142,6 +145,7 @@ class CompressionState:
         self.momentum = state["momentum"]
         self.residuals = dict(state["residuals"])
         self.momenta = dict(state["momenta"])
+        self.steps = state.get("steps", 0)
         self._names = {}
 
     def attach(self, module: torch.nn.Module, process_group=None) -> None:
@@ -150,14 +154,28 @@ class CompressionState:
         self._names = {id(p): name for name, p in module.named_parameters()}
         self.process_group = process_group
 
-    def native_config(self):
+    def native_config(self, stream: int = -1):
+        """The backend settings of a compressed call; ``stream`` numbers its random streams
+        (-1: the group's call counter)."""
         group = get_config(self.process_group)
         if self.compressor == "maxmin":
             fields = {k: v for k, v in self.params.items() if k in _MAXMIN_FIELDS}
             fields = {k: bool(v) if k in ("skip_incomplete_buckets", "stochastic") else int(v)
                       for k, v in fields.items()}  # fmt: skip
-            return group.replace(compressor="maxmin", compressor_params="", **fields).to_native()
-        return group.replace(compressor=self.compressor, compressor_params=self.params).to_native()
+            group = group.replace(compressor="maxmin", compressor_params="", **fields)
+        else:
+            group = group.replace(compressor=self.compressor, compressor_params=self.params)
+        native = group.to_native()
+        native.stream = stream
+        return native
+
+    def stream(self, bucket, first) -> int:
+        """The random streams of this step's call for ``bucket``: the step count and the
+        bucket's first compressed parameter (its name when known), the same on every rank and
+        after a checkpoint, whatever index DDP gives the bucket."""
+        key = self.key(first)
+        tag = zlib.crc32(key.encode()) if isinstance(key, str) else bucket.index()
+        return (self.steps << 20) ^ (tag & 0xFFFFF)
 
 
 def _spans(state: CompressionState, bucket) -> List[tuple]:
@@ -213,7 +231,8 @@ def compression_hook(
         residual = None
         if state.error_feedback:
             residual = torch.empty(tensor.numel(), dtype=torch.float32)
-        futures.append(backend.allreduce_with(tensor, state.native_config(), True, residual))
+        config = state.native_config(state.stream(bucket, comp[0][2]))
+        futures.append(backend.allreduce_with(tensor, config, True, residual))
         staged.append((tensor, comp, residual))
     if exact:
         tensor = _stage(buf, exact, not comp)
@@ -223,6 +242,8 @@ def compression_hook(
         futures.append(backend.allreduce_with(tensor, config.to_native(), True))
         staged.append((tensor, exact, None))
     futures = [w.get_future() for w in futures]
+    if bucket.is_last():
+        state.steps += 1
 
     def finish(_):
         for tensor, spans, residual in staged:

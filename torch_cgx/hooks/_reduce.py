@@ -1,0 +1,48 @@
+"""Exact allreduces on any group, for the hooks: a cgx group reduces with its exact path (whatever
+its bits), any other group (Gloo, NCCL) with ``dist.all_reduce``. Each call is issued at once, on
+the caller's thread, so the hooks' collectives keep one order on every rank."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from torch_cgx.backend import cgx_backend, get_config, is_cgx_group
+
+
+def group_or_default(group: Optional[dist.ProcessGroup]) -> dist.ProcessGroup:
+    return group if group is not None else dist.distributed_c10d._get_default_group()
+
+
+def exact_allreduce(group: dist.ProcessGroup, tensor: torch.Tensor) -> torch.futures.Future:
+    """Sums ``tensor`` in place over ``group``; the future's value is ``tensor``."""
+    if is_cgx_group(group):
+        config = get_config(group).replace(bits=32, compressor="maxmin", compressor_params="")
+        work = cgx_backend(group).allreduce_with(tensor, config.to_native(), False)
+    else:
+        work = dist.all_reduce(tensor, group=group, async_op=True)
+    return work.get_future().then(lambda _: tensor)
+
+
+def quantized_allreduce(
+    group: dist.ProcessGroup, tensor: torch.Tensor, bits: int, bucket_size: int
+) -> torch.futures.Future:
+    """Sums ``tensor`` in place with max-min ``bits`` through the cgx backend (ValueError on a
+    group that is not cgx)."""
+    if not is_cgx_group(group):
+        raise ValueError(
+            "quantized allreduce (quantize_bits) needs a group created with backend 'cgx'"
+        )
+    config = get_config(group).replace(
+        bits=bits, bucket_size=bucket_size, compressor="maxmin", compressor_params=""
+    )
+    work = cgx_backend(group).allreduce_with(tensor, config.to_native(), False)
+    return work.get_future().then(lambda _: tensor)
+
+
+def done(value: torch.Tensor) -> torch.futures.Future:
+    fut = torch.futures.Future()
+    fut.set_result(value)
+    return fut

@@ -1,0 +1,138 @@
+"""The arithmetic of PowerSGD for all the matrices of a step at once: batched orthogonalization,
+one allreduce for every P (with the exactly reduced values riding along) and one for every Q.
+
+Matrices with the same number of rows and rank share one ``[B, rows, rank]`` block of a flat
+buffer, so Gram-Schmidt runs once per shape instead of once per matrix, and the flat buffers are
+what goes on the wire (no staging copy). The per-matrix products stay ``torch.mm`` into views.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable, List, Optional, Tuple
+
+import torch
+
+Reduce = Callable[[torch.Tensor], torch.futures.Future]
+
+
+class Item:
+    """One matrix to approximate: ``matrix`` (n x m, a view written with the result), its
+    ``rank`` and its Q (m x rank) when one is remembered (warm start) or freshly drawn."""
+
+    __slots__ = ("key", "matrix", "rank", "q")
+
+    def __init__(self, key, matrix: torch.Tensor, rank: int, q: Optional[torch.Tensor]) -> None:
+        self.key, self.matrix, self.rank, self.q = key, matrix, rank, q
+
+
+def orthogonalize(mats: torch.Tensor, epsilon: float) -> None:
+    """Orthonormal columns, in place, for a batch ``[B, rows, rank]`` (rank <= rows).
+
+    Rank <= 2 or half precision: Gram-Schmidt, column by column over the whole batch (in fp32
+    for half inputs); otherwise Householder QR. With ``epsilon == 0`` a column of zeros stays
+    zeros (torch's hook divides 0 by 0 there and spreads NaN through the gradient); with
+    ``epsilon > 0`` each column is divided by its norm + epsilon, as in torch's hook.
+    """
+    rank = mats.shape[2]
+    if rank > 2 and mats.dtype in (torch.float32, torch.float64):
+        q, _ = torch.linalg.qr(mats)
+        mats.copy_(q)
+        return
+    work = mats if mats.dtype in (torch.float32, torch.float64) else mats.float()
+    for i in range(rank):
+        col = work[:, :, i : i + 1]
+        norm = torch.norm(col, dim=1, keepdim=True)
+        if epsilon == 0:
+            norm = torch.where(norm == 0, torch.ones_like(norm), norm)
+        else:
+            norm = norm + epsilon
+        col /= norm
+        if i + 1 < rank:
+            rest = work[:, :, i + 1 :]
+            rest -= torch.sum(col * rest, dim=1, keepdim=True) * col
+    if work is not mats:
+        mats.copy_(work)
+
+
+def _layout(shapes: List[Tuple[int, int]]) -> Tuple[int, list, list]:
+    """Offsets of ``(rows, rank)`` blocks grouped by shape: (total, per-item (group, index),
+    groups as (rows, rank, count, offset))."""
+    groups: OrderedDict[Tuple[int, int], list] = OrderedDict()
+    for i, shape in enumerate(shapes):
+        groups.setdefault(shape, []).append(i)
+    where, blocks, offset = [None] * len(shapes), [], 0
+    for g, ((rows, rank), members) in enumerate(groups.items()):
+        for j, i in enumerate(members):
+            where[i] = (g, j)
+        blocks.append((rows, rank, len(members), offset))
+        offset += rows * rank * len(members)
+    return offset, where, blocks
+
+
+class _Flat:
+    """A flat buffer of ``[B, rows, rank]`` blocks; ``view(i)`` is item i's ``rows x rank``."""
+
+    def __init__(self, shapes, dtype, extra: int = 0) -> None:
+        total, self.where, blocks = _layout(shapes)
+        self.data = torch.empty(total + extra, dtype=dtype)
+        self.tail = self.data[total:]
+        self.blocks = [
+            self.data[o : o + rows * rank * n].view(n, rows, rank) for rows, rank, n, o in blocks
+        ]
+
+    def view(self, i: int) -> torch.Tensor:
+        g, j = self.where[i]
+        return self.blocks[g][j]
+
+    def orthogonalize(self, epsilon: float) -> None:
+        for block in self.blocks:
+            orthogonalize(block, epsilon)
+
+
+def power_step(
+    items: List[Item],
+    exact: Optional[torch.Tensor],
+    world: int,
+    epsilon: float,
+    reduce_p: Reduce,
+    reduce_q: Reduce,
+    reduce_exact: Optional[Reduce] = None,
+) -> None:
+    """One PowerSGD step for every item: each ``matrix`` becomes the average low-rank
+    approximation P Q^T and each ``q`` the averaged Q (a view of this step's Q buffer).
+    ``exact`` (flat) is averaged exactly: in P's allreduce, or by ``reduce_exact`` when given
+    (P quantized). The reduce functions sum in place and return a future (waited for here)."""
+    dtype = items[0].matrix.dtype if items else exact.dtype
+    n_exact = 0 if exact is None else exact.numel()
+    qs = _Flat([(it.matrix.shape[1], it.rank) for it in items], dtype)
+    for i, it in enumerate(items):
+        qs.view(i).copy_(it.q)
+    qs.orthogonalize(epsilon)
+    ride = n_exact if reduce_exact is None else 0
+    ps = _Flat([(it.matrix.shape[0], it.rank) for it in items], dtype, extra=ride)
+    pending = []
+    if n_exact and reduce_exact is not None:
+        pending.append(reduce_exact(exact))
+    elif n_exact:
+        ps.tail.copy_(exact)
+    for i, it in enumerate(items):
+        torch.mm(it.matrix, qs.view(i), out=ps.view(i))
+    if items or ride:
+        reduce_p(ps.data).wait()
+    for fut in pending:
+        fut.wait()
+    if ride:
+        exact.copy_(ps.tail)
+    if n_exact:
+        exact.div_(world)
+    if not items:
+        return
+    ps.orthogonalize(epsilon)
+    for i, it in enumerate(items):
+        torch.mm(it.matrix.t(), ps.view(i), out=qs.view(i))
+    reduce_q(qs.data).wait()
+    qs.data.div_(world)
+    for i, it in enumerate(items):
+        torch.mm(ps.view(i), qs.view(i).t(), out=it.matrix)
+        it.q = qs.view(i)
