@@ -16,7 +16,11 @@ Workloads (offline, random init):
 Methods, run one after another on the same initial weights and the same batches:
   gloo      DDP's built-in allreduce over a Gloo group (uncompressed)
   fp16      torch's fp16_compress_hook over the Gloo group
-  powersgd  torch's powerSGD_hook (PowerSGDState) over the Gloo group
+  bf16      torch_cgx.hooks.bf16_compress_hook over the Gloo group (DDP refuses torch's on CPU)
+  powersgd  torch's powerSGD_hook (PowerSGDState) over the Gloo group, its buckets serialized
+            (SerialHook: registered directly it issues collectives out of order on Gloo)
+  cgx-powersgd
+            torch_cgx.hooks.powerSGD_hook, same parameters and math, two allreduces per step
   cgxN      torch_cgx's cgx_hook on the cgx group, N bits (1..8; default cgx8, cgx4, cgx2)
   c:NAME    torch_cgx's compression_hook on the cgx group with the registered compressor NAME
             (torch_cgx.compressors.names(): maxmin, fp16, bf16, signsgd, ..., topk, dgc, ...)

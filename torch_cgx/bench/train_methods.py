@@ -2,7 +2,9 @@
 
 gloo            DDP's built-in allreduce over a Gloo group (uncompressed)
 fp16            torch's fp16_compress_hook over the Gloo group
-powersgd        torch's powerSGD_hook (PowerSGDState) over the Gloo group
+bf16            torch_cgx.hooks.bf16_compress_hook over the Gloo group (DDP refuses torch's on CPU)
+powersgd        torch's powerSGD_hook (PowerSGDState) over the Gloo group, buckets serialized
+cgx-powersgd    torch_cgx.hooks.powerSGD_hook over the Gloo group (same parameters and math)
 cgxN            torch_cgx's cgx_hook on the cgx group, N bits (1..8)
 c:<name>        torch_cgx's compression_hook with CompressionState(compressor=<name>), default
                 parameters, error feedback and momentum as the hook defaults them
@@ -25,8 +27,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import torch_cgx
 from torch_cgx import compressors
+from torch_cgx import hooks as cgx_hooks
 
-METHODS = ("gloo", "fp16", "powersgd", "cgx8", "cgx4", "cgx2", "noop")
+METHODS = ("gloo", "fp16", "bf16", "powersgd", "cgx-powersgd", "cgx8", "cgx4", "cgx2", "noop")
 ALL_COMPRESSORS = "all-compressors"
 ALL_NOEF = "all-noef"
 _EF_SUFFIX = {"": None, ":ef": True, ":noef": False}
@@ -161,14 +164,20 @@ def wrap(model: torch.nn.Module, method: str, gloo, args) -> tuple:
     ddp = DDP(model, process_group=gloo, **common)
     if method == "fp16":
         ddp.register_comm_hook(gloo, default_hooks.fp16_compress_hook)
-    elif method == "powersgd":
-        state = powerSGD_hook.PowerSGDState(
-            process_group=gloo,
-            matrix_approximation_rank=args.powersgd_rank,
-            start_powerSGD_iter=args.powersgd_start_iter,
-            random_seed=args.seed,
-        )
-        ddp.register_comm_hook(SerialHook(state, powerSGD_hook.powerSGD_hook), serial_hook)
+    elif method == "bf16":
+        ddp.register_comm_hook(gloo, cgx_hooks.bf16_compress_hook)
+    elif method in ("powersgd", "cgx-powersgd"):
+        psgd = {
+            "matrix_approximation_rank": args.powersgd_rank,
+            "start_powerSGD_iter": args.powersgd_start_iter,
+            "random_seed": args.seed,
+        }
+        if method == "powersgd":
+            state = powerSGD_hook.PowerSGDState(process_group=gloo, **psgd)
+            ddp.register_comm_hook(SerialHook(state, powerSGD_hook.powerSGD_hook), serial_hook)
+        else:
+            state = cgx_hooks.PowerSGDState(gloo, module=model, **psgd)
+            ddp.register_comm_hook(state, cgx_hooks.powerSGD_hook)
         return ddp, state
     elif method == "noop":
         ddp.register_comm_hook(None, noop_hook)
@@ -181,7 +190,7 @@ def nominal_bits(method: str) -> Optional[int]:
     if compressor_of(method) is not None:
         return None
     bits = cgx_bits(method)
-    return bits if bits is not None else (16 if method == "fp16" else 32)
+    return bits if bits is not None else (16 if method in ("fp16", "bf16") else 32)
 
 
 def method_info(state) -> dict:
@@ -204,7 +213,8 @@ class WireMeter:
         self.method, self.state, self.grad_bytes, self.args = method, state, grad_bytes, args
         self.ring = 2 * (world - 1) / world
         self.counter = torch_cgx.cgx_backend() if on_cgx_group(method) else None
-        self.psgd = state if isinstance(state, powerSGD_hook.PowerSGDState) else None
+        psgd_states = (powerSGD_hook.PowerSGDState, cgx_hooks.PowerSGDState)
+        self.psgd = state if isinstance(state, psgd_states) else None
         self.bytes0 = self.numel0 = 0
 
     def start(self) -> None:
@@ -220,7 +230,7 @@ class WireMeter:
             return (self.counter.total_bytes_sent() - self.bytes0) / timed
         if self.method == "noop":
             return 0.0
-        if self.method == "fp16":
+        if self.method in ("fp16", "bf16"):
             return self.ring * self.grad_bytes / 2
         if self.psgd is not None:
             # PowerSGDState counts the elements reduced once compression has started; steps

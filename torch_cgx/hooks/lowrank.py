@@ -18,12 +18,13 @@ Reduce = Callable[[torch.Tensor], torch.futures.Future]
 
 class Item:
     """One matrix to approximate: ``matrix`` (n x m, a view written with the result), its
-    ``rank`` and its Q (m x rank) when one is remembered (warm start) or freshly drawn."""
+    ``rank``, its Q (m x rank) when one is remembered (warm start) or freshly drawn, and
+    ``error`` (n x m) to receive ``matrix - P Q^T`` (error feedback) or None."""
 
-    __slots__ = ("key", "matrix", "rank", "q")
+    __slots__ = ("key", "matrix", "rank", "q", "error")
 
     def __init__(self, key, matrix: torch.Tensor, rank: int, q: Optional[torch.Tensor]) -> None:
-        self.key, self.matrix, self.rank, self.q = key, matrix, rank, q
+        self.key, self.matrix, self.rank, self.q, self.error = key, matrix, rank, q, None
 
 
 def orthogonalize(mats: torch.Tensor, epsilon: float) -> None:
@@ -100,7 +101,8 @@ def power_step(
     reduce_exact: Optional[Reduce] = None,
 ) -> None:
     """One PowerSGD step for every item: each ``matrix`` becomes the average low-rank
-    approximation P Q^T and each ``q`` the averaged Q (a view of this step's Q buffer).
+    approximation P Q^T, each ``q`` the averaged Q (a view of this step's Q buffer) and each
+    ``error`` what this rank's matrix lost (one pass: no copy of the input is kept).
     ``exact`` (flat) is averaged exactly: in P's allreduce, or by ``reduce_exact`` when given
     (P quantized). The reduce functions sum in place and return a future (waited for here)."""
     dtype = items[0].matrix.dtype if items else exact.dtype
@@ -134,5 +136,7 @@ def power_step(
     reduce_q(qs.data).wait()
     qs.data.div_(world)
     for i, it in enumerate(items):
+        if it.error is not None:
+            torch.addmm(it.matrix, ps.view(i), qs.view(i).t(), alpha=-1, out=it.error)
         torch.mm(ps.view(i), qs.view(i).t(), out=it.matrix)
         it.q = qs.view(i)

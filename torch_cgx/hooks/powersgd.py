@@ -107,9 +107,9 @@ def _random_qs(state: PowerSGDState, items: List[lowrank.Item], dtype, batched: 
                 it.q = q
 
 
-def _split(state: PowerSGDState, b: _Bucket, items, exact, copies) -> None:
-    """The bucket's gradients: compressed ones become items (error added, a copy kept for the
-    new error), the others join ``exact``."""
+def _split(state: PowerSGDState, b: _Bucket, items, exact) -> None:
+    """The bucket's gradients: compressed ones become items (the error added; the new one will
+    be written in its place), the others join ``exact``."""
     mine = []
     for key, grad in zip(b.keys, b.grads):
         if grad.dim() == 0:
@@ -127,14 +127,17 @@ def _split(state: PowerSGDState, b: _Bucket, items, exact, copies) -> None:
             continue
         state.total_numel_after_compression += after
         matrix = grad.view(n, m)
-        if state.use_error_feedback:
-            err = state.error_dict.get(key)
-            if err is not None and err.shape == matrix.shape:
-                matrix.add_(err)
-            copies.append((key, matrix.clone()))
         q = state.q_memory_dict.get(key) if state.warm_start else None
         q = q if q is not None and q.shape == (m, rank) else None
-        mine.append(lowrank.Item(key, matrix, rank, q))
+        item = lowrank.Item(key, matrix, rank, q)
+        if state.use_error_feedback:
+            err = state.error_dict.get(key)
+            if err is not None and err.shape == matrix.shape and err.dtype == matrix.dtype:
+                matrix.add_(err)
+            else:
+                err = state.error_dict[key] = torch.empty_like(matrix)
+            item.error = err
+        mine.append(item)
     if not state.warm_start or b.keys not in state.seen_buckets:
         state.seen_buckets.add(b.keys)
         _random_qs(state, mine, b.buffer.dtype, state.batch_tensors_with_same_shape)
@@ -142,9 +145,9 @@ def _split(state: PowerSGDState, b: _Bucket, items, exact, copies) -> None:
 
 
 def _layerwise_step(state: PowerSGDState, group, buckets: List[_Bucket]) -> None:
-    items, exact_views, copies = [], [], []
+    items, exact_views = [], []
     for b in buckets:
-        _split(state, b, items, exact_views, copies)
+        _split(state, b, items, exact_views)
     missing = [it.key for it in items if it.q is None]
     if missing:  # a bucket seen before holds a matrix never compressed (DDP rebuilt buckets)
         _random_qs(state, [it for it in items if it.q is None], buckets[0].buffer.dtype, False)
@@ -158,8 +161,6 @@ def _layerwise_step(state: PowerSGDState, group, buckets: List[_Bucket]) -> None
         pos += view.numel()
     for it in items:
         state.q_memory_dict[it.key] = it.q
-    for (key, copy), it in zip(copies, items):
-        state.error_dict[key] = copy.sub_(it.matrix)
 
 
 def powerSGD_hook(
