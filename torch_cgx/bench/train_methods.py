@@ -5,6 +5,9 @@ fp16            torch's fp16_compress_hook over the Gloo group
 bf16            torch_cgx.hooks.bf16_compress_hook over the Gloo group (DDP refuses torch's on CPU)
 powersgd        torch's powerSGD_hook (PowerSGDState) over the Gloo group, buckets serialized
 cgx-powersgd    torch_cgx.hooks.powerSGD_hook over the Gloo group (same parameters and math)
+cgx-batched-powersgd
+                torch_cgx.hooks.batched_powerSGD_hook over the Gloo group
+cgx-powersgd-q8 torch_cgx.hooks.powerSGD_hook on the cgx group, P and Q sent as 8-bit max-min
 cgxN            torch_cgx's cgx_hook on the cgx group, N bits (1..8)
 c:<name>        torch_cgx's compression_hook with CompressionState(compressor=<name>), default
                 parameters, error feedback and momentum as the hook defaults them
@@ -30,6 +33,12 @@ from torch_cgx import compressors
 from torch_cgx import hooks as cgx_hooks
 
 METHODS = ("gloo", "fp16", "bf16", "powersgd", "cgx-powersgd", "cgx8", "cgx4", "cgx2", "noop")
+EXTRA_METHODS = ("cgx-batched-powersgd", "cgx-powersgd-q8")  # not in the default list
+_OUR_PSGD = {
+    "cgx-powersgd": {},
+    "cgx-batched-powersgd": {},
+    "cgx-powersgd-q8": {"quantize_bits": 8},
+}
 ALL_COMPRESSORS = "all-compressors"
 ALL_NOEF = "all-noef"
 _EF_SUFFIX = {"": None, ":ef": True, ":noef": False}
@@ -70,7 +79,11 @@ def _default_ef_compressors() -> List[str]:
 
 def on_cgx_group(method: str) -> bool:
     """Reduced by the cgx backend (whose byte counter then measures the wire)."""
-    return cgx_bits(method) is not None or compressor_of(method) is not None
+    return (
+        cgx_bits(method) is not None
+        or compressor_of(method) is not None
+        or method == "cgx-powersgd-q8"
+    )
 
 
 def parse_methods(text: str) -> List[str]:
@@ -83,9 +96,10 @@ def parse_methods(text: str) -> List[str]:
         elif m:
             methods.append(m)
     for m in methods:
-        if m not in METHODS and not on_cgx_group(m):
+        if m not in METHODS + EXTRA_METHODS and not on_cgx_group(m):
             raise argparse.ArgumentTypeError(
-                f"unknown method {m!r} (choose from {', '.join(METHODS)}, cgx1..cgx8, "
+                f"unknown method {m!r} (choose from {', '.join(METHODS + EXTRA_METHODS)}, "
+                "cgx1..cgx8, "
                 f"c:<compressor>[:ef|:noef] with one of {', '.join(compressors.names())}, "
                 f"{ALL_COMPRESSORS} or {ALL_NOEF})"
             )
@@ -144,9 +158,27 @@ def _compression_state(model: torch.nn.Module, method: str, args):
     )
 
 
+def _psgd_args(args) -> dict:
+    return {
+        "matrix_approximation_rank": args.powersgd_rank,
+        "start_powerSGD_iter": args.powersgd_start_iter,
+        "random_seed": args.seed,
+    }
+
+
 def wrap(model: torch.nn.Module, method: str, gloo, args) -> tuple:
     """(DDP model, hook state: PowerSGDState, CompressionState or None) for the method."""
     common = {"bucket_cap_mb": args.bucket_cap_mb}  # the models have no buffers
+    if method in _OUR_PSGD:
+        group = dist.group.WORLD if on_cgx_group(method) else gloo
+        ddp = DDP(model, process_group=group, **common)
+        state = cgx_hooks.PowerSGDState(group, module=model, **_psgd_args(args),
+                                        **_OUR_PSGD[method])  # fmt: skip
+        batched = method == "cgx-batched-powersgd"
+        ddp.register_comm_hook(
+            state, cgx_hooks.batched_powerSGD_hook if batched else cgx_hooks.powerSGD_hook
+        )
+        return ddp, state
     bits, name = cgx_bits(method), compressor_of(method)
     if bits is not None or name is not None:
         ddp = DDP(model, process_group=dist.group.WORLD, **common)  # the cgx group
@@ -166,18 +198,9 @@ def wrap(model: torch.nn.Module, method: str, gloo, args) -> tuple:
         ddp.register_comm_hook(gloo, default_hooks.fp16_compress_hook)
     elif method == "bf16":
         ddp.register_comm_hook(gloo, cgx_hooks.bf16_compress_hook)
-    elif method in ("powersgd", "cgx-powersgd"):
-        psgd = {
-            "matrix_approximation_rank": args.powersgd_rank,
-            "start_powerSGD_iter": args.powersgd_start_iter,
-            "random_seed": args.seed,
-        }
-        if method == "powersgd":
-            state = powerSGD_hook.PowerSGDState(process_group=gloo, **psgd)
-            ddp.register_comm_hook(SerialHook(state, powerSGD_hook.powerSGD_hook), serial_hook)
-        else:
-            state = cgx_hooks.PowerSGDState(gloo, module=model, **psgd)
-            ddp.register_comm_hook(state, cgx_hooks.powerSGD_hook)
+    elif method == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=gloo, **_psgd_args(args))
+        ddp.register_comm_hook(SerialHook(state, powerSGD_hook.powerSGD_hook), serial_hook)
         return ddp, state
     elif method == "noop":
         ddp.register_comm_hook(None, noop_hook)
