@@ -1,0 +1,183 @@
+"""Compression objects as the gradient policy of a DDP model on a cgx group.
+
+>>> state = PolicyState(model, SizeAdaptiveCompression(2**16, NoCompression(),
+...                                                    Uniform8BitQuantization()))
+>>> ddp.register_comm_hook(state, policy_hook)
+
+For every parameter the policy is asked once, with ``CompressionInfo(key=<parameter name>,
+descriptor=<its shape and dtype>, role=TensorRole.GRADIENT)``, which object compresses its
+gradient; the object's ``allreduce_codec()`` gives the cgx backend's compressed allreduce that
+carries it (NoCompression: exact; Float16Compression: ``fp16``; Uniform8BitQuantization and
+BlockwiseQuantization: max-min with 8 bits; CGXCompression: its compressor). Objects without one
+(ScaledFloat16Compression, Quantile8BitQuantization) raise ValueError here.
+
+Each DDP bucket is split by choice: the gradients with the same codec are concatenated and
+averaged in one call of :func:`torch_cgx.hooks.compression_hook`, with one
+:class:`~torch_cgx.hooks.CompressionState` per codec (error feedback and momentum as there: by
+default on for biased compressors, max-min included; ``error_feedback=False`` turns it off).
+Unlike ``CompressionState`` alone, the policy decides for every parameter, vectors and small
+ones included: there is no ``layer_min_size``.
+"""
+
+# No `from __future__ import annotations`: DDP checks the hook's annotations at run time.
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from torch_cgx.compression.adaptive import resolve
+from torch_cgx.compression.base import (
+    CompressionBase,
+    CompressionInfo,
+    TensorDescriptor,
+    TensorRole,
+    role_name,
+)
+from torch_cgx.hooks.compression import CompressionState, compression_hook
+
+__all__ = ["PolicyState", "policy_hook", "register_policy"]
+
+_EXACT = ("exact", ())
+
+
+class _ChoiceState(CompressionState):
+    """A CompressionState for the gradients that one choice covers: all of them are compressed
+    (or none, for the exact choice): the policy has already filtered."""
+
+    __slots__ = ("exact",)
+
+    def compresses(self, param: torch.Tensor) -> bool:
+        return not self.exact
+
+
+class _SubBucket:
+    """The part of a DDP bucket that one choice covers, seen as a bucket by compression_hook."""
+
+    __slots__ = ("_buffer", "_params", "_index", "_last")
+
+    def __init__(self, buffer, params, index, last) -> None:
+        self._buffer, self._params, self._index, self._last = buffer, params, index, last
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+    def parameters(self) -> List[torch.Tensor]:
+        return self._params
+
+    def index(self) -> int:
+        return self._index
+
+    def is_last(self) -> bool:
+        return self._last
+
+
+def _codec_key(choice: CompressionBase) -> Tuple[str, tuple]:
+    codec = choice.allreduce_codec()  # ValueError for objects without an allreduce
+    if codec is None:
+        return _EXACT
+    name, params = codec
+    return name, tuple(sorted((k, float(v)) for k, v in params.items()))
+
+
+class PolicyState:
+    """State of :func:`policy_hook`.
+
+    Args:
+        module: the model (or its DDP wrapper): its parameter names are the policy's keys.
+        policy: a torch_cgx.compression object (a policy or a single compression).
+        process_group: a cgx group (None: the default group).
+        error_feedback: passed to each codec's CompressionState (None: on for biased ones).
+        role: the role the policy is asked about (default: gradients).
+    """
+
+    __slots__ = ("process_group", "policy", "choices", "states", "_by_param")
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        policy: CompressionBase,
+        process_group: Optional[dist.ProcessGroup] = None,
+        error_feedback: Optional[bool] = None,
+        role=TensorRole.GRADIENT,
+    ) -> None:
+        if not isinstance(module, torch.nn.Module):
+            raise ValueError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+            module = module.module
+        role_name(role)  # ValueError for an unknown role
+        self.process_group, self.policy = process_group, policy
+        self.choices: Dict[str, CompressionBase] = {}  # parameter name -> compression object
+        self.states: Dict[Tuple[str, tuple], CompressionState] = {}  # codec -> its state
+        self._by_param: Dict[int, CompressionState] = {}
+        for name, p in module.named_parameters():
+            info = CompressionInfo(name, TensorDescriptor(tuple(p.shape), p.dtype), role)
+            choice = self.choices[name] = resolve(policy, info)
+            key = _codec_key(choice)
+            if key not in self.states:
+                self.states[key] = self._new_state(key, module, error_feedback)
+            self._by_param[id(p)] = self.states[key]
+
+    def _new_state(self, key, module, error_feedback) -> CompressionState:
+        name, params = key
+        if key == _EXACT:  # never compresses (compresses() is False): the name is unused
+            state = _ChoiceState(self.process_group, "fp16", error_feedback=False, module=module)
+        else:
+            state = _ChoiceState(self.process_group, name, dict(params), error_feedback,
+                                 layer_min_size=0, module=module)  # fmt: skip
+        state.exact = key == _EXACT
+        return state
+
+    def codec_of(self, name: str) -> Optional[Tuple[str, Dict[str, float]]]:
+        """The (compressor, parameters) that carries parameter ``name``'s gradient (None:
+        exact)."""
+        return self.choices[name].allreduce_codec()
+
+    def state_of(self, param: torch.Tensor) -> CompressionState:
+        if id(param) not in self._by_param:
+            raise ValueError("a parameter of the DDP bucket is not in the PolicyState's module")
+        return self._by_param[id(param)]
+
+
+def policy_hook(state: PolicyState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Averages the bucket: the gradients of each choice of the policy in one compressed call."""
+    buf = bucket.buffer()
+    groups: Dict[CompressionState, List[tuple]] = {}
+    offset = 0
+    for p in bucket.parameters():
+        groups.setdefault(state.state_of(p), []).append((offset, p.numel(), p))
+        offset += p.numel()
+    if bucket.is_last():
+        for sub in state.states.values():
+            if sub not in groups:
+                sub.steps += 1  # numbered as if called: its streams stay one per step
+    if len(groups) == 1:
+        (sub,) = groups
+        return compression_hook(sub, bucket)
+    staged = []
+    for sub, spans in groups.items():
+        tensor = torch.cat([buf[o : o + n] for o, n, _ in spans])
+        part = _SubBucket(tensor, [p for _, _, p in spans], bucket.index(), bucket.is_last())
+        staged.append((compression_hook(sub, part), tensor, spans))
+
+    def unstage(_):
+        for _, tensor, spans in staged:
+            pos = 0
+            for o, n, _ in spans:
+                buf[o : o + n].copy_(tensor[pos : pos + n])
+                pos += n
+        return buf
+
+    return torch.futures.collect_all([f for f, _, _ in staged]).then(unstage)
+
+
+def register_policy(
+    ddp: torch.nn.parallel.DistributedDataParallel,
+    policy: CompressionBase,
+    process_group: Optional[dist.ProcessGroup] = None,
+    error_feedback: Optional[bool] = None,
+) -> PolicyState:
+    """``ddp.register_comm_hook(PolicyState(ddp, policy, ...), policy_hook)``; returns the
+    state."""
+    state = PolicyState(ddp, policy, process_group, error_feedback)
+    ddp.register_comm_hook(state, policy_hook)
+    return state
