@@ -74,9 +74,9 @@ def _layout(shapes: List[Tuple[int, int]]) -> Tuple[int, list, list]:
 class _Flat:
     """A flat buffer of ``[B, rows, rank]`` blocks; ``view(i)`` is item i's ``rows x rank``."""
 
-    def __init__(self, shapes, dtype, extra: int = 0) -> None:
+    def __init__(self, shapes, dtype, device, extra: int = 0) -> None:
         total, self.where, blocks = _layout(shapes)
-        self.data = torch.empty(total + extra, dtype=dtype)
+        self.data = torch.empty(total + extra, dtype=dtype, device=device)
         self.tail = self.data[total:]
         self.blocks = [
             self.data[o : o + rows * rank * n].view(n, rows, rank) for rows, rank, n, o in blocks
@@ -105,14 +105,15 @@ def power_step(
     ``error`` what this rank's matrix lost (one pass: no copy of the input is kept).
     ``exact`` (flat) is averaged exactly: in P's allreduce, or by ``reduce_exact`` when given
     (P quantized). The reduce functions sum in place and return a future (waited for here)."""
-    dtype = items[0].matrix.dtype if items else exact.dtype
+    first = items[0].matrix if items else exact
+    dtype, device = first.dtype, first.device
     n_exact = 0 if exact is None else exact.numel()
-    qs = _Flat([(it.matrix.shape[1], it.rank) for it in items], dtype)
+    qs = _Flat([(it.matrix.shape[1], it.rank) for it in items], dtype, device)
     for i, it in enumerate(items):
         qs.view(i).copy_(it.q)
     qs.orthogonalize(epsilon)
     ride = n_exact if reduce_exact is None else 0
-    ps = _Flat([(it.matrix.shape[0], it.rank) for it in items], dtype, extra=ride)
+    ps = _Flat([(it.matrix.shape[0], it.rank) for it in items], dtype, device, extra=ride)
     pending = []
     if n_exact and reduce_exact is not None:
         pending.append(reduce_exact(exact))

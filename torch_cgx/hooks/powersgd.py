@@ -91,7 +91,8 @@ def _reducers(state: PowerSGDState, group):
 
 def _random_qs(state: PowerSGDState, items: List[lowrank.Item], dtype, batched: bool):
     """Random Qs in torch's order: one seed per bucket, then by matrix shape (first seen first),
-    one draw per shape when ``batched`` else one per matrix."""
+    one draw per shape when ``batched`` else one per matrix; drawn on the CPU (as torch's, so
+    every device gets the same values) and copied where the matrices are by ``power_step``."""
     gen = torch.Generator().manual_seed(int(state.rng.randint(1_000_000_000)))
     by_shape: OrderedDict[tuple, list] = OrderedDict()
     for it in items:
@@ -181,7 +182,7 @@ def _batched_step(state: PowerSGDState, group, buckets: List[_Bucket]) -> None:
         rank = min(side, state.matrix_approximation_rank)
         state.total_numel_before_compression += total
         state.total_numel_after_compression += side * rank * 2
-        square = torch.zeros(side * side, dtype=b.buffer.dtype)
+        square = torch.zeros(side * side, dtype=b.buffer.dtype, device=b.buffer.device)
         square[:total].copy_(b.buffer)
         key = b.keys  # the bucket's parameters: a new key when DDP rebuilds its buckets
         err = state.error_dict.get(key) if state.use_error_feedback else None
