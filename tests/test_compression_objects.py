@@ -240,3 +240,24 @@ def test_policy_state_resolves_every_parameter_once():
         C.PolicyState(model, C.PerTensorCompression({"0.weight": C.NoCompression()}))
     with pytest.raises(ValueError, match="module must be"):
         C.PolicyState("model", policy)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        C.NoCompression,
+        C.Float16Compression,
+        C.ScaledFloat16Compression,
+        C.Uniform8BitQuantization,
+        C.BlockwiseQuantization,
+        C.Quantile8BitQuantization,
+        lambda: C.CGXCompression("topk", ratio=1.0),
+    ],
+)
+def test_empty_scalar_and_16_bit_tensors_keep_shape_and_dtype(make):
+    for t in [torch.zeros(0), torch.zeros(2, 0, 3), torch.tensor(3.5), torch.ones(7).half(),
+              torch.ones(7).bfloat16()]:  # fmt: skip
+        back = C.extract(C.Payload.from_bytes(make().compress(t).to_bytes()))
+        assert back.shape == t.shape and back.dtype == t.dtype
+        if t.numel():
+            assert torch.equal(back, t)  # constant values are exact in every codec

@@ -137,7 +137,10 @@ class Payload:
         if version != _VERSION or 9 + length > len(buffer):
             raise ValueError(f"bad payload header (version {version}, length {length})")
         h = json.loads(bytes(buffer[9 : 9 + length]))
-        data = torch.frombuffer(bytearray(buffer[9 + length :]), dtype=torch.uint8)
+        body = bytearray(buffer[9 + length :])
+        data = (
+            torch.frombuffer(body, dtype=torch.uint8) if body else torch.empty(0, dtype=torch.uint8)
+        )
         return cls(h["method"], data, tuple(h["shape"]), parse_dtype(h["dtype"]),
                    bool(h["requires_grad"]), dict(h["params"]))  # fmt: skip
 
