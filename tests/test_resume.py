@@ -10,7 +10,7 @@ import torch.distributed as dist
 from dist_helpers import run_ranks
 
 FIRST, MORE = 5, 4
-HOOKS = ("cgx", "topk_ef", "maxmin_ef", "dgc_momentum", "powersgd", "powersgd_rank4")
+HOOKS = ("cgx", "policy", "topk_ef", "maxmin_ef", "dgc_momentum", "powersgd", "powersgd_rank4")
 
 
 class Net(torch.nn.Module):
@@ -37,6 +37,13 @@ def make_state(name: str, model):
 
     if name == "cgx":
         return hooks.CGXState(compression_params={"bits": 4, "bucket_size": 64}), hooks.cgx_hook
+    if name == "policy":  # biases exact, the rest top-k with error feedback
+        from torch_cgx import compression as c
+
+        policy = c.SizeAdaptiveCompression(
+            256, c.NoCompression(), c.CGXCompression("topk", ratio=0.05)
+        )
+        return c.PolicyState(model, policy), c.policy_hook
     if name.startswith("powersgd"):
         rank = 4 if name.endswith("rank4") else 1
         state = hooks.PowerSGDState(None, rank, start_powerSGD_iter=3, min_compression_rate=0.5,
@@ -72,7 +79,10 @@ def body(rank, world, phase, tmp):
             ckpt = torch.load(ckpt_path, weights_only=True)
             model.load_state_dict(ckpt["model"])
             state, hook = ckpt["hook"], make_state(name, model)[1]
-            if hasattr(state, "attach"):
+            if name == "policy":  # it saves its memory as a state dict
+                state = make_state(name, model)[0]
+                state.load_state_dict(ckpt["hook"])
+            elif hasattr(state, "attach"):
                 state.attach(model, None)
         else:
             state, hook = make_state(name, model)
@@ -90,7 +100,8 @@ def body(rank, world, phase, tmp):
             steps(ddp, opt, rank, FIRST, MORE)
         elif phase == "first":
             steps(ddp, opt, rank, 0, FIRST)
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "hook": state},
+            saved = state.state_dict() if name == "policy" else state
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "hook": saved},
                        ckpt_path)  # fmt: skip
             continue
         else:

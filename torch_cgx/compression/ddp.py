@@ -79,6 +79,11 @@ def _codec_key(choice: CompressionBase) -> Tuple[str, tuple]:
     return name, tuple(sorted((k, float(v)) for k, v in params.items()))
 
 
+def _key_name(key: Tuple[str, tuple]) -> str:
+    name, params = key
+    return name + "(" + ",".join(f"{k}={v:g}" for k, v in params) + ")"
+
+
 class PolicyState:
     """State of :func:`policy_hook`.
 
@@ -126,6 +131,27 @@ class PolicyState:
                                  layer_min_size=0, module=module)  # fmt: skip
         state.exact = key == _EXACT
         return state
+
+    def state_dict(self) -> Dict[str, dict]:
+        """Every codec's memory (residuals, momenta, step count) keyed by codec, plain data and
+        tensors: ``torch.save`` it (``weights_only=True`` loads it) and give it to
+        :meth:`load_state_dict` of a PolicyState made with the same model and policy."""
+        return {_key_name(k): s.__getstate__() for k, s in self.states.items()}
+
+    def load_state_dict(self, saved: Dict[str, dict]) -> None:
+        missing = sorted(set(map(_key_name, self.states)) - set(saved))
+        if missing:
+            raise ValueError(f"the saved policy state has no memory for codec(s) {missing}")
+        for key, sub in self.states.items():
+            names, group = sub._names, sub.process_group
+            sub.__setstate__(saved[_key_name(key)])
+            sub._names, sub.process_group = names, group
+
+    def __getstate__(self):
+        raise ValueError(
+            "a PolicyState holds compressor objects that do not pickle: save "
+            "state.state_dict() and restore it with load_state_dict on a new PolicyState"
+        )
 
     def codec_of(self, name: str) -> Optional[Tuple[str, Dict[str, float]]]:
         """The (compressor, parameters) that carries parameter ``name``'s gradient (None:
