@@ -8,6 +8,8 @@ cgx-powersgd    torch_cgx.hooks.powerSGD_hook over the Gloo group (same paramete
 cgx-batched-powersgd
                 torch_cgx.hooks.batched_powerSGD_hook over the Gloo group
 cgx-powersgd-q8 torch_cgx.hooks.powerSGD_hook on the cgx group, P and Q sent as 8-bit max-min
+policy8         torch_cgx.compression's SizeAdaptiveCompression(65536, NoCompression(),
+                Uniform8BitQuantization()) as the DDP policy on the cgx group (hivemind's names)
 cgxN            torch_cgx's cgx_hook on the cgx group, N bits (1..8)
 c:<name>        torch_cgx's compression_hook with CompressionState(compressor=<name>), default
                 parameters, error feedback and momentum as the hook defaults them
@@ -33,7 +35,7 @@ from torch_cgx import compressors
 from torch_cgx import hooks as cgx_hooks
 
 METHODS = ("gloo", "fp16", "bf16", "powersgd", "cgx-powersgd", "cgx8", "cgx4", "cgx2", "noop")
-EXTRA_METHODS = ("cgx-batched-powersgd", "cgx-powersgd-q8")  # not in the default list
+EXTRA_METHODS = ("cgx-batched-powersgd", "cgx-powersgd-q8", "policy8")  # not by default
 _OUR_PSGD = {
     "cgx-powersgd": {},
     "cgx-batched-powersgd": {},
@@ -82,7 +84,7 @@ def on_cgx_group(method: str) -> bool:
     return (
         cgx_bits(method) is not None
         or compressor_of(method) is not None
-        or method == "cgx-powersgd-q8"
+        or method in ("cgx-powersgd-q8", "policy8")
     )
 
 
@@ -179,6 +181,12 @@ def wrap(model: torch.nn.Module, method: str, gloo, args) -> tuple:
             state, cgx_hooks.batched_powerSGD_hook if batched else cgx_hooks.powerSGD_hook
         )
         return ddp, state
+    if method == "policy8":
+        from torch_cgx import compression as C
+
+        ddp = DDP(model, process_group=dist.group.WORLD, **common)
+        policy = C.SizeAdaptiveCompression(65536, C.NoCompression(), C.Uniform8BitQuantization())
+        return ddp, C.register_policy(ddp, policy)
     bits, name = cgx_bits(method), compressor_of(method)
     if bits is not None or name is not None:
         ddp = DDP(model, process_group=dist.group.WORLD, **common)  # the cgx group
@@ -210,7 +218,7 @@ def wrap(model: torch.nn.Module, method: str, gloo, args) -> tuple:
 def nominal_bits(method: str) -> Optional[int]:
     """Bits per value of the method's record: N for cgxN, 16 for fp16, None for c:<name> (its
     payload says: wire bytes), 32 for the rest."""
-    if compressor_of(method) is not None:
+    if compressor_of(method) is not None or method == "policy8":
         return None
     bits = cgx_bits(method)
     return bits if bits is not None else (16 if method in ("fp16", "bf16") else 32)
