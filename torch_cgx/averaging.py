@@ -110,9 +110,8 @@ class PowerSGDGradientAverager:
                 continue
             rows, cols, rank = shape
             matrix = p.grad.reshape(rows, cols).float()  # a view of .grad when it can be
-            if i in self.residuals:
-                matrix.add_(self.residuals[i])
             item = lowrank.Item(i, matrix, rank, self.qs.get(i))
+            item.add_error = i in self.residuals
             if item.q is None:
                 gen = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
                 item.q = torch.randn(cols, rank, generator=gen)

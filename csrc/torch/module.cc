@@ -4,6 +4,7 @@
 #include "backend_binding.h"
 #include "codec_binding.h"
 #include "compressor_binding.h"
+#include "lowrank_binding.h"
 
 #ifndef CGX_BUILT_WITH_TORCH
 #define CGX_BUILT_WITH_TORCH "unknown"
@@ -16,4 +17,5 @@ PYBIND11_MODULE(_C, m) {
   cgx::binding::bind_codec(m);
   cgx::binding::bind_backend(m);
   cgx::binding::bind_compressors(m);
+  cgx::binding::bind_lowrank(m);
 }

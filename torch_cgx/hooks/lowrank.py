@@ -13,18 +13,51 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
+from torch_cgx import _C
+
 Reduce = Callable[[torch.Tensor], torch.futures.Future]
 
 
 class Item:
     """One matrix to approximate: ``matrix`` (n x m, a view written with the result), its
     ``rank``, its Q (m x rank) when one is remembered (warm start) or freshly drawn, and
-    ``error`` (n x m) to receive ``matrix - P Q^T`` (error feedback) or None."""
+    ``error`` (n x m) to receive ``matrix - P Q^T`` (error feedback) or None; with
+    ``add_error`` it holds last step's error, added to ``matrix`` first."""
 
-    __slots__ = ("key", "matrix", "rank", "q", "error")
+    __slots__ = ("key", "matrix", "rank", "q", "error", "add_error")
 
     def __init__(self, key, matrix: torch.Tensor, rank: int, q: Optional[torch.Tensor]) -> None:
-        self.key, self.matrix, self.rank, self.q, self.error = key, matrix, rank, q, None
+        self.key, self.matrix, self.rank, self.q = key, matrix, rank, q
+        self.error: Optional[torch.Tensor] = None
+        self.add_error = False
+
+
+def _fusable(*tensors) -> bool:
+    """The fused passes of csrc/core/lowrank.h apply (fp32, CPU, contiguous)."""
+    return all(
+        t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous())
+        for t in tensors
+    )
+
+
+def _project(it: Item, q: torch.Tensor, p: torch.Tensor) -> None:
+    """p = (matrix + error) q, the error added in place first when ``add_error``."""
+    if it.add_error and _fusable(it.matrix, it.error, p):
+        _C.lowrank_add_and_project(it.matrix, it.error, q.t().contiguous(), p)
+        return
+    if it.add_error:
+        it.matrix.add_(it.error)
+    torch.mm(it.matrix, q, out=p)
+
+
+def _decompress(it: Item, p: torch.Tensor, q: torch.Tensor) -> None:
+    """error = matrix - p q^T (when kept), then matrix = p q^T."""
+    if _fusable(it.matrix, it.error, p):
+        _C.lowrank_decompress(it.matrix, it.error, p, q.t().contiguous())
+        return
+    if it.error is not None:
+        torch.addmm(it.matrix, p, q.t(), alpha=-1, out=it.error)
+    torch.mm(p, q.t(), out=it.matrix)
 
 
 def orthogonalize(mats: torch.Tensor, epsilon: float) -> None:
@@ -102,7 +135,9 @@ def power_step(
 ) -> None:
     """One PowerSGD step for every item: each ``matrix`` becomes the average low-rank
     approximation P Q^T, each ``q`` the averaged Q (a view of this step's Q buffer) and each
-    ``error`` what this rank's matrix lost (one pass: no copy of the input is kept).
+    ``error`` what this rank's matrix lost. fp32 CPU matrices go through the fused passes of
+    csrc/core/lowrank.h: the error added while P is computed, and the new error written while
+    the result is, two reads of each matrix in all besides Q's product.
     ``exact`` (flat) is averaged exactly: in P's allreduce, or by ``reduce_exact`` when given
     (P quantized). The reduce functions sum in place and return a future (waited for here)."""
     first = items[0].matrix if items else exact
@@ -120,7 +155,7 @@ def power_step(
     elif n_exact:
         ps.tail.copy_(exact)
     for i, it in enumerate(items):
-        torch.mm(it.matrix, qs.view(i), out=ps.view(i))
+        _project(it, qs.view(i), ps.view(i))
     if items or ride:
         reduce_p(ps.data).wait()
     for fut in pending:
@@ -137,7 +172,5 @@ def power_step(
     reduce_q(qs.data).wait()
     qs.data.div_(world)
     for i, it in enumerate(items):
-        if it.error is not None:
-            torch.addmm(it.matrix, ps.view(i), qs.view(i).t(), alpha=-1, out=it.error)
-        torch.mm(ps.view(i), qs.view(i).t(), out=it.matrix)
+        _decompress(it, ps.view(i), qs.view(i))
         it.q = qs.view(i)

@@ -133,11 +133,12 @@ def _split(state: PowerSGDState, b: _Bucket, items, exact) -> None:
         item = lowrank.Item(key, matrix, rank, q)
         if state.use_error_feedback:
             err = state.error_dict.get(key)
-            if err is not None and err.shape == matrix.shape and err.dtype == matrix.dtype:
-                matrix.add_(err)
-            else:
-                err = state.error_dict[key] = torch.empty_like(matrix)
-            item.error = err
+            item.add_error = err is not None and err.shape == matrix.shape
+            if not item.add_error:
+                err = torch.empty_like(matrix)
+            elif err.dtype != matrix.dtype or not err.is_contiguous():
+                err = err.to(matrix.dtype).contiguous()  # a loaded state: fit the gradient
+            state.error_dict[key] = item.error = err
         mine.append(item)
     if not state.warm_start or b.keys not in state.seen_buckets:
         state.seen_buckets.add(b.keys)
