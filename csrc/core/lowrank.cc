@@ -1,6 +1,7 @@
 #include "lowrank.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace cgx::lowrank {
 namespace {
@@ -46,6 +47,29 @@ __attribute__((target_clones("avx2", "default"))) void add_and_project(float* m,
       for (int k = 0; k < kn; ++k) p[i * rank + k0 + k] = float(acc[k]);
     }
   }
+}
+
+__attribute__((target_clones("avx2", "default"))) void transpose_project(const float* m,
+                                                                         const float* p, float* qt,
+                                                                         int64_t rows, int64_t cols,
+                                                                         int rank) {
+  constexpr int64_t kRows = 256;  // rows summed in fp32 before the fp64 total takes them
+  std::vector<double> total(size_t(rank) * size_t(cols), 0.0);
+  std::vector<float> part(size_t(rank) * size_t(cols));
+  for (int64_t i0 = 0; i0 < rows; i0 += kRows) {
+    std::fill(part.begin(), part.end(), 0.f);
+    const int64_t in = std::min(kRows, rows - i0);
+    for (int64_t i = i0; i < i0 + in; ++i) {
+      const float* row = m + i * cols;
+      for (int k = 0; k < rank; ++k) {
+        const float c = p[i * rank + k];
+        float* out = part.data() + size_t(k) * size_t(cols);
+        for (int64_t j = 0; j < cols; ++j) out[j] += c * row[j];
+      }
+    }
+    for (size_t t = 0; t < part.size(); ++t) total[t] += part[t];
+  }
+  for (size_t t = 0; t < total.size(); ++t) qt[t] = float(total[t]);
 }
 
 __attribute__((target_clones("avx2", "default"))) void decompress(float* m, float* err,

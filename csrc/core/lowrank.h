@@ -12,6 +12,11 @@ namespace cgx::lowrank {
 void add_and_project(float* m, const float* e, const float* qt, float* p, int64_t rows,
                      int64_t cols, int rank);
 
+// qt = (m^T p)^T = p^T m (rank x cols): Q's product, accumulated along the rows in fp32 over
+// blocks of rows and in fp64 across blocks. One pass over m.
+void transpose_project(const float* m, const float* p, float* qt, int64_t rows, int64_t cols,
+                       int rank);
+
 // With a = p qt (p: rows x rank): err = m - a (err may be null), then m = a. One pass over m.
 void decompress(float* m, float* err, const float* p, const float* qt, int64_t rows, int64_t cols,
                 int rank);

@@ -78,9 +78,30 @@ TEST_P(Lowrank, DecompressWritesTheProductAndTheError) {
   }
 }
 
+TEST_P(Lowrank, TransposeProjectIsPTransposedTimesM) {
+  const auto [rows, cols, rank] = GetParam();
+  const auto m = random_values(size_t(rows * cols), 7);
+  const auto p = random_values(size_t(rows) * size_t(rank), 8);
+  std::vector<float> qt(size_t(rank) * size_t(cols), -1.f);
+  lowrank::transpose_project(m.data(), p.data(), qt.data(), rows, cols, rank);
+  for (int k = 0; k < rank; ++k) {
+    for (int64_t j = 0; j < cols; ++j) {
+      double want = 0, scale = 0;
+      for (int64_t i = 0; i < rows; ++i) {
+        const double x = double(p[size_t(i * rank + k)]) * m[size_t(i * cols + j)];
+        want += x;
+        scale += std::fabs(x);
+      }
+      // fp32 sums of at most 256 rows: 256 roundings of 2^-24 at most, then fp64.
+      EXPECT_NEAR(qt[size_t(k * cols + j)], want, 256 * 6e-8 * scale + 1e-30) << k << " " << j;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, Lowrank,
                          ::testing::Values(Case{1, 1, 1}, Case{3, 7, 1}, Case{5, 513, 2},
-                                           Case{17, 1030, 4}, Case{2, 9, 70}, Case{64, 64, 8}));
+                                           Case{17, 1030, 4}, Case{2, 9, 70}, Case{64, 64, 8},
+                                           Case{300, 5, 3}));
 
 }  // namespace
 }  // namespace cgx

@@ -30,6 +30,17 @@ void add_and_project(at::Tensor m, std::optional<at::Tensor> e, const at::Tensor
                            qt.data_ptr<float>(), p.data_ptr<float>(), rows, cols, int(rank));
 }
 
+void transpose_project(const at::Tensor& m, const at::Tensor& p, at::Tensor qt) {
+  TORCH_CHECK_VALUE(m.dim() == 2 && p.dim() == 2, "m and p must be matrices");
+  const int64_t rows = m.size(0), cols = m.size(1), rank = p.size(1);
+  check(m, "m", rows, cols);
+  check(p, "p", rows, rank);
+  check(qt, "qt", rank, cols);
+  TORCH_CHECK_VALUE(rank >= 1, "the rank must be >= 1");
+  lowrank::transpose_project(m.data_ptr<float>(), p.data_ptr<float>(), qt.data_ptr<float>(), rows,
+                             cols, int(rank));
+}
+
 void decompress(at::Tensor m, std::optional<at::Tensor> err, const at::Tensor& p,
                 const at::Tensor& qt) {
   TORCH_CHECK_VALUE(m.dim() == 2 && qt.dim() == 2, "m and qt must be matrices");
@@ -49,6 +60,8 @@ void bind_lowrank(pybind11::module& m) {
   namespace py = pybind11;
   m.def("lowrank_add_and_project", &add_and_project, py::arg("m"), py::arg("e"), py::arg("qt"),
         py::arg("p"), py::call_guard<py::gil_scoped_release>());
+  m.def("lowrank_transpose_project", &transpose_project, py::arg("m"), py::arg("p"), py::arg("qt"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("lowrank_decompress", &decompress, py::arg("m"), py::arg("err"), py::arg("p"),
         py::arg("qt"), py::call_guard<py::gil_scoped_release>());
 }

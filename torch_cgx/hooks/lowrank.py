@@ -50,6 +50,16 @@ def _project(it: Item, q: torch.Tensor, p: torch.Tensor) -> None:
     torch.mm(it.matrix, q, out=p)
 
 
+def _transpose_project(it: Item, p: torch.Tensor, q: torch.Tensor) -> None:
+    """q = matrix^T p."""
+    if _fusable(it.matrix, p):
+        qt = torch.empty(q.shape[1], q.shape[0], dtype=q.dtype)
+        _C.lowrank_transpose_project(it.matrix, p, qt)
+        q.copy_(qt.t())
+        return
+    torch.mm(it.matrix.t(), p, out=q)
+
+
 def _decompress(it: Item, p: torch.Tensor, q: torch.Tensor) -> None:
     """error = matrix - p q^T (when kept), then matrix = p q^T."""
     if _fusable(it.matrix, it.error, p):
@@ -168,7 +178,7 @@ def power_step(
         return
     ps.orthogonalize(epsilon)
     for i, it in enumerate(items):
-        torch.mm(it.matrix.t(), ps.view(i), out=qs.view(i))
+        _transpose_project(it, ps.view(i), qs.view(i))
     reduce_q(qs.data).wait()
     qs.data.div_(world)
     for i, it in enumerate(items):
