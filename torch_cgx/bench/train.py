@@ -21,6 +21,10 @@ Methods, run one after another on the same initial weights and the same batches:
             (SerialHook: registered directly it issues collectives out of order on Gloo)
   cgx-powersgd
             torch_cgx.hooks.powerSGD_hook, same parameters and math, two allreduces per step
+  cgx-batched-powersgd, cgx-powersgd-q8, policy8  (only when named)
+            torch_cgx's batched_powerSGD_hook; powerSGD_hook on the cgx group with P and Q as
+            8-bit max-min; torch_cgx.compression.SizeAdaptiveCompression(65536, NoCompression(),
+            Uniform8BitQuantization()) as the DDP policy on the cgx group
   cgxN      torch_cgx's cgx_hook on the cgx group, N bits (1..8; default cgx8, cgx4, cgx2)
   c:NAME    torch_cgx's compression_hook on the cgx group with the registered compressor NAME
             (torch_cgx.compressors.names(): maxmin, fp16, bf16, signsgd, ..., topk, dgc, ...)
