@@ -179,6 +179,33 @@ def test_world_size_one_runs():
     run_ranks(body_world_one, 1, timeout=60)  # torch's hook hangs here
 
 
+def test_power_step_edges():
+    from torch_cgx.hooks import lowrank
+
+    def never(_):
+        raise AssertionError("nothing to reduce")
+
+    lowrank.power_step([], None, 2, 0.0, never, never)  # an empty step issues nothing
+    calls = []
+
+    def summed(t):  # a world of 2 identical ranks: the sum doubles
+        calls.append(t.numel())
+        t.mul_(2)
+        fut = torch.futures.Future()
+        fut.set_result(t)
+        return fut
+
+    exact = torch.arange(5.0)
+    lowrank.power_step([], exact, 2, 0.0, summed, never)
+    assert calls == [5] and torch.equal(exact, torch.arange(5.0))  # averaged: unchanged
+    m = torch.randn(6, 4)
+    item = lowrank.Item("w", m.clone(), 4, torch.randn(4, 4))
+    item.error = torch.empty(6, 4)
+    lowrank.power_step([item], None, 2, 0.0, summed, summed)
+    # Full rank: P Q^T reproduces the matrix (the average of two identical ranks).
+    assert torch.allclose(item.matrix, m, atol=1e-5) and item.error.abs().max() < 1e-5
+
+
 def test_state_checks_and_saving():
     from torch_cgx.hooks import PowerSGDState
 

@@ -150,6 +150,8 @@ def power_step(
     the result is, two reads of each matrix in all besides Q's product.
     ``exact`` (flat) is averaged exactly: in P's allreduce, or by ``reduce_exact`` when given
     (P quantized). The reduce functions sum in place and return a future (waited for here)."""
+    if not items and exact is None:
+        return  # nothing to reduce (every gradient of the step is empty)
     first = items[0].matrix if items else exact
     dtype, device = first.dtype, first.device
     n_exact = 0 if exact is None else exact.numel()
