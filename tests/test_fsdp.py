@@ -67,6 +67,35 @@ def test_reduce_scatter_within_one_quantization(world):
     run_ranks(body_reduce_scatter, world, timeout=120)
 
 
+def body_all_gather(rank, world):
+    from torch_cgx.fsdp import CompressedAllGather
+
+    dist.init_process_group("gloo")
+    m = 256 * 20
+    shard = torch.randn(m, generator=torch.Generator().manual_seed(rank)) * (rank + 1)
+    comm = CompressedAllGather(bits=8, bucket_size=256, min_numel=1024)
+    out = torch.empty(world * m)
+    out.view(world, m)[rank].copy_(shard)  # FSDP2 copies the input into its slot first
+    comm(out, out.view(world, m)[rank], dist.group.WORLD)
+    everyone = [torch.empty_like(shard) for _ in range(world)]
+    dist.all_gather(everyone, shard)
+    for j, (got, want) in enumerate(zip(out.view(world, m), everyone)):
+        if j == rank:
+            assert torch.equal(got, want)  # a rank's own shard stays exact
+            continue
+        b = want.view(-1, 256)
+        half_step = ((b.max(1).values - b.min(1).values) / 255 / 2).repeat_interleave(256)
+        err = (got - want).abs()
+        assert (err <= half_step * (1 + 1e-5) + 1e-7).all() and err.max() > 0, j
+    # 8 bits a value + 8 bytes a block + the header: about a quarter of fp32.
+    assert comm.bytes_sent == comm.codec.encoded_size(m) < m * 4 / 3.5
+    dist.destroy_process_group()
+
+
+def test_all_gather_quantizes_the_others_shards_once():
+    run_ranks(body_all_gather, 3, timeout=120)
+
+
 def make_model():
     torch.manual_seed(0)
     return torch.nn.Sequential(
@@ -75,7 +104,7 @@ def make_model():
     )  # fmt: skip
 
 
-def train(rank, world, bits, steps=40, reduce_dtype=None):
+def train(rank, world, bits, steps=40, reduce_dtype=None, all_gather_bits=None):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from torch_cgx import fsdp
@@ -86,7 +115,10 @@ def train(rank, world, bits, steps=40, reduce_dtype=None):
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
-    comm = fsdp.compress(model, bits=bits, bucket_size=128, min_numel=1024) if bits else None
+    comm = None
+    if bits:
+        comm = fsdp.compress(model, bits=bits, bucket_size=128, min_numel=1024,
+                             all_gather_bits=all_gather_bits)  # fmt: skip
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
     target = torch.nn.Linear(32, 8)
@@ -112,11 +144,14 @@ def body_training(rank, world):
     eight, full, comm = train(rank, world, 8)
     four, _, _ = train(rank, world, 4)
     bf16, _, bf16_comm = train(rank, world, 8, reduce_dtype=torch.bfloat16)  # mixed precision
+    gathered, _, ag_comm = train(rank, world, 8, all_gather_bits=8)  # 8-bit weights too
     tail = slice(-10, None)
     ref = sum(exact[tail]) / 10
     gap8, gap4 = sum(eight[tail]) / 10 / ref - 1, sum(four[tail]) / 10 / ref - 1
     gap_bf16 = sum(bf16[tail]) / 10 / ref - 1
     assert abs(gap_bf16) < 0.01 and bf16_comm.calls > 0, gap_bf16
+    gap_ag = sum(gathered[tail]) / 10 / ref - 1
+    assert abs(gap_ag) < 0.01 and ag_comm.all_gather.calls > 0, gap_ag
     assert exact[-1] < 0.5 * exact[0]  # it learns
     assert abs(gap8) < 0.01, gap8  # 8-bit within 1 % of the exact run's final loss
     assert abs(gap4) < 0.10, gap4  # 4-bit: reported in docs, bounded loosely here
@@ -127,11 +162,12 @@ def body_training(rank, world):
         assert all(torch.equal(c, copies[0]) for c in copies)
     # The sharded parameters hold the group through their device mesh: drop them first, so
     # that Gloo's threads go now, with the interpreter alive (see test_hooks.py).
-    del full, comm, bf16_comm
+    del full, comm, bf16_comm, ag_comm
     gc.collect()
     if rank == 0:
         print(f"fsdp loss gap vs exact: 8-bit {gap8:+.4%}, 4-bit {gap4:+.4%}, "
-              f"8-bit with bf16 reduce_dtype {gap_bf16:+.4%}")  # fmt: skip
+              f"8-bit with bf16 reduce_dtype {gap_bf16:+.4%}, "
+              f"8-bit with 8-bit all-gather {gap_ag:+.4%}")  # fmt: skip
     dist.destroy_process_group()
 
 

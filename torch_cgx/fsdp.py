@@ -18,20 +18,23 @@ No error feedback (as in ZeRO++): the error of a step is not carried to the next
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
 from torch_cgx import compressors
 
-__all__ = ["CompressedReduceScatter", "compress"]
+__all__ = ["CompressedAllGather", "CompressedReduceScatter", "compress"]
 
 
-try:  # FSDP2's interface (torch >= 2.7); its module path is private
+try:  # FSDP2's interfaces (torch >= 2.7); their module path is private
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _AllGather
     from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatter
 except ImportError:  # pragma: no cover - older torch: usable by hand, not by FSDP2
-    _ReduceScatter = object
+    _AllGather = _ReduceScatter = object
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 class CompressedReduceScatter(_ReduceScatter):
@@ -50,6 +53,7 @@ class CompressedReduceScatter(_ReduceScatter):
         if isinstance(min_numel, bool) or not isinstance(min_numel, int) or min_numel < 0:
             raise ValueError(f"min_numel must be an integer >= 0, got {min_numel!r}")
         self.min_numel, self.calls, self.bytes_sent = min_numel, 0, 0
+        self.all_gather: Optional[CompressedAllGather] = None  # set by compress()
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device):
         return torch.empty(size, dtype=dtype, device=device)
@@ -102,21 +106,69 @@ class CompressedReduceScatter(_ReduceScatter):
         return list(recv.split(incoming.tolist()))
 
 
+class CompressedAllGather(_AllGather):
+    """An ``AllGather`` for FSDP2 that sends each rank's parameter shard block-quantized (max-min,
+    ``bits`` per value, ``bucket_size`` values per block): every rank keeps its own shard exact
+    and sees the others' within half a step of their block. Opt-in: it changes the weights the
+    forward and backward passes see (never the sharded weights the optimizer updates). Shards
+    under ``min_numel`` values or of non-float dtypes are gathered exactly."""
+
+    def __init__(self, bits: int = 8, bucket_size: int = 256, min_numel: int = 4096) -> None:
+        self.codec = compressors.get("maxmin", bits=bits, bucket_size=bucket_size)
+        if isinstance(min_numel, bool) or not isinstance(min_numel, int) or min_numel < 0:
+            raise ValueError(f"min_numel must be an integer >= 0, got {min_numel!r}")
+        self.min_numel, self.calls, self.bytes_sent = min_numel, 0, 0
+
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device):
+        return torch.empty(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
+        world, rank = group.size(), group.rank()
+        m = input_tensor.numel()
+        if output_tensor.numel() != m * world:
+            raise ValueError(
+                f"all-gather output has {output_tensor.numel()} values, expected {world} x {m}"
+            )
+        if m < self.min_numel or world == 1 or input_tensor.dtype not in _FLOATS:
+            return dist.all_gather_into_tensor(
+                output_tensor, input_tensor, group=group, async_op=async_op
+            )
+        payload = self.codec.encode(input_tensor.detach().cpu())
+        gathered = torch.empty(world * payload.numel(), dtype=torch.uint8)
+        dist.all_gather_into_tensor(gathered, payload, group=group)
+        slots = output_tensor.view(world, m)
+        mine = input_tensor.detach().clone()  # the input may be this rank's slot of the output
+        for j, part in enumerate(gathered.view(world, -1)):
+            if j != rank:
+                slots[j].copy_(self.codec.decode(part, dtype=torch.float32))
+        slots[rank].copy_(mine)
+        self.calls += 1
+        self.bytes_sent += payload.numel()
+        return None
+
+
 def compress(
     module: torch.nn.Module,
     compressor: str = "maxmin",
     min_numel: int = 4096,
+    all_gather_bits: Optional[int] = None,
     **params,
 ) -> CompressedReduceScatter:
     """Sets a compressed reduce-scatter on every ``fully_shard`` module in ``module``'s tree
-    (one shared object: its ``calls`` and ``bytes_sent`` count all of them). ValueError when
-    none is sharded."""
+    (one shared object: its ``calls`` and ``bytes_sent`` count all of them) and, with
+    ``all_gather_bits`` (e.g. 8), a block-quantized parameter all-gather
+    (:class:`CompressedAllGather`, kept as ``.all_gather`` of the returned object). ValueError
+    when none is sharded."""
     from torch.distributed.fsdp import FSDPModule
 
     comm = CompressedReduceScatter(compressor, min_numel, **params)
+    if all_gather_bits is not None:
+        comm.all_gather = CompressedAllGather(all_gather_bits, min_numel=min_numel)
     sharded = [m for m in module.modules() if isinstance(m, FSDPModule)]
     if not sharded:
         raise ValueError("no module in the tree is sharded: call fully_shard first")
     for m in sharded:
         m.set_custom_reduce_scatter(comm)
+        if comm.all_gather is not None:
+            m.set_custom_all_gather(comm.all_gather)
     return comm
