@@ -184,3 +184,12 @@ def test_compress_needs_a_sharded_module():
         fsdp.CompressedReduceScatter("nope")
     with pytest.raises(ValueError, match="min_numel"):
         fsdp.CompressedReduceScatter(min_numel=-1)
+
+
+def test_fsdp_bench_arguments():
+    from torch_cgx.bench import fsdp as bench
+
+    assert bench.parse_args([]).methods == list(bench.METHODS)
+    assert bench.parse_args(["--methods", "gloo,rs4"]).methods == ["gloo", "rs4"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--methods", "rs3"])
