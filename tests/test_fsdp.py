@@ -193,3 +193,60 @@ def test_fsdp_bench_arguments():
     assert bench.parse_args(["--methods", "gloo,rs4"]).methods == ["gloo", "rs4"]
     with pytest.raises(SystemExit):
         bench.parse_args(["--methods", "rs3"])
+
+
+def body_backend_reduce_scatter(rank, world):
+    import torch_cgx
+
+    dist.init_process_group("cgx")
+    gloo = dist.new_group(backend="gloo")
+    n = 64 * 50
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(world * n, generator=g) * (1 + torch.arange(world * n) % 7)
+    everyone = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(everyone, x, group=gloo)
+    exact = sum(e.view(world, n)[rank].double() for e in everyone)
+    others = [e.view(world, n)[rank] for j, e in enumerate(everyone) if j != rank]
+    bound = one_shot_bound(others, BITS, BUCKET) + exact.abs() * 1e-6
+    out, want = torch.empty(n), torch.empty(n)
+    dist.reduce_scatter_tensor(out, x)  # bits 32: exact, as Gloo's
+    dist.reduce_scatter_tensor(want, x, group=gloo)
+    assert torch.equal(out, want)
+    torch_cgx.set_config(bits=BITS, bucket_size=BUCKET)
+    sent = torch_cgx.cgx_backend().total_bytes_sent()
+    dist.reduce_scatter_tensor(out, x)  # the group's settings: compressed, one-shot
+    err = (out.double() - exact).abs()
+    assert (err <= bound).all() and err.max() > 0
+    assert torch_cgx.cgx_backend().total_bytes_sent() - sent < (world - 1) * n * 4 / 3.5
+    dist.reduce_scatter_tensor(out, x, op=dist.ReduceOp.AVG)
+    assert ((out.double() - exact / world).abs() <= bound / world + 1e-7).all()
+    dist.reduce_scatter_tensor(out, x, op=dist.ReduceOp.MAX)  # other ops: exact
+    dist.reduce_scatter_tensor(want, x, op=dist.ReduceOp.MAX, group=gloo)
+    assert torch.equal(out, want)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_cgx_backend_reduce_scatter_is_compressed(world):
+    run_ranks(body_backend_reduce_scatter, world, timeout=120)
+
+
+def body_fsdp_on_cgx(rank, world):
+    import torch_cgx
+
+    dist.init_process_group("cgx")
+    exact, _, _ = train(rank, world, None)
+    torch_cgx.set_config(bits=8, bucket_size=128)  # the backend alone: no fsdp.compress
+    sent = torch_cgx.cgx_backend().total_bytes_sent()
+    eight, full, _ = train(rank, world, None)
+    assert torch_cgx.cgx_backend().total_bytes_sent() > sent  # the reduce-scatters went through
+    tail = slice(-10, None)
+    gap = sum(eight[tail]) / sum(exact[tail]) - 1
+    assert abs(gap) < 0.01 and eight != exact, gap
+    del full
+    gc.collect()
+    dist.destroy_process_group()
+
+
+def test_fully_shard_over_a_cgx_group_compresses():
+    run_ranks(body_fsdp_on_cgx, 2, timeout=240)

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "c10d_transport.h"
+#include "call_options.h"
 #include "compressors/registry.h"
 #include "core/error.h"
 #include "dtype_map.h"
@@ -14,9 +15,10 @@
 namespace cgx::binding {
 namespace {
 
-// Compression is on with max-min at 1..8 bits, or with any other compressor.
 std::mutex g_live_mu;
 std::set<ProcessGroupCGX*> g_live;  // every constructed, not yet destroyed group
+
+}  // namespace
 
 // Whether some bits setting would compress t (minimal_size is agreed at creation; bits may
 // change per call).
@@ -24,6 +26,7 @@ bool eligible(const at::Tensor& t, const BackendConfig& c) {
   return is_codec_dtype(t.scalar_type()) && t.numel() >= std::max<int64_t>(c.minimal_size, 16);
 }
 
+// Compression is on with max-min at 1..8 bits, or with any other compressor.
 bool compressible(const at::Tensor& t, const BackendConfig& c) {
   const bool on = c.compressor != "maxmin" || (c.bits >= 1 && c.bits <= 8);
   return on && eligible(t, c);
@@ -43,8 +46,6 @@ AllreduceOptions to_options(const BackendConfig& c, bool average, uint64_t call_
   o.call_index = c.stream >= 0 ? uint64_t(c.stream) : call_index;
   return o;
 }
-
-}  // namespace
 
 void validate_config(const BackendConfig& c) {
   CGX_CHECK_ARG((c.bits >= 1 && c.bits <= 8) || c.bits == 32,

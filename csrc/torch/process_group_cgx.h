@@ -189,6 +189,10 @@ class ProcessGroupCGX : public c10d::Backend {
   void reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average,
                          float* residual = nullptr);
   void reduce_exact(at::Tensor& t, const c10d::ReduceOp& op);
+  // Compressed reduce-scatter (csrc/torch/reduce_scatter.cc): one alltoall of the chunks this
+  // rank does not own, each encoded once; the owner adds them, decoded, to its own in fp32.
+  void reduce_scatter_compressed(at::Tensor& output, const at::Tensor& input,
+                                 const BackendConfig& c, bool average);
   void reduce_hierarchical(at::Tensor& t, const BackendConfig& c, bool average, float* residual);
   void shm_leaders(float* w, int64_t n, const BackendConfig& c, float* residual);
   void shm_slices(float* w, int64_t n, const BackendConfig& c, float* residual);

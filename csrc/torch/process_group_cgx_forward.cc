@@ -55,11 +55,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter(
   return inner()->reduce_scatter(outputs, inputs, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::_reduce_scatter_base(
-    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  return inner()->_reduce_scatter_base(output, input, opts);
-}
-
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
