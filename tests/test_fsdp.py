@@ -24,19 +24,24 @@ def one_shot_bound(chunks_of_others, bits, bucket):
     return total
 
 
+def scatter_case(rank, world, gloo, n=64 * 50):
+    """(n, this rank's input, the exact sum of its owned chunk, the bound of its error)."""
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(world * n, generator=g) * (1 + torch.arange(world * n) % 7)
+    everyone = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(everyone, x, group=gloo)
+    exact = sum(e.view(world, n)[rank].double() for e in everyone)
+    others = [e.view(world, n)[rank] for j, e in enumerate(everyone) if j != rank]
+    return n, x, exact, one_shot_bound(others, BITS, BUCKET) + exact.abs() * 1e-6
+
+
 def body_reduce_scatter(rank, world):
     from torch_cgx.fsdp import CompressedReduceScatter
 
     dist.init_process_group("gloo")
     group = dist.group.WORLD
-    n = 64 * 50
-    g = torch.Generator().manual_seed(rank)
-    x = torch.randn(world * n, generator=g) * (1 + torch.arange(world * n) % 7)
-    everyone = [torch.empty_like(x) for _ in range(world)]
-    dist.all_gather(everyone, x)
-    exact = sum(e.view(world, n)[rank].double() for e in everyone)
-    others = [e.view(world, n)[rank] for j, e in enumerate(everyone) if j != rank]
-    bound = one_shot_bound(others, BITS, BUCKET) + exact.abs() * 1e-6
+    n, x, exact, bound = scatter_case(rank, world, group)
+    g = torch.Generator().manual_seed(100 + rank)
     comm = CompressedReduceScatter("maxmin", min_numel=1024, bits=BITS, bucket_size=BUCKET)
     out = torch.empty(n)
     comm(out, x, group, dist.ReduceOp.SUM)
@@ -200,14 +205,7 @@ def body_backend_reduce_scatter(rank, world):
 
     dist.init_process_group("cgx")
     gloo = dist.new_group(backend="gloo")
-    n = 64 * 50
-    g = torch.Generator().manual_seed(rank)
-    x = torch.randn(world * n, generator=g) * (1 + torch.arange(world * n) % 7)
-    everyone = [torch.empty_like(x) for _ in range(world)]
-    dist.all_gather(everyone, x, group=gloo)
-    exact = sum(e.view(world, n)[rank].double() for e in everyone)
-    others = [e.view(world, n)[rank] for j, e in enumerate(everyone) if j != rank]
-    bound = one_shot_bound(others, BITS, BUCKET) + exact.abs() * 1e-6
+    n, x, exact, bound = scatter_case(rank, world, gloo)
     out, want = torch.empty(n), torch.empty(n)
     dist.reduce_scatter_tensor(out, x)  # bits 32: exact, as Gloo's
     dist.reduce_scatter_tensor(want, x, group=gloo)

@@ -17,15 +17,22 @@ void check(const at::Tensor& t, const char* name, int64_t rows, int64_t cols) {
                     " must have shape [", rows, ", ", cols, "], got ", t.sizes());
 }
 
-void add_and_project(at::Tensor m, std::optional<at::Tensor> e, const at::Tensor& qt,
-                     at::Tensor p) {
+// Checks m (rows x cols), the optional same-shape `extra`, qt (rank x cols), p (rows x rank).
+void check_all(const at::Tensor& m, const std::optional<at::Tensor>& extra, const char* name,
+               const at::Tensor& qt, const at::Tensor& p) {
   TORCH_CHECK_VALUE(m.dim() == 2 && qt.dim() == 2, "m and qt must be matrices");
   const int64_t rows = m.size(0), cols = m.size(1), rank = qt.size(0);
+  TORCH_CHECK_VALUE(rank >= 1, "the rank must be >= 1");
   check(m, "m", rows, cols);
-  if (e) check(*e, "e", rows, cols);
+  if (extra) check(*extra, name, rows, cols);
   check(qt, "qt", rank, cols);
   check(p, "p", rows, rank);
-  TORCH_CHECK_VALUE(rank >= 1, "the rank must be >= 1");
+}
+
+void add_and_project(at::Tensor m, std::optional<at::Tensor> e, const at::Tensor& qt,
+                     at::Tensor p) {
+  check_all(m, e, "e", qt, p);
+  const int64_t rows = m.size(0), cols = m.size(1), rank = qt.size(0);
   lowrank::add_and_project(m.data_ptr<float>(), e ? e->data_ptr<float>() : nullptr,
                            qt.data_ptr<float>(), p.data_ptr<float>(), rows, cols, int(rank));
 }
@@ -43,13 +50,8 @@ void transpose_project(const at::Tensor& m, const at::Tensor& p, at::Tensor qt) 
 
 void decompress(at::Tensor m, std::optional<at::Tensor> err, const at::Tensor& p,
                 const at::Tensor& qt) {
-  TORCH_CHECK_VALUE(m.dim() == 2 && qt.dim() == 2, "m and qt must be matrices");
+  check_all(m, err, "err", qt, p);
   const int64_t rows = m.size(0), cols = m.size(1), rank = qt.size(0);
-  check(m, "m", rows, cols);
-  if (err) check(*err, "err", rows, cols);
-  check(p, "p", rows, rank);
-  check(qt, "qt", rank, cols);
-  TORCH_CHECK_VALUE(rank >= 1, "the rank must be >= 1");
   lowrank::decompress(m.data_ptr<float>(), err ? err->data_ptr<float>() : nullptr,
                       p.data_ptr<float>(), qt.data_ptr<float>(), rows, cols, int(rank));
 }
