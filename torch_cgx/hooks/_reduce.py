@@ -16,11 +16,15 @@ def group_or_default(group: Optional[dist.ProcessGroup]) -> dist.ProcessGroup:
     return group if group is not None else dist.distributed_c10d._get_default_group()
 
 
+def exact_config(group: Optional[dist.ProcessGroup]):
+    """The native settings of an exact call on the cgx ``group`` (its settings, uncompressed)."""
+    return get_config(group).replace(bits=32, compressor="maxmin", compressor_params="").to_native()
+
+
 def exact_allreduce(group: dist.ProcessGroup, tensor: torch.Tensor) -> torch.futures.Future:
     """Sums ``tensor`` in place over ``group``; the future's value is ``tensor``."""
     if is_cgx_group(group):
-        config = get_config(group).replace(bits=32, compressor="maxmin", compressor_params="")
-        work = cgx_backend(group).allreduce_with(tensor, config.to_native(), False)
+        work = cgx_backend(group).allreduce_with(tensor, exact_config(group), False)
     else:
         work = dist.all_reduce(tensor, group=group, async_op=True)
     return work.get_future().then(lambda _: tensor)

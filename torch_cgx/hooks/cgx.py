@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from torch_cgx.backend import cgx_backend, get_config
 from torch_cgx.config import CGXConfig
+from torch_cgx.hooks._reduce import exact_config
 
 __all__ = ["CGXState", "cgx_hook"]
 
@@ -84,7 +85,7 @@ def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[t
     group_config = get_config(state.process_group)
     maxmin = group_config.replace(compressor="maxmin", compressor_params="")  # CGX's codec
     compressed = maxmin.replace(**state.compression_params).to_native()
-    exact = group_config.replace(bits=32, compressor="maxmin", compressor_params="").to_native()
+    exact = exact_config(state.process_group)
     buf = bucket.buffer()
     spans = _split(state, bucket)
     parts = {True: [s for s in spans if s[2]], False: [s for s in spans if not s[2]]}

@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from torch_cgx import compressors
 from torch_cgx.backend import cgx_backend, get_config
+from torch_cgx.hooks._reduce import exact_config
 
 __all__ = ["CompressionState", "compression_hook"]
 
@@ -236,10 +237,7 @@ def compression_hook(
         staged.append((tensor, comp, residual))
     if exact:
         tensor = _stage(buf, exact, not comp)
-        config = get_config(state.process_group).replace(
-            bits=32, compressor="maxmin", compressor_params=""
-        )
-        futures.append(backend.allreduce_with(tensor, config.to_native(), True))
+        futures.append(backend.allreduce_with(tensor, exact_config(state.process_group), True))
         staged.append((tensor, exact, None))
     futures = [w.get_future() for w in futures]
     if bucket.is_last():

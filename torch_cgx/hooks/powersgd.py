@@ -150,9 +150,9 @@ def _layerwise_step(state: PowerSGDState, group, buckets: List[_Bucket]) -> None
     items, exact_views = [], []
     for b in buckets:
         _split(state, b, items, exact_views)
-    missing = [it.key for it in items if it.q is None]
+    missing = [it for it in items if it.q is None]
     if missing:  # a bucket seen before holds a matrix never compressed (DDP rebuilt buckets)
-        _random_qs(state, [it for it in items if it.q is None], buckets[0].buffer.dtype, False)
+        _random_qs(state, missing, buckets[0].buffer.dtype, False)
     exact = torch.cat(exact_views) if exact_views else None
     reduce_p, reduce_q, reduce_exact = _reducers(state, group)
     lowrank.power_step(items, exact, group.size(), state.orthogonalization_epsilon,
