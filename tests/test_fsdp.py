@@ -28,6 +28,12 @@ def scatter_case(rank, world, gloo, n=64 * 50):
     """(n, this rank's input, the exact sum of its owned chunk, the bound of its error)."""
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(world * n, generator=g) * (1 + torch.arange(world * n) % 7)
+    return scatter_case_of(rank, world, gloo, x)
+
+
+def scatter_case_of(rank, world, gloo, x):
+    """scatter_case for a given input x."""
+    n = x.numel() // world
     everyone = [torch.empty_like(x) for _ in range(world)]
     dist.all_gather(everyone, x, group=gloo)
     exact = sum(e.view(world, n)[rank].double() for e in everyone)
@@ -92,8 +98,11 @@ def body_all_gather(rank, world):
         half_step = ((b.max(1).values - b.min(1).values) / 255 / 2).repeat_interleave(256)
         err = (got - want).abs()
         assert (err <= half_step * (1 + 1e-5) + 1e-7).all() and err.max() > 0, j
-    # 8 bits a value + 8 bytes a block + the header: about a quarter of fp32.
-    assert comm.bytes_sent == comm.codec.encoded_size(m) < m * 4 / 3.5
+    # To each other rank 8 bits a value + 8 bytes a block + the header: about a quarter of fp32.
+    assert comm.bytes_sent == (world - 1) * comm.codec.encoded_size(m)
+    assert comm.codec.encoded_size(m) < m * 4 / 3.5
+    comm(torch.empty(world * 10), torch.ones(10), dist.group.WORLD)  # small: exact, counted too
+    assert comm.bytes_sent == (world - 1) * (comm.codec.encoded_size(m) + 10 * 4)
     dist.destroy_process_group()
 
 
@@ -109,7 +118,9 @@ def make_model():
     )  # fmt: skip
 
 
-def train(rank, world, bits, steps=40, reduce_dtype=None, all_gather_bits=None):
+def sharded(bits, reduce_dtype=None, all_gather_bits=None):
+    """make_model() fully_shard-ed per Linear and as a whole, compressed with ``bits`` (None:
+    exact), and its Adam optimizer: (model, optimizer, comm)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from torch_cgx import fsdp
@@ -124,21 +135,33 @@ def train(rank, world, bits, steps=40, reduce_dtype=None, all_gather_bits=None):
     if bits:
         comm = fsdp.compress(model, bits=bits, bucket_size=128, min_numel=1024,
                              all_gather_bits=all_gather_bits)  # fmt: skip
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    losses = []
+    return model, torch.optim.Adam(model.parameters(), lr=3e-3), comm
+
+
+def target_of():
     target = torch.nn.Linear(32, 8)
     torch.manual_seed(1)
     torch.nn.init.normal_(target.weight)
-    for step in range(steps):
-        g = torch.Generator().manual_seed(1000 * step + rank)
-        x = torch.randn(32, 32, generator=g)
-        loss = torch.nn.functional.mse_loss(model(x), target(x).detach())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        t = loss.detach().clone()
-        dist.all_reduce(t)
-        losses.append(t.item() / world)
+    return target
+
+
+def train_step(model, opt, target, step, rank, world):
+    """One step on rank's batch of ``step``; returns the loss averaged over ranks."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(32, 32, generator=g)
+    loss = torch.nn.functional.mse_loss(model(x), target(x).detach())
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    t = loss.detach().clone()
+    dist.all_reduce(t)
+    return t.item() / world
+
+
+def train(rank, world, bits, steps=40, reduce_dtype=None, all_gather_bits=None):
+    model, opt, comm = sharded(bits, reduce_dtype, all_gather_bits)
+    target = target_of()
+    losses = [train_step(model, opt, target, step, rank, world) for step in range(steps)]
     full = {k: v.full_tensor() for k, v in model.state_dict().items()}  # a DTensor per shard
     return losses, full, comm
 
@@ -229,6 +252,52 @@ def test_cgx_backend_reduce_scatter_is_compressed(world):
     run_ranks(body_backend_reduce_scatter, world, timeout=120)
 
 
+def body_list_and_coalesced_forms(rank, world):
+    import torch_cgx
+
+    dist.init_process_group("cgx")
+    gloo = dist.new_group(backend="gloo")
+    n, x, exact, bound = scatter_case(rank, world, gloo)
+    torch_cgx.set_config(bits=BITS, bucket_size=BUCKET)
+    # The list form: the same chunks, the same single quantization.
+    out = torch.empty(n)
+    sent = torch_cgx.cgx_backend().total_bytes_sent()
+    dist.reduce_scatter(out, list(x.view(world, n).unbind(0)))
+    err = (out.double() - exact).abs()
+    assert (err <= bound).all() and err.max() > 0
+    assert torch_cgx.cgx_backend().total_bytes_sent() - sent < (world - 1) * n * 4 / 3.5
+    # The coalesced form (FSDP2 and torch's coalescing manager): one fused piece for all pairs;
+    # each output within its own chunk's bound. The second pair is x's chunks in reverse order.
+    y = x.view(world, n).flip(0).contiguous().view(-1)
+    _, _, exact_y, bound_y = scatter_case_of(rank, world, gloo, y)
+    a, b = torch.empty(n), torch.empty(n)
+    sent = torch_cgx.cgx_backend().total_bytes_sent()
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.reduce_scatter_tensor(a, x)
+        dist.reduce_scatter_tensor(b, y)
+    cm.wait()
+    assert 0 < torch_cgx.cgx_backend().total_bytes_sent() - sent < 2 * (world - 1) * n * 4 / 3.5
+    assert ((a.double() - exact).abs() <= bound).all() and not torch.equal(a.double(), exact)
+    assert ((b.double() - exact_y).abs() <= bound_y).all()
+    # Mixed dtypes and other ops: forwarded, Gloo's results bit for bit.
+    h, want = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.reduce_scatter_tensor(a, x)
+        dist.reduce_scatter_tensor(h, x.double())
+    cm.wait()
+    dist.reduce_scatter_tensor(want, x.double(), group=gloo)
+    assert torch.equal(h, want)
+    dist.reduce_scatter(out, list(x.view(world, n).unbind(0)), op=dist.ReduceOp.MAX)
+    mx = torch.empty(n)
+    dist.reduce_scatter_tensor(mx, x, op=dist.ReduceOp.MAX, group=gloo)
+    assert torch.equal(out, mx)
+    dist.destroy_process_group()
+
+
+def test_cgx_backend_list_and_coalesced_reduce_scatter():
+    run_ranks(body_list_and_coalesced_forms, 3, timeout=120)
+
+
 def body_fsdp_on_cgx(rank, world):
     import torch_cgx
 
@@ -283,3 +352,37 @@ def body_four_ranks_and_state_dict(rank, world):
 
 def test_four_ranks_and_the_state_dict():
     run_ranks(body_four_ranks_and_state_dict, 4, timeout=240)
+
+
+def body_checkpoint(rank, world, path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    dist.init_process_group("gloo")
+    target = target_of()
+    model, opt, _ = sharded(4)
+    for step in range(5):
+        train_step(model, opt, target, step, rank, world)
+    model_sd, opt_sd = get_state_dict(model, opt)
+    dcp.save({"model": model_sd, "optim": opt_sd}, checkpoint_id=path)
+    straight = [train_step(model, opt, target, step, rank, world) for step in range(5, 9)]
+    # A fresh compressed sharded model and optimizer, loaded from the checkpoint with torch's own
+    # distributed checkpoint, goes on exactly as the uninterrupted run (nearest rounding: the
+    # compressed reduce-scatter holds no state).
+    fresh, fresh_opt, comm = sharded(4)
+    model_sd, opt_sd = get_state_dict(fresh, fresh_opt)
+    state = {"model": model_sd, "optim": opt_sd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(fresh, fresh_opt, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])  # fmt: skip
+    resumed = [train_step(fresh, fresh_opt, target, step, rank, world) for step in range(5, 9)]
+    assert comm.calls > 0 and resumed == straight, (resumed, straight)
+    for (k, v), w in zip(model.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(v.to_local(), w.to_local()), k
+    del model, opt, fresh, fresh_opt, comm, state, model_sd, opt_sd
+    gc.collect()
+    dist.destroy_process_group()
+
+
+def test_distributed_checkpoint_resumes_exactly(tmp_path):
+    run_ranks(body_checkpoint, 2, str(tmp_path / "ckpt"), timeout=240)

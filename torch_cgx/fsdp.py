@@ -44,6 +44,9 @@ class CompressedReduceScatter(_ReduceScatter):
         compressor: a name of ``torch_cgx.compressors.names()`` (default max-min).
         min_numel: chunks with fewer values are reduced exactly (default 4096).
         **params: the compressor's parameters (max-min: ``bits`` default 8, ``bucket_size``).
+
+    ``calls`` counts the compressed calls, ``bytes_sent`` the bytes this rank sent in all of them
+    (exact ones as (W - 1) chunks).
     """
 
     def __init__(self, compressor: str = "maxmin", min_numel: int = 4096, **params) -> None:
@@ -67,6 +70,7 @@ class CompressedReduceScatter(_ReduceScatter):
             )
         average = op == dist.ReduceOp.AVG
         if (op != dist.ReduceOp.SUM and not average) or n < self.min_numel or world == 1:
+            self.bytes_sent += (world - 1) * n * output_tensor.element_size()
             return dist.reduce_scatter_tensor(
                 output_tensor, input_tensor, op=op, group=group, async_op=async_op
             )
@@ -111,7 +115,8 @@ class CompressedAllGather(_AllGather):
     ``bits`` per value, ``bucket_size`` values per block): every rank keeps its own shard exact
     and sees the others' within half a step of their block. Opt-in: it changes the weights the
     forward and backward passes see (never the sharded weights the optimizer updates). Shards
-    under ``min_numel`` values or of non-float dtypes are gathered exactly."""
+    under ``min_numel`` values or of non-float dtypes are gathered exactly. ``bytes_sent``: what
+    this rank's shard costs the wire, (W - 1) payloads (or exact shards) per call."""
 
     def __init__(self, bits: int = 8, bucket_size: int = 256, min_numel: int = 4096) -> None:
         self.codec = compressors.get("maxmin", bits=bits, bucket_size=bucket_size)
@@ -130,6 +135,7 @@ class CompressedAllGather(_AllGather):
                 f"all-gather output has {output_tensor.numel()} values, expected {world} x {m}"
             )
         if m < self.min_numel or world == 1 or input_tensor.dtype not in _FLOATS:
+            self.bytes_sent += (world - 1) * m * input_tensor.element_size()
             return dist.all_gather_into_tensor(
                 output_tensor, input_tensor, group=group, async_op=async_op
             )
@@ -143,7 +149,7 @@ class CompressedAllGather(_AllGather):
                 slots[j].copy_(self.codec.decode(part, dtype=torch.float32))
         slots[rank].copy_(mine)
         self.calls += 1
-        self.bytes_sent += payload.numel()
+        self.bytes_sent += (world - 1) * payload.numel()  # as a ring all-gather sends
         return None
 
 

@@ -102,6 +102,16 @@ class ProcessGroupCGX : public c10d::Backend {
   // One fused piece (the tensors flattened and concatenated), reduced like allreduce.
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  // SUM and AVG compressed when the settings say so (csrc/torch/reduce_scatter.cc): the list form
+  // as one input, the coalesced form as one fused piece; other calls forwarded.
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
 
   // Stops the threads of every live cgx group (runs what they have queued first). Called at
   // interpreter exit, before Python finalizes: a background thread that needs the GIL then
@@ -153,14 +163,6 @@ class ProcessGroupCGX : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
                                          std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
-                                                std::vector<std::vector<at::Tensor>>& inputs,
-                                                const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
-      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
-      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                std::vector<int64_t>& output_splits,
                                                std::vector<int64_t>& input_splits,
@@ -189,6 +191,10 @@ class ProcessGroupCGX : public c10d::Backend {
   void reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average,
                          float* residual = nullptr);
   void reduce_exact(at::Tensor& t, const c10d::ReduceOp& op);
+  // The worker's job for a reduce-scatter of input into output (the settings agreement when per
+  // call, then compressed or exact); empty when the call is to be forwarded as it is.
+  std::function<void()> reduce_scatter_job(at::Tensor output, at::Tensor input,
+                                           const c10d::ReduceScatterOptions& opts);
   // Compressed reduce-scatter (csrc/torch/reduce_scatter.cc): one alltoall of the chunks this
   // rank does not own, each encoded once; the owner adds them, decoded, to its own in fp32.
   void reduce_scatter_compressed(at::Tensor& output, const at::Tensor& input,

@@ -49,18 +49,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::scatter(
   return inner()->scatter(outputs, inputs, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter(
-    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
-    const c10d::ReduceScatterOptions& opts) {
-  return inner()->reduce_scatter(outputs, inputs, opts);
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::ReduceScatterOptions& opts) {
-  return inner()->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-}
-
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                               std::vector<int64_t>& output_splits,
                                                               std::vector<int64_t>& input_splits,

@@ -4,7 +4,7 @@
     torchrun --nproc-per-node 2 -m torch_cgx.bench.fsdp           # loopback
 
 The model is a stack of ``--layers`` residual blocks x + GELU(Linear(d, d) x) (``--dim``), each
-block and the whole model ``fully_shard``-ed, trained with SGD (momentum 0.9) on a fixed random
+block and the whole model ``fully_shard``-ed, trained with Adam on a fixed random
 linear regression task, the same batches for every method. Methods (one after another, from the same
 initial weights):
 
@@ -126,7 +126,7 @@ def _metered(comm, meter: _Timed):
 def run_method(method: str, args) -> dict:
     meters = _Meters()
     model = build(method, args, meters)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     rank, world = dist.get_rank(), dist.get_world_size()
     target = torch.randn(args.dim, args.dim, generator=torch.Generator().manual_seed(7))
     target /= args.dim**0.5
@@ -144,7 +144,8 @@ def run_method(method: str, args) -> dict:
         dist.all_reduce(t)
         losses.append(t.item() / world)
     timed = args.steps - args.warmup
-    row = {"method": method, "loss": sum(losses[-10:]) / 10}
+    tail = losses[-10:]
+    row = {"method": method, "loss": sum(tail) / len(tail), "first": losses[0]}
     for name, m, (s0, b0) in zip(("rs", "ag"), (meters.rs, meters.ag), start):
         row[f"{name}_ms"] = (m.seconds - s0) / timed * 1e3
         row[f"{name}_mb"] = (m.bytes - b0) / timed / 1e6
@@ -159,7 +160,7 @@ def parse_args(argv: Optional[List[str]]):
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--lr", type=float, default=1e-3)
     args = p.parse_args(argv)
     args.methods = [m for m in args.methods.split(",") if m]
     bad = [m for m in args.methods if m not in METHODS]
@@ -187,6 +188,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"| {r['method']} | {r['rs_ms']:.1f} | {ratio} | {r['rs_mb']:.2f} | "
                   f"{r['ag_ms']:.1f} | {r['ag_mb']:.2f} | {r['loss']:.5f} | {gap} |",
                   flush=True)  # fmt: skip
+        firsts = ", ".join(f"{r['method']} {r['first']:.5f}" for r in rows)
+        print(f"loss at step 0 (before any update): {firsts}", flush=True)
     # FSDP2's modules hold the group in reference cycles: free them while the interpreter is
     # alive (Gloo's threads may hold tensors; tests/test_hooks.py has the story).
     gc.collect()
