@@ -279,6 +279,16 @@ def body_list_and_coalesced_forms(rank, world):
     assert 0 < torch_cgx.cgx_backend().total_bytes_sent() - sent < 2 * (world - 1) * n * 4 / 3.5
     assert ((a.double() - exact).abs() <= bound).all() and not torch.equal(a.double(), exact)
     assert ((b.double() - exact_y).abs() <= bound_y).all()
+    # fp16 and bf16 buffers (FSDP2's reduce_dtype): encoded from that dtype, summed in fp32,
+    # rounded once to the output's dtype.
+    for dtype, eps in ((torch.float16, 2**-11), (torch.bfloat16, 2**-8)):
+        xh = x.to(dtype)
+        _, _, exact_h, bound_h = scatter_case_of(rank, world, gloo, xh.float())
+        oh = torch.empty(n, dtype=dtype)
+        dist.reduce_scatter_tensor(oh, xh, op=dist.ReduceOp.AVG)
+        err = (oh.double() - exact_h / world).abs()
+        assert (err <= bound_h / world + exact_h.abs() / world * eps).all(), dtype
+        assert err.max() > 0
     # Mixed dtypes and other ops: forwarded, Gloo's results bit for bit.
     h, want = torch.empty(n, dtype=torch.float64), torch.empty(n, dtype=torch.float64)
     with dist._coalescing_manager(async_ops=True) as cm:
