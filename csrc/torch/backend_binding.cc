@@ -7,6 +7,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "algorithms/error_bound.h"
+#include "c10d_transport.h"
 #include "dtype_map.h"
 #include "process_group_cgx.h"
 
@@ -92,6 +93,9 @@ void bind_backend(pybind11::module& m) {
       .def("total_bytes_sent", &ProcessGroupCGX::total_bytes_sent)
       .def_static("shutdown_all", &ProcessGroupCGX::shutdown_all);
 
+  m.def("_fault_after", &fault_after, py::arg("ops"), py::arg("signal"),
+        "Test hook: the transport operation `ops` from now raises `signal` on this process.");
+  m.def("_transport_ops", &transport_ops, "Transport operations begun in this process so far.");
   m.def("parse_env_int", &parse_env_int, py::arg("var"), py::arg("raw"));
   m.def("parse_env_bool", &parse_env_bool, py::arg("var"), py::arg("raw"));
   m.def("bucket_error_bound", &bucket_error_bound, py::arg("range_sum"), py::arg("magnitude_sum"),

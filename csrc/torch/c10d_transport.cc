@@ -2,6 +2,8 @@
 
 #include <ATen/ops/from_blob.h>
 
+#include <atomic>
+#include <csignal>
 #include <numeric>
 
 namespace cgx::binding {
@@ -19,10 +21,29 @@ std::vector<int64_t> as_splits(const std::vector<size_t>& sizes) {
   return std::vector<int64_t>(sizes.begin(), sizes.end());
 }
 
+std::atomic<int64_t> g_fault_countdown{-1};
+std::atomic<int> g_fault_signal{0};
+std::atomic<int64_t> g_ops{0};
+
+// Counts the operation and fires the armed fault, if this is its turn.
+void maybe_fault() {
+  g_ops.fetch_add(1, std::memory_order_relaxed);
+  if (g_fault_countdown.load(std::memory_order_relaxed) < 0) return;
+  if (g_fault_countdown.fetch_sub(1) == 0) std::raise(g_fault_signal.load());
+}
+
 }  // namespace
+
+int64_t transport_ops() { return g_ops.load(); }
+
+void fault_after(int64_t ops, int signal) {
+  g_fault_signal = signal;
+  g_fault_countdown = ops < 0 ? -1 : ops;
+}
 
 void C10dTransport::alltoallv(const uint8_t* send, const std::vector<size_t>& send_sizes,
                               uint8_t* recv, const std::vector<size_t>& recv_sizes) {
+  maybe_fault();
   at::Tensor in =
       bytes_view(send, std::accumulate(send_sizes.begin(), send_sizes.end(), size_t(0)));
   at::Tensor out =
@@ -32,6 +53,7 @@ void C10dTransport::alltoallv(const uint8_t* send, const std::vector<size_t>& se
 }
 
 void C10dTransport::allgather(const uint8_t* send, size_t bytes, uint8_t* recv) {
+  maybe_fault();
   at::Tensor in = bytes_view(send, bytes);
   at::Tensor out = bytes_view(recv, bytes * size_t(size()));
   inner_->_allgather_base(out, in)->wait();
@@ -39,6 +61,7 @@ void C10dTransport::allgather(const uint8_t* send, size_t bytes, uint8_t* recv) 
 
 void C10dTransport::sendrecv(int to, const uint8_t* send, size_t send_bytes, int from,
                              uint8_t* recv, size_t recv_bytes) {
+  maybe_fault();
   std::vector<at::Tensor> out = {bytes_view(send, send_bytes)};
   std::vector<at::Tensor> in = {bytes_view(recv, recv_bytes)};
   auto s = inner_->send(out, to, 0);
@@ -48,11 +71,13 @@ void C10dTransport::sendrecv(int to, const uint8_t* send, size_t send_bytes, int
 }
 
 void C10dTransport::send(int to, const uint8_t* data, size_t bytes) {
+  maybe_fault();
   std::vector<at::Tensor> out = {bytes_view(data, bytes)};
   inner_->send(out, to, 0)->wait();
 }
 
 void C10dTransport::recv(int from, uint8_t* data, size_t bytes) {
+  maybe_fault();
   std::vector<at::Tensor> in = {bytes_view(data, bytes)};
   inner_->recv(in, from, 0)->wait();
 }

@@ -8,6 +8,14 @@
 
 namespace cgx::binding {
 
+// Test hook (torch_cgx._C._fault_after; tests/test_faults.py): the transport operation that
+// begins `ops` operations from now (0: the next one), in any cgx group of this process, first
+// raises `signal` on this process, e.g. SIGKILL or SIGSTOP in a chosen step of an algorithm.
+// ops < 0 disarms it.
+void fault_after(int64_t ops, int signal);
+// Transport operations begun in this process so far (the test hook's unit).
+int64_t transport_ops();
+
 class C10dTransport : public Transport {
  public:
   explicit C10dTransport(c10::intrusive_ptr<c10d::Backend> inner) : inner_(std::move(inner)) {}
