@@ -88,14 +88,72 @@ def body(rank: int, world: int, case: Dict, out_dir: str) -> None:
         json.dump(report, f)
 
 
-def run_case(case: Dict, world: int, out_dir: str, limit_s: float = 60) -> List[Dict]:
-    """Starts `world` ranks on `case`; returns the survivors' reports (a survivor that hangs or
-    dies shows as a report with "hung" or "exitcode")."""
+def _ddp_hook(name: str, model):
+    from torch_cgx import compression, hooks
+
+    if name == "cgx":
+        return hooks.CGXState(compression_params={"bits": 4}), hooks.cgx_hook
+    if name == "compression":
+        state = hooks.CompressionState(compressor="topk", params={"ratio": 0.1}, layer_min_size=64)
+        return state, hooks.compression_hook
+    if name == "policy":
+        policy = compression.SizeAdaptiveCompression(
+            64, compression.NoCompression(), compression.Uniform8BitQuantization()
+        )
+        return compression.PolicyState(model, policy), compression.policy_hook
+    if name == "powersgd":
+        return hooks.PowerSGDState(None, 1, start_powerSGD_iter=2), hooks.powerSGD_hook
+    return None, getattr(hooks, name)  # allreduce_hook, fp16_compress_hook
+
+
+def body_ddp(rank: int, world: int, case: Dict, out_dir: str) -> None:
+    """DDP steps with a comm hook; the victim kills itself before step 3's forward: the survivor
+    must raise in that step (the unreduced gradients never applied)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import torch_cgx  # noqa: F401  (registers the backend)
+
+    dist.init_process_group("cgx", timeout=datetime.timedelta(seconds=case["timeout_s"]))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    ddp = DDP(model, bucket_cap_mb=0.05)  # several buckets
+    ddp.register_comm_hook(*_ddp_hook(case["hook"], model))
+    report = {"rank": rank, "completed": 0}
+    start = time.monotonic()
+    try:
+        for step in range(6):
+            if step == 3:
+                if rank == case["victim"]:
+                    os.kill(os.getpid(), case["signal"])
+                start = time.monotonic()
+            ddp(torch.randn(8, 64)).sum().backward()
+            report["completed"] += step >= 3
+        report["error"] = "no error"
+    except Exception as e:  # noqa: BLE001 - the survivor's error is what is measured
+        report["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        report["raised"] = True
+    report["seconds_to_error"] = time.monotonic() - start
+    del ddp, model
+    import gc
+
+    gc.collect()
+    start = time.monotonic()
+    dist.destroy_process_group()
+    report["shutdown_s"] = time.monotonic() - start
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+
+
+def run_case(case: Dict, world: int, out_dir: str, limit_s: float = 60, fn=None) -> List[Dict]:
+    """Starts `world` ranks running ``fn`` (default ``body``) on `case`; returns the survivors'
+    reports (a survivor that hangs or dies shows as a report with "hung" or "exitcode")."""
     case = {"timeout_s": GROUP_TIMEOUT_S, "algorithm": "sra", **case}
     ctx = mp.get_context("spawn")
     port = free_port()
     procs = [
-        ctx.Process(target=_entry, args=(r, body, world, port, {}, (case, out_dir)))
+        ctx.Process(target=_entry, args=(r, fn or body, world, port, {}, (case, out_dir)))
         for r in range(world)
     ]
     for p in procs:

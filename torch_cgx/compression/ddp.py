@@ -33,6 +33,7 @@ from torch_cgx.compression.base import (
     TensorRole,
     role_name,
 )
+from torch_cgx.hooks._reduce import settled
 from torch_cgx.hooks.compression import CompressionState, compression_hook
 
 __all__ = ["PolicyState", "policy_hook", "register_policy"]
@@ -185,7 +186,8 @@ def policy_hook(state: PolicyState, bucket: dist.GradBucket) -> torch.futures.Fu
         part = _SubBucket(tensor, [p for _, _, p in spans], bucket.index(), bucket.is_last())
         staged.append((compression_hook(sub, part), tensor, spans))
 
-    def unstage(_):
+    def unstage(fut):
+        settled(fut)
         for _, tensor, spans in staged:
             pos = 0
             for o, n, _ in spans:

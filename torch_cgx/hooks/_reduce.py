@@ -16,6 +16,27 @@ def group_or_default(group: Optional[dist.ProcessGroup]) -> dist.ProcessGroup:
     return group if group is not None else dist.distributed_c10d._get_default_group()
 
 
+def settled(fut: torch.futures.Future) -> None:
+    """Raises the error of ``fut``, or of any future in a ``collect_all`` future's list. Every
+    ``then`` callback of the hooks calls it first: a callback that never reads its future's value
+    hides a failed collective, and DDP would apply this rank's unreduced gradients."""
+    value = fut.value()
+    if isinstance(value, list):
+        for f in value:
+            if isinstance(f, torch.futures.Future):
+                f.value()
+
+
+def then_value(fut: torch.futures.Future, value):
+    """``fut.then``: ``value`` once ``fut`` has succeeded; its error otherwise."""
+
+    def back(f: torch.futures.Future):
+        settled(f)
+        return value
+
+    return fut.then(back)
+
+
 def exact_config(group: Optional[dist.ProcessGroup]):
     """The native settings of an exact call on the cgx ``group`` (its settings, uncompressed)."""
     return get_config(group).replace(bits=32, compressor="maxmin", compressor_params="").to_native()
@@ -27,7 +48,7 @@ def exact_allreduce(group: dist.ProcessGroup, tensor: torch.Tensor) -> torch.fut
         work = cgx_backend(group).allreduce_with(tensor, exact_config(group), False)
     else:
         work = dist.all_reduce(tensor, group=group, async_op=True)
-    return work.get_future().then(lambda _: tensor)
+    return then_value(work.get_future(), tensor)
 
 
 def quantized_allreduce(
@@ -43,7 +64,7 @@ def quantized_allreduce(
         bits=bits, bucket_size=bucket_size, compressor="maxmin", compressor_params=""
     )
     work = cgx_backend(group).allreduce_with(tensor, config.to_native(), False)
-    return work.get_future().then(lambda _: tensor)
+    return then_value(work.get_future(), tensor)
 
 
 def done(value: torch.Tensor) -> torch.futures.Future:

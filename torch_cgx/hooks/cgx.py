@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from torch_cgx.backend import cgx_backend, get_config
 from torch_cgx.config import CGXConfig
-from torch_cgx.hooks._reduce import exact_config
+from torch_cgx.hooks._reduce import exact_config, settled
 
 __all__ = ["CGXState", "cgx_hook"]
 
@@ -102,7 +102,8 @@ def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[t
             staged.append((tensor, chosen))
         futures.append(backend.allreduce_with(tensor, config, True).get_future())
 
-    def unstage(_):
+    def unstage(fut):
+        settled(fut)
         for tensor, chosen in staged:
             pos = 0
             for o, n, _ in chosen:

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from torch_cgx import compressors
 from torch_cgx.backend import cgx_backend, get_config
-from torch_cgx.hooks._reduce import exact_config
+from torch_cgx.hooks._reduce import exact_config, settled
 
 __all__ = ["CompressionState", "compression_hook"]
 
@@ -243,7 +243,8 @@ def compression_hook(
     if bucket.is_last():
         state.steps += 1
 
-    def finish(_):
+    def finish(fut):
+        settled(fut)
         for tensor, spans, residual in staged:
             pos = 0
             for o, n, p in spans:

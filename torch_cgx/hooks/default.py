@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from torch_cgx.hooks._reduce import done, exact_allreduce, group_or_default
+from torch_cgx.hooks._reduce import done, exact_allreduce, group_or_default, then_value
 
 __all__ = [
     "allreduce_hook",
@@ -33,7 +33,7 @@ def allreduce_hook(
     group = group_or_default(process_group)
     buf = bucket.buffer().div_(group.size())
     work = dist.all_reduce(buf, group=group, async_op=True)
-    return work.get_future().then(lambda _: buf)
+    return then_value(work.get_future(), buf)
 
 
 def _cast_hook(dtype: torch.dtype, process_group, bucket) -> torch.futures.Future[torch.Tensor]:
