@@ -347,6 +347,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_with(at::Tensor tensor
   validate_config(config);
   TORCH_CHECK_VALUE(at::isFloatingType(tensor.scalar_type()),
                     "allreduce_with needs a floating-point tensor, got ", tensor.scalar_type());
+  TORCH_CHECK_VALUE(tensor.device().is_cpu() || tensor.device().is_cuda(),
+                    "allreduce_with needs a tensor with data on the CPU or a GPU, got one on ",
+                    tensor.device());
   if (residual) {
     TORCH_CHECK_VALUE(residual->scalar_type() == at::kFloat && residual->is_contiguous() &&
                           residual->device().is_cpu() && residual->numel() == tensor.numel(),
