@@ -1,0 +1,142 @@
+"""The planner (torch_cgx.plan): decisions on synthetic costs where the math puts the break-even
+points, budgets, plan files (JSON and HiPress's format) read back to pin decisions, and the
+codec calibration's cache and fallbacks."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from torch_cgx import plan as P
+from torch_cgx.plan import planner
+from torch_cgx.plan.costs import CodecCosts, Linear, LinkCosts, codec_key, parse_rate
+
+KEY = codec_key("maxmin", {"bits": 4, "bucket_size": 512})
+
+
+def synthetic(fixed=20e-6, per_value=0.0):
+    """Codec costs for max-min 4-bit with a known fixed cost per encode / decode call."""
+    lin = Linear(fixed, per_value)
+    return CodecCosts({KEY: lin}, {KEY: lin}, add=Linear(0.0, 0.0), call=0.0)
+
+
+def sra_only(monkeypatch):
+    monkeypatch.setattr(planner, "SEGMENTS", (1,))
+    monkeypatch.setattr(planner, "ALGORITHMS", ("sra",))
+    monkeypatch.setattr(planner, "MARGIN", 1.0)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_break_even_where_the_math_puts_it(monkeypatch, world):
+    """Exact: 2 (W - 1) messages of 4 m bytes (m = n / W). SRA at 4 bits: the same number of
+    messages of P(m) = 24 + 8 m / 512 + m / 2 bytes, one extra agreement round of W - 1 small
+    messages, and W encodes + 2W - 1 decodes of fixed cost f. Equal when
+    2 (W - 1) (4 m - P(m)) / beta = (3W - 1) f + (W - 1) (alpha + 64 / beta)."""
+    sra_only(monkeypatch)
+    link, f = LinkCosts(parse_rate("1gbit"), 50e-6), 20e-6
+    host = synthetic(f)
+    budget = P.Budget(compressors=("maxmin:bits=4,bucket_size=512",))
+    extra = (3 * world - 1) * f + (world - 1) * link.message(64)
+    # 4 m - (24 + m / 64 + m / 2) = extra * beta / (2 (W - 1)), m a multiple of 512
+    m = (extra * link.bandwidth / (2 * (world - 1)) + 24) / (4 - 1 / 64 - 0.5)
+    m_star = math.ceil(m / 512) * 512
+    below, above = (m_star - 512) * world, (m_star + 512) * world
+    assert P.choose(below, world, link, host, budget)[0].exact
+    assert not P.choose(above, world, link, host, budget)[0].exact
+
+
+def test_slow_links_take_fewer_bits_and_fast_links_stay_exact():
+    link_slow = LinkCosts(parse_rate("100mbit"), 50e-6)
+    link_fast = LinkCosts(parse_rate("400gbit"), 2e-6)
+    keys = planner.codecs_of(P.Budget(min_bits=2))
+    lin = Linear(3e-6, 0.3e-9)  # about this machine's max-min: 0.3 ns a value
+    cheap = CodecCosts({codec_key(n, p): lin for n, p in keys},
+                       {codec_key(n, p): lin for n, p in keys})  # fmt: skip
+    opt, t, exact = P.choose(1 << 22, 4, link_slow, cheap, P.Budget(min_bits=2))
+    assert dict(opt.params)["bits"] == 2 and t < exact / 5
+    opt, _, _ = P.choose(1 << 22, 4, link_fast, cheap, P.Budget(min_bits=2))
+    assert opt.exact  # the codec costs more than the bytes it saves
+    opt, _, _ = P.choose(1 << 22, 4, link_slow, cheap, P.Budget(min_bits=6))
+    assert dict(opt.params)["bits"] == 6  # never below the budget
+    assert P.choose(100, 4, link_slow, cheap, P.Budget(min_bits=2))[0].exact  # latency-bound
+
+
+def test_pipeline_segments_pay_when_codec_and_wire_are_comparable(monkeypatch):
+    monkeypatch.setattr(planner, "ALGORITHMS", ("sra",))
+    link = LinkCosts(parse_rate("1gbit"), 20e-6)
+    host = synthetic(2e-6, 4e-9)  # 4 ns a value: as slow as the 4-bit wire
+    budget = P.Budget(compressors=("maxmin:bits=4,bucket_size=512",))
+    opt, t, _ = P.choose(1 << 24, 2, link, host, budget)
+    assert opt.segments > 1
+    one = P.predict(P.Option(opt.compressor, opt.params, "sra", 1), 1 << 24, 2, link, host)
+    assert t < 0.75 * one
+
+
+def test_budget_parsing():
+    assert P.Budget.parse("bits>=2").min_bits == 2
+    assert [b for _, p in P.Budget.parse("6").codecs() for b in [p.get("bits")]][:3] == [6, 7, 8]
+    b = P.Budget.parse("topk:ratio=0.01,maxmin:bits=2,bucket_size=64")
+    assert b.codecs() == [("topk", {"ratio": 0.01}), ("maxmin", {"bits": 2, "bucket_size": 64})]
+    with pytest.raises(ValueError, match="unknown compressor"):
+        P.Budget.parse("zip:level=3")
+    with pytest.raises(ValueError, match="name=value"):
+        P.Budget.parse("topk:ratio")
+    with pytest.raises(ValueError, match="min_bits"):
+        P.Budget(min_bits=0)
+    with pytest.raises(ValueError, match="link rate"):
+        LinkCosts.parse("fast")
+
+
+def test_plan_files_round_trip_and_pin(tmp_path):
+    from torch_cgx.plan.__main__ import main
+
+    js, hp = tmp_path / "plan.json", tmp_path / "SeCoPaPlan.txt"
+    args = ["--world", "4", "--link", "100mbit", "--n-layer", "2", "--n-embd", "64",
+            "--vocab", "300", "--n-positions", "64", "--quiet"]  # fmt: skip
+    assert main(args + ["--json", str(js), "--hipress", str(hp)]) == 0
+    data = json.loads(js.read_text())
+    lines = hp.read_text().splitlines()
+    assert len(lines) == len(data["gradients"]) == 2 + 2 * 12 + 2
+    for line, g in zip(lines, data["gradients"]):
+        gid, comp, parts = map(int, line.split())
+        assert (gid, bool(comp), parts) == (g["id"], g["compress"], g["option"]["segments"])
+    assert any(g["compress"] for g in data["gradients"])  # 100 Mbit/s: the big ones compress
+    assert not all(g["compress"] for g in data["gradients"])
+    # Pinned: the decisions of the file are kept whatever the new link says.
+    pins = P.read_pins(str(js))
+    sizes = [(g["name"], g["numel"]) for g in data["gradients"]]
+    host = P.calibrate(planner.codecs_of(P.Budget(), pins.values()))
+    fast = P.plan_gradients(sizes, 4, LinkCosts.parse("400gbit", "1us"), host, P.Budget(), pins)
+    assert all(d.pinned and d.option == pins[d.name] for d in fast.decisions)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"gradients": [{"name": "x"}]}')
+    with pytest.raises(ValueError, match="not a torch_cgx plan file"):
+        P.read_pins(str(bad))
+
+
+def test_calibration_cache_and_fallbacks(tmp_path, monkeypatch):
+    from torch_cgx.plan import costs
+
+    keys = [("maxmin", {"bits": 4, "bucket_size": 512}), ("fp16", {})]
+    path = str(tmp_path / "cache" / "codec.json")
+    first = costs.calibrate(keys, path=path)
+    assert set(first.encode) == {codec_key(n, p) for n, p in keys}
+    assert all(v.per_value > 0 for v in first.encode.values())  # bigger inputs take longer
+
+    def no_measuring(*a, **k):
+        raise AssertionError("measured although cached")
+
+    monkeypatch.setattr(costs, "measure_codec", no_measuring)
+    assert costs.calibrate(keys, path=path).to_json() == first.to_json()  # from the cache
+    monkeypatch.undo()
+    with open(path, "w") as f:
+        f.write("{ not json")  # a corrupt cache is measured again and rewritten
+    again = costs.calibrate(keys, path=path)
+    assert set(again.encode) == set(first.encode)
+    assert json.load(open(path))["encode"].keys() == again.encode.keys()
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    unwritable = costs.calibrate(keys, path=str(blocked / "sub" / "codec.json"))
+    assert set(unwritable.encode) == set(first.encode)  # measured, not cached, no error

@@ -1,0 +1,191 @@
+"""The planner's measured inputs: the link (per-message latency, bandwidth) and the codec (encode
+and decode time of each compressor on this host), with a per-host cache of the codec figures.
+
+Each codec operation is modelled as ``t(n) = fixed + per_value * n`` (n values), fitted from two
+sizes; docs/algorithms.md ("Cost model") has the formulas that use them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Dict, Iterable, Optional, Tuple
+
+_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12, "bit": 1.0}
+_TIMES = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def parse_rate(text: str) -> float:
+    """'1gbit', '100mbit', '10Gbit' -> bytes per second."""
+    t = str(text).strip().lower()
+    for unit in sorted(_UNITS, key=len, reverse=True):
+        if t.endswith(unit):
+            try:
+                value = float(t[: -len(unit)])
+            except ValueError:
+                break
+            if value > 0:
+                return value * _UNITS[unit] / 8
+            break
+    raise ValueError(f"not a link rate: {text!r} (examples: 100mbit, 1gbit, 25gbit)")
+
+
+def parse_time(text: str) -> float:
+    """'50us', '0.2ms', '1s' -> seconds."""
+    t = str(text).strip().lower()
+    for unit in sorted(_TIMES, key=len, reverse=True):
+        if t.endswith(unit):
+            try:
+                value = float(t[: -len(unit)])
+            except ValueError:
+                break
+            if value >= 0:
+                return value * _TIMES[unit]
+            break
+    raise ValueError(f"not a time: {text!r} (examples: 30us, 0.5ms)")
+
+
+@dataclass(frozen=True)
+class LinkCosts:
+    """What one message costs between two ranks: ``latency`` seconds plus its bytes over
+    ``bandwidth`` bytes per second (each rank's own link, full duplex)."""
+
+    bandwidth: float
+    latency: float
+
+    def __post_init__(self) -> None:
+        if not self.bandwidth > 0 or not self.latency >= 0:
+            raise ValueError(f"link needs bandwidth > 0 and latency >= 0, got {self}")
+
+    @classmethod
+    def parse(cls, rate: str, latency: str = "50us") -> LinkCosts:
+        return cls(parse_rate(rate), parse_time(latency))
+
+    def message(self, nbytes: float) -> float:
+        return self.latency + nbytes / self.bandwidth
+
+
+@dataclass(frozen=True)
+class Linear:
+    """t(n) = fixed + per_value * n seconds."""
+
+    fixed: float
+    per_value: float
+
+    def __call__(self, n: float, calls: int = 1) -> float:
+        return calls * self.fixed + self.per_value * n
+
+    @classmethod
+    def fit(cls, small: Tuple[int, float], large: Tuple[int, float]) -> Linear:
+        (n0, t0), (n1, t1) = small, large
+        per = max((t1 - t0) / (n1 - n0), 0.0)
+        return cls(max(t0 - per * n0, 0.0), per)
+
+
+@dataclass
+class CodecCosts:
+    """Encode and decode-add time per codec key (``"maxmin:bits=4"``), fp32 summing (``add``)
+    and the fixed cost of one call of the backend (queue, worker, settings agreement)."""
+
+    encode: Dict[str, Linear] = field(default_factory=dict)
+    decode: Dict[str, Linear] = field(default_factory=dict)
+    add: Linear = Linear(0.0, 0.25e-9)
+    call: float = 60e-6
+
+    def to_json(self) -> dict:
+        return {"encode": {k: asdict(v) for k, v in self.encode.items()},
+                "decode": {k: asdict(v) for k, v in self.decode.items()},
+                "add": asdict(self.add), "call": self.call}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, d: dict) -> CodecCosts:
+        return cls({k: Linear(**v) for k, v in d["encode"].items()},
+                   {k: Linear(**v) for k, v in d["decode"].items()},
+                   Linear(**d["add"]), float(d["call"]))  # fmt: skip
+
+
+def codec_key(name: str, params: Optional[Dict] = None) -> str:
+    """'maxmin:bits=4,bucket_size=512'; the cache's and the plan's name of one codec setting."""
+    items = ",".join(f"{k}={v}" for k, v in sorted((params or {}).items()))
+    return f"{name}:{items}"
+
+
+def _time(fn, reps: int) -> float:
+    fn()  # warm: allocations, page faults
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_codec(keys: Iterable[Tuple[str, Dict]], sizes=(1 << 12, 1 << 20), reps=3):
+    """Times encode and decode-add of each (name, params) at two sizes on this host."""
+    import torch
+
+    from torch_cgx import compressors
+
+    costs = CodecCosts()
+    g = torch.Generator().manual_seed(0)
+    data = {n: torch.randn(n, generator=g) for n in sizes}
+    for name, params in keys:
+        codec = compressors.get(name, **params)
+        enc, dec = [], []
+        for n in sizes:
+            x, out = data[n], torch.zeros(n)
+            payload = codec.encode(x)
+            enc.append((n, _time(lambda c=codec, x=x: c.encode(x), reps)))
+            dec.append((n, _time(lambda c=codec, o=out, p=payload: c.decode_add_(o, p), reps)))
+        key = codec_key(name, params)
+        costs.encode[key], costs.decode[key] = Linear.fit(*enc), Linear.fit(*dec)
+    a, b = (data[n] for n in sizes)
+    ta = _time(lambda: a.add_(a), reps)
+    tb = _time(lambda: b.add_(b), reps)
+    costs.add = Linear.fit((sizes[0], ta), (sizes[1], tb))
+    return costs
+
+
+def cache_path() -> str:
+    from torch_cgx.version import __version__
+
+    root = os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
+    threads = os.environ.get("CGX_CODEC_THREADS", "default")
+    name = f"codec-{socket.gethostname()}-{__version__}-threads{threads}.json"
+    return os.path.join(root, "torch_cgx", name)
+
+
+def calibrate(keys, refresh: bool = False, path: Optional[str] = None) -> CodecCosts:
+    """The codec costs of ``keys`` on this host: from the cache when it has them all (and
+    ``refresh`` is false), measured otherwise (about 0.1 s per key) and written back. A cache
+    that cannot be read or written is ignored."""
+    keys = [(n, dict(p)) for n, p in keys]
+    path = path or cache_path()
+    cached = None
+    if not refresh:
+        try:
+            with open(path) as f:
+                cached = CodecCosts.from_json(json.load(f))
+        except (OSError, ValueError, KeyError, TypeError):
+            cached = None
+    wanted = {codec_key(n, p) for n, p in keys}
+    if cached and wanted <= set(cached.encode) & set(cached.decode):
+        return cached
+    costs = measure_codec(keys)
+    if cached:  # keep what was measured before for other keys
+        cached.encode.update(costs.encode)
+        cached.decode.update(costs.decode)
+        cached.add = costs.add
+        costs = cached
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(costs.to_json(), f, indent=1)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return costs
