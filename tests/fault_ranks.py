@@ -35,7 +35,8 @@ def _forwarded(name: str, x):
     elif name == "all_gather":
         dist.all_gather_into_tensor(torch.empty(x.numel() * dist.get_world_size()), x)
     else:
-        dist.all_to_all_single(torch.empty_like(x), x)
+        m = x.numel() // dist.get_world_size() * dist.get_world_size()
+        dist.all_to_all_single(torch.empty(m), x[:m])
 
 
 def _faulted_call(case: Dict, rank: int, x) -> int:
@@ -191,27 +192,39 @@ def cases(algorithms=("sra", "ring", "allgather", "tree"), ops=(0, 1, 2, 3, 4)):
     return out
 
 
+HOOKS = ("allreduce_hook", "fp16_compress_hook", "cgx", "compression", "policy", "powersgd")
+
+
+def _report(label: str, reports: List[Dict], completed_ok: bool = True) -> tuple:
+    ok = all(r.get("raised") and not r["hung"] and r["exitcode"] == 0 for r in reports)
+    ok = ok and completed_ok
+    t = max(r.get("seconds_to_error", float("inf")) for r in reports)
+    print(f"{label:<36} {'ok ' if ok else 'BAD'} error after {t:5.2f} s  "
+          f"{reports[0].get('error', '')[:70]}", flush=True)  # fmt: skip
+    return ok, t
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     import tempfile
 
-    world = 3
-    worst = 0.0
-    failures = 0
+    results = []
     for case in cases():
         case["victim"] = 1
         with tempfile.TemporaryDirectory() as d:
-            reports = run_case(case, world, d)
-        ok = all(r.get("raised") and not r["hung"] and r["exitcode"] == 0 for r in reports)
-        t = max(r.get("seconds_to_error", float("inf")) for r in reports)
-        worst = max(worst, t)
-        failures += not ok
+            reports = run_case(case, 3, d)
         name = signal.Signals(case["signal"]).name
-        print(f"{case['collective']:<10} {case.get('algorithm', ''):<9} op {case['op']} {name:<7} "
-              f"{'ok ' if ok else 'BAD'} error after {t:5.2f} s  "
-              f"{reports[0].get('error', '')[:70]}", flush=True)  # fmt: skip
-    print(f"{len(cases())} cases, {failures} bad; slowest error {worst:.2f} s "
+        label = f"{case['collective']} {case.get('algorithm', '')} op {case['op']} {name}"
+        results.append(_report(label, reports))
+    for hook in HOOKS:
+        with tempfile.TemporaryDirectory() as d:
+            reports = run_case({"hook": hook, "signal": signal.SIGKILL, "victim": 1}, 2, d,
+                               fn=body_ddp)  # fmt: skip
+        no_step = all(r["completed"] == 0 for r in reports)
+        results.append(_report(f"DDP {hook} SIGKILL", reports, no_step))
+    bad = sum(not ok for ok, _ in results)
+    print(f"{len(results)} cases, {bad} bad; slowest error {max(t for _, t in results):.2f} s "
           f"(group timeout {GROUP_TIMEOUT_S:g} s)")  # fmt: skip
-    return 1 if failures else 0
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
