@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
@@ -140,3 +141,112 @@ def test_calibration_cache_and_fallbacks(tmp_path, monkeypatch):
     blocked.write_text("")
     unwritable = costs.calibrate(keys, path=str(blocked / "sub" / "codec.json"))
     assert set(unwritable.encode) == set(first.encode)  # measured, not cached, no error
+
+
+def test_rules_cover_every_size_and_merge_neighbours():
+    from torch_cgx.plan import auto
+
+    link = LinkCosts(parse_rate("1gbit"), 50e-6)
+    keys = planner.codecs_of(P.Budget(min_bits=4))
+    lin = Linear(3e-6, 0.3e-9)
+    host = CodecCosts({codec_key(n, p): lin for n, p in keys},
+                      {codec_key(n, p): lin for n, p in keys})  # fmt: skip
+    rules = auto.rules_for(4, link, host, P.Budget(min_bits=4))
+    bounds = [r["max_numel"] for r in rules]
+    assert bounds == sorted(bounds) and bounds[-1] == 1 << 62
+    assert rules[0]["compressor"] == ""  # small: exact
+    assert rules[-1]["compressor"] == "maxmin"  # large on 1 Gbit/s: compressed
+    for a, b in zip(rules, rules[1:]):  # neighbours differ, or they would be one rule
+        assert {k: v for k, v in a.items() if k != "max_numel"} != {
+            k: v for k, v in b.items() if k != "max_numel"
+        }
+    for n in auto.SIZE_CLASSES:  # each class gets its own decision
+        rule = next(r for r in rules if n <= r["max_numel"])
+        opt = P.choose(n, 4, link, host, P.Budget(min_bits=4))[0]
+        assert rule["compressor"] == (opt.compressor or "") and rule["segments"] == opt.segments
+
+
+def body_auto(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    import torch_cgx
+    from torch_cgx.plan import auto
+
+    if rank == 0 and os.environ.get("BREAK_CALIBRATION"):
+
+        def broken(*a, **k):
+            raise OSError("no codec today")
+
+        auto.calibrate = broken
+    dist.init_process_group("cgx")
+    gloo = dist.new_group(backend="gloo")
+    backend = torch_cgx.cgx_backend()
+    rules = [(r.max_numel, r.compressor, r.bits, r.algorithm, r.segments) for r in backend.plan()]
+    everyone = [None] * world
+    dist.all_gather_object(everyone, rules, group=gloo)
+    assert all(r == rules for r in everyone)  # one plan on every rank
+    assert torch_cgx.get_config().compressor == "auto"
+    small, big = torch.full((64,), float(rank + 1)), torch.randn(1 << 22) + rank
+    want = big.clone()
+    dist.all_reduce(want, group=gloo)
+    dist.all_reduce(small)
+    assert torch.equal(small, torch.full((64,), float(world * (world + 1) // 2)))  # exact
+    dist.all_reduce(big)
+    if os.environ.get("BREAK_CALIBRATION"):
+        assert rules == [] and torch.equal(big, want)  # no plan: every call exact
+    else:
+        rule = next(r for r in rules if (1 << 22) <= r[0])
+        assert rule[1] == "maxmin" and backend.last_bytes_sent() < (1 << 22)  # compressed
+        err = (big - want).abs().max() / want.abs().max()
+        assert 0 < err < 0.1
+    torch_cgx.set_config(compressor="maxmin", bits=8)  # a fixed choice drops the plan
+    assert backend.plan() == []
+    torch_cgx.set_config(compressor="auto", bits=6)  # planned again, with the new budget
+    assert all(r.bits >= 6 for r in backend.plan() if r.compressor == "maxmin")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_auto_plans_the_group_the_same_on_every_rank(broken):
+    from dist_helpers import run_ranks
+
+    env = {"CGX_COMPRESSOR": "auto"}
+    if broken:
+        env["BREAK_CALIBRATION"] = "1"
+    run_ranks(body_auto, 2, env=env, timeout=180)
+
+
+def body_bad_rules(rank, world):
+    import torch.distributed as dist
+
+    import torch_cgx
+    from torch_cgx import _C
+
+    dist.init_process_group("cgx")
+    backend = torch_cgx.cgx_backend()
+
+    def rule(max_numel, compressor="maxmin", segments=1, **params):
+        r = _C.PlanRule()
+        r.max_numel, r.compressor, r.segments, r.bits = max_numel, compressor, segments, 4
+        r.params = params
+        return r
+
+    torch_cgx.set_config(compressor="auto")  # one rank: nothing to plan, no probe
+    assert backend.plan() == []
+    with pytest.raises(ValueError, match="increasing max_numel"):
+        backend.set_plan([rule(100), rule(50)])
+    with pytest.raises(ValueError, match="segments"):
+        backend.set_plan([rule(100, segments=0)])
+    with pytest.raises(ValueError, match="unknown compressor"):
+        backend.set_plan([rule(100, "zip")])
+    with pytest.raises(ValueError, match="ratio"):
+        backend.set_plan([rule(100, "topk", ratio=2.0)])
+    assert backend.plan() == []  # nothing was applied
+    dist.destroy_process_group()
+
+
+def test_bad_plan_rules_are_refused():
+    from dist_helpers import run_ranks
+
+    run_ranks(body_bad_rules, 1, timeout=60)

@@ -64,6 +64,10 @@ def _create(store, rank: int, size: int, timeout: datetime.timedelta):
     native = config.to_native()
     backend = _C.ProcessGroupCGX(rank, size, inner, wire, native, group_store, timeout)
     attach_hierarchy(backend, config, group_store, rank, size, timeout)
+    if config.compressor == "auto":
+        from torch_cgx.plan import auto
+
+        auto.install(backend, config, "plan/0")
     return backend
 
 
@@ -125,4 +129,10 @@ def set_config(group: Optional[dist.ProcessGroup] = None, **changes) -> CGXConfi
         raise
     _agree(backend.store(), backend.rank(), backend.size(), key, new)
     backend.set_config(new.to_native())
+    if new.compressor == "auto":  # planned again: the budget may have changed
+        from torch_cgx.plan import auto
+
+        auto.install(backend, new, f"plan/{key}")
+    else:
+        backend.set_plan([])
     return new

@@ -20,7 +20,9 @@ variable                                       default    meaning
 ``CGX_COMPRESSION_STOCHASTIC``                 0          stochastic rounding (unbiased)
 ``CGX_COMPRESSION_SEED``                       0          seed of the stochastic rounding
 ``CGX_COMPRESSOR``                             maxmin     a registered compressor
-                                                          (``torch_cgx.compressors.names()``)
+                                                          (``torch_cgx.compressors.names()``),
+                                                          or ``auto``: the planner decides per
+                                                          size (torch_cgx/plan/auto.py)
 ``CGX_COMPRESSOR_PARAMS``                      (none)     its parameters, ``name=value,...``
                                                           (max-min: the variables above)
 ``CGX_CODEC_THREADS``                          see right  codec threads per process, 1..1024;
@@ -158,15 +160,17 @@ class CGXConfig:
                      "intra_broadcast"):  # fmt: skip
             if not isinstance(getattr(self, flag), bool):
                 raise bad(flag, "must be a bool", getattr(self, flag))
-        known = list(_C.compressor_names())
+        known = list(_C.compressor_names()) + ["auto"]
         if self.compressor not in known:
             raise bad("compressor", f"must be one of {known}", self.compressor)
         params = _parse_params(name("compressor_params") or "compressor_params",
                                self.compressor_params)  # fmt: skip
         object.__setattr__(self, "compressor_params", _format_params(params))  # canonical text
-        if self.compressor == "maxmin" and params:
-            raise bad("compressor_params", "must be empty for maxmin (it takes bits, "
+        if self.compressor in ("maxmin", "auto") and params:
+            raise bad("compressor_params", f"must be empty for {self.compressor} (it takes bits, "
                       "bucket_size, ...)", self.compressor_params)  # fmt: skip
+        if self.compressor == "auto":
+            return
         try:
             _C.make_compressor(self.compressor, params)
         except ValueError as e:

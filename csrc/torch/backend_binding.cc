@@ -63,6 +63,16 @@ void bind_backend(pybind11::module& m) {
       .def_readwrite("inner_communicator", &BackendConfig::inner_communicator)
       .def_readwrite("cross_communicator", &BackendConfig::cross_communicator);
 
+  py::class_<PlanRule>(m, "PlanRule")
+      .def(py::init<>())
+      .def_readwrite("max_numel", &PlanRule::max_numel)
+      .def_readwrite("compressor", &PlanRule::compressor)
+      .def_readwrite("params", &PlanRule::params)
+      .def_readwrite("bits", &PlanRule::bits)
+      .def_readwrite("bucket_size", &PlanRule::bucket_size)
+      .def_readwrite("algorithm", &PlanRule::algorithm)
+      .def_readwrite("segments", &PlanRule::segments);
+
   py::class_<Hierarchy>(m, "Hierarchy")
       .def(py::init<>())
       .def_readwrite("intra", &Hierarchy::intra)
@@ -81,6 +91,8 @@ void bind_backend(pybind11::module& m) {
            py::arg("store"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
       .def("config", &ProcessGroupCGX::config)
       .def("set_config", &ProcessGroupCGX::set_config)
+      .def("set_plan", &ProcessGroupCGX::set_plan, py::arg("rules"))
+      .def("plan", &ProcessGroupCGX::plan)
       .def("set_hierarchy", &ProcessGroupCGX::set_hierarchy)
       .def("hierarchical", &ProcessGroupCGX::hierarchical)
       .def("unlink_node_segment", &ProcessGroupCGX::unlink_node_segment)

@@ -28,6 +28,7 @@ bool eligible(const at::Tensor& t, const BackendConfig& c) {
 
 // Compression is on with max-min at 1..8 bits, or with any other compressor.
 bool compressible(const at::Tensor& t, const BackendConfig& c) {
+  if (c.compressor == kAutoCompressor) return false;  // no plan rule for this call: exact
   const bool on = c.compressor != "maxmin" || (c.bits >= 1 && c.bits <= 8);
   return on && eligible(t, c);
 }
@@ -61,6 +62,10 @@ void validate_config(const BackendConfig& c) {
   CGX_CHECK_ARG(c.compressor != "maxmin" || c.compressor_params.empty(),
                 "maxmin takes its parameters from bits, bucket_size, skip_incomplete_buckets and "
                 "stochastic, not from compressor_params");
+  if (c.compressor == kAutoCompressor) {
+    CGX_CHECK_ARG(c.compressor_params.empty(), "compressor auto takes no compressor_params");
+    return;
+  }
   make_compressor(c.compressor, c.compressor_params);  // names the bad name or parameter
 }
 
@@ -135,10 +140,10 @@ void ProcessGroupCGX::setTimeout(std::chrono::milliseconds timeout) {
   timeout_ = timeout;
 }
 
-BackendConfig ProcessGroupCGX::call_config() {
+BackendConfig ProcessGroupCGX::call_config(int64_t numel) {
   std::lock_guard<std::mutex> lk(config_mu_);
   if (config_.settings_per_call) call_settings_.refresh(config_);
-  return config_;
+  return numel < 0 ? config_ : planned(config_, plan_, numel);
 }
 
 BackendConfig ProcessGroupCGX::config() const {
@@ -286,7 +291,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce(std::vector<at::Tensor
                                                           const c10d::AllreduceOptions& opts) {
   TORCH_CHECK_VALUE(tensors.size() == 1, "cgx allreduce takes one tensor, got ", tensors.size());
   return enqueue(tensors, c10d::OpType::ALLREDUCE,
-                 reduce_job(tensors[0], call_config(), opts.reduceOp));
+                 reduce_job(tensors[0], call_config(tensors[0].numel()), opts.reduceOp));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_coalesced(
@@ -303,7 +308,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_coalesced(
   std::vector<at::Tensor> flat_views;
   for (const at::Tensor& t : tensors) flat_views.push_back(t.reshape({-1}));
   at::Tensor flat = at::cat(flat_views);
-  auto job = reduce_job(flat, call_config(), opts.reduceOp);
+  auto job = reduce_job(flat, call_config(flat.numel()), opts.reduceOp);
   return enqueue(tensors, c10d::OpType::ALLREDUCE_COALESCED, [job, flat, tensors]() mutable {
     job();
     int64_t at = 0;

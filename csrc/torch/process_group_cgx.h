@@ -68,6 +68,24 @@ struct BackendConfig {
 // Throws cgx::InvalidArgument (ValueError in Python) naming the first bad field.
 void validate_config(const BackendConfig& c);
 
+// CGX_COMPRESSOR=auto: the plan's rules choose per call; a call no rule covers runs exactly.
+inline constexpr const char* kAutoCompressor = "auto";
+
+// One line of a plan (torch_cgx.plan, CGX_COMPRESSOR=auto): allreduces of up to `max_numel`
+// values (and above the previous rule's) run with these settings; `compressor` empty: exactly.
+struct PlanRule {
+  int64_t max_numel = 0;
+  std::string compressor;  // "" (exact), "maxmin" (bits, bucket_size) or another compressor
+  std::map<std::string, double> params;
+  int bits = 32;
+  int64_t bucket_size = 512;
+  int algorithm = 0;
+  int64_t segments = 1;  // SRA's pipeline segments (> 1: fp32 bytes / segments each)
+};
+
+// `c` with the plan's rule for an allreduce of `numel` values applied (unchanged without one).
+BackendConfig planned(const BackendConfig& c, const std::vector<PlanRule>& plan, int64_t numel);
+
 // Node-aware (hierarchical) compressed allreduce, hierarchical.cc: ranks on one node reduce
 // exactly among themselves (`intra`, the node's Gloo group), and only node sums cross nodes,
 // compressed (`cross`): among the node leaders (intra_broadcast, CGX's default; others: no
@@ -127,6 +145,10 @@ class ProcessGroupCGX : public c10d::Backend {
 
   BackendConfig config() const;
   void set_config(const BackendConfig& config);
+  // The size rules every allreduce and allreduce_coalesced follow (ascending max_numel; empty:
+  // the group's settings alone). The caller makes them identical on every rank.
+  void set_plan(const std::vector<PlanRule>& plan);
+  std::vector<PlanRule> plan() const;
   // Turns on the hierarchical path for compressed allreduces (before the group's first use).
   void set_hierarchy(const Hierarchy& h);
   bool hierarchical() const { return hierarchy_ != nullptr; }
@@ -204,8 +226,9 @@ class ProcessGroupCGX : public c10d::Backend {
   void shm_slices(float* w, int64_t n, const BackendConfig& c, float* residual);
   void run_algorithm(const c10::intrusive_ptr<c10d::Backend>& over, at::Tensor& work,
                      const BackendConfig& c, bool average, float* residual);
-  // The group's settings for an allreduce issued now (per-call variables applied).
-  BackendConfig call_config();
+  // The group's settings for an allreduce of `numel` values issued now (per-call variables and
+  // the plan applied; numel < 0: no plan).
+  BackendConfig call_config(int64_t numel = -1);
   // The worker's job reducing t in place with c: the settings agreement when per call, then
   // compressed or exact.
   std::function<void()> reduce_job(at::Tensor t, const BackendConfig& c, const c10d::ReduceOp& rop);
@@ -217,6 +240,7 @@ class ProcessGroupCGX : public c10d::Backend {
   std::atomic<int64_t> config_version_{0};
   mutable std::mutex config_mu_;
   BackendConfig config_;
+  std::vector<PlanRule> plan_;  // with config_mu_ held
   CallSettings call_settings_;  // with config_mu_ held
 
   std::unique_ptr<Hierarchy> hierarchy_;

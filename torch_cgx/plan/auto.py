@@ -1,0 +1,143 @@
+"""``CGX_COMPRESSOR=auto``: the group plans its own allreduces. At creation (or
+``set_config(compressor="auto")``) rank 0 measures the codec (cached per host) and, with every
+rank, the group's exact allreduce at two sizes (the link's latency and bandwidth as the group
+sees them); it then decides for every size class (powers of two) exact or compressed, how and in
+how many segments, and hands the rules to every rank through the store, so that every rank
+applies the same decision to the same call. The budget is ``CGX_COMPRESSION_QUANTIZATION_BITS``
+when it is 1..8 (at least that many bits), else 4.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import List
+
+import torch
+
+from torch_cgx.config import ALGORITHMS as ALGORITHM_IDS
+from torch_cgx.plan.costs import CodecCosts, LinkCosts, calibrate
+from torch_cgx.plan.planner import Budget, choose, codecs_of
+
+log = logging.getLogger("torch_cgx.plan")
+SIZE_CLASSES = [1 << k for k in range(4, 31)]  # 16 .. 2^30 values; the last rule covers the rest
+PROBE_SIZES = (1, 1 << 20)
+
+
+def budget_of(config) -> Budget:
+    bits = config.bits if 1 <= config.bits <= 8 else 4
+    return Budget(min_bits=bits, bucket_size=config.bucket_size)
+
+
+def _time_exact(backend, exact_native, n: int, reps: int) -> float:
+    t = torch.ones(n)
+    backend.allreduce_with(t, exact_native, False).wait()  # warm
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        backend.allreduce_with(t, exact_native, False).wait()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def probe_link(backend, exact_native, host: CodecCosts, reps: int = 5) -> LinkCosts:
+    """The link as the group's exact allreduce sees it (collective: every rank calls it). The
+    small call gives the per-message latency (2 (W - 1) messages); the 4 MiB one the bandwidth
+    (2 (W - 1) / W of it on each rank's link, less the summing)."""
+    w = backend.size()
+    small = _time_exact(backend, exact_native, PROBE_SIZES[0], reps)
+    big = _time_exact(backend, exact_native, PROBE_SIZES[1], reps)
+    n = PROBE_SIZES[1]
+    latency = max(small - host.call, 1e-7) / (2 * (w - 1))
+    wire = big - small - host.add((w - 1) * n / w)
+    moved = 2 * (w - 1) / w * 4 * n
+    return LinkCosts(moved / wire if wire > 0 else 1e12, latency)
+
+
+def rules_for(world: int, link: LinkCosts, host: CodecCosts, budget: Budget) -> List[dict]:
+    """The decision at each size class, merged where neighbours agree: dicts with max_numel and
+    the option's fields (plain data, for the store)."""
+    rules: List[dict] = []
+    for n in SIZE_CLASSES:
+        o = choose(n, world, link, host, budget)[0]
+        rule = {"compressor": o.compressor or "", "params": dict(o.params),
+                "algorithm": o.algorithm, "segments": o.segments}  # fmt: skip
+        if rules and {k: v for k, v in rules[-1].items() if k != "max_numel"} == rule:
+            rules[-1]["max_numel"] = n
+        else:
+            rules.append({"max_numel": n, **rule})
+    rules[-1]["max_numel"] = 1 << 62  # the largest class's decision covers the rest
+    return rules
+
+
+def to_native(rule: dict):
+    from torch_cgx import _C
+
+    r = _C.PlanRule()
+    r.max_numel = int(rule["max_numel"])
+    params = dict(rule["params"])
+    r.compressor = rule["compressor"]
+    if r.compressor == "maxmin":
+        r.bits, r.bucket_size = int(params.pop("bits")), int(params.pop("bucket_size"))
+    r.params = {k: float(v) for k, v in params.items()}
+    r.algorithm = ALGORITHM_IDS[rule["algorithm"]]
+    r.segments = int(rule["segments"])
+    return r
+
+
+def describe(rules: List[dict]) -> str:
+    parts, low = [], 0
+    for r in rules:
+        hi = "inf" if r["max_numel"] >= 1 << 62 else str(r["max_numel"])
+        what = (
+            "exact"
+            if not r["compressor"]
+            else f"{r['compressor']}{r['params'] or ''} "
+            + (f"{r['algorithm']}" + (f" {r['segments']} segments" if r["segments"] > 1 else ""))
+        )
+        parts.append(f"({low}, {hi}]: {what}")
+        low = r["max_numel"]
+    return "; ".join(parts)
+
+
+def _plan_on_rank0(backend, link: LinkCosts, host, budget: Budget) -> List[dict]:
+    """Rank 0's rules; [] (exact everywhere, with a warning) when planning fails."""
+    if host is None:
+        return []
+    try:
+        rules = rules_for(backend.size(), link, host, budget)
+        [to_native(r) for r in rules]  # noqa: B018 - checked before the other ranks see them
+    except Exception as e:  # noqa: BLE001 - a failed plan must not fail the group
+        log.warning("cgx auto plan failed (%s); every allreduce runs exactly", e)
+        return []
+    log.info("cgx auto plan at W = %d (link %.3g MB/s, %.1f us a message, budget %d bits): %s",
+             backend.size(), link.bandwidth / 1e6, link.latency * 1e6, budget.min_bits,
+             describe(rules))  # fmt: skip
+    return rules
+
+
+def install(backend, config, key: str) -> List[dict]:
+    """Plans ``backend``'s group (collective) and sets the same rules on every rank (rank 0
+    decides, the store carries them); returns them. A failed calibration or plan leaves every
+    allreduce exact (logged)."""
+    if backend.size() == 1:  # nothing to send
+        backend.set_plan([])
+        return []
+    exact_native = config.replace(compressor="maxmin", bits=32, compressor_params="").to_native()
+    budget = budget_of(config)
+    rank, store = backend.rank(), backend.store()
+    host = CodecCosts()
+    if rank == 0:
+        try:
+            host = calibrate(codecs_of(budget))
+        except Exception as e:  # noqa: BLE001 - a failed calibration must not fail the group
+            log.warning("cgx auto plan: codec calibration failed (%s); compressing nothing", e)
+            host = None
+    link = probe_link(backend, exact_native, host or CodecCosts())
+    if rank == 0:
+        rules = _plan_on_rank0(backend, link, host, budget)
+        store.set(key, json.dumps({"rules": rules, "link": [link.bandwidth, link.latency]}))
+    rules = json.loads(store.get(key).decode())["rules"]
+    backend.set_plan([to_native(r) for r in rules])
+    return rules
