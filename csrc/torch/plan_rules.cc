@@ -11,7 +11,8 @@ BackendConfig planned(const BackendConfig& c, const std::vector<PlanRule>& plan,
   for (const PlanRule& r : plan) {
     if (numel > r.max_numel) continue;
     BackendConfig out = c;
-    out.compressor = r.compressor.empty() ? "maxmin" : r.compressor;
+    out.planned = true;
+    out.compressor = r.compressor.empty() ? kAutoCompressor : r.compressor;
     out.compressor_params = r.params;
     out.bits = r.compressor.empty() ? 32 : r.bits;
     out.bucket_size = r.bucket_size;

@@ -290,8 +290,11 @@ void ProcessGroupCGX::reduce_exact(at::Tensor& t, const c10d::ReduceOp& op) {
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
   TORCH_CHECK_VALUE(tensors.size() == 1, "cgx allreduce takes one tensor, got ", tensors.size());
-  return enqueue(tensors, c10d::OpType::ALLREDUCE,
-                 reduce_job(tensors[0], call_config(tensors[0].numel()), opts.reduceOp));
+  const BackendConfig c = call_config(tensors[0].numel());
+  if (c.compressor == kAutoCompressor && opts.reduceOp.op_ != c10d::ReduceOp::AVG) {
+    return inner()->allreduce(tensors, opts);  // planned exact: Gloo's own, no worker hop
+  }
+  return enqueue(tensors, c10d::OpType::ALLREDUCE, reduce_job(tensors[0], c, opts.reduceOp));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_coalesced(
@@ -325,7 +328,7 @@ std::function<void()> ProcessGroupCGX::reduce_job(at::Tensor t, const BackendCon
   TORCH_CHECK_VALUE(op != c10d::ReduceOp::AVG || at::isFloatingType(t.scalar_type()),
                     "ReduceOp.AVG needs a floating-point tensor, got ", t.scalar_type());
   const bool sum = op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG;
-  if (sum && c.settings_per_call && eligible(t, c) && getSize() > 1) {
+  if (sum && c.settings_per_call && !c.planned && eligible(t, c) && getSize() > 1) {
     // The ranks agree on this call's settings first, then all take the same branch.
     return [this, t, c, rop]() mutable {
       C10dTransport transport(wire_);

@@ -63,12 +63,16 @@ struct BackendConfig {
   bool intra_broadcast = true;
   std::string inner_communicator;
   std::string cross_communicator;
+  // Set by planned(): the plan chose this call's settings, the same on every rank by
+  // construction, so no per-call agreement is needed.
+  bool planned = false;
 };
 
 // Throws cgx::InvalidArgument (ValueError in Python) naming the first bad field.
 void validate_config(const BackendConfig& c);
 
-// CGX_COMPRESSOR=auto: the plan's rules choose per call; a call no rule covers runs exactly.
+// CGX_COMPRESSOR=auto: the plan's rules choose per call; a call no rule covers, or one the plan
+// keeps exact, is forwarded to the inner Gloo backend like any other collective.
 inline constexpr const char* kAutoCompressor = "auto";
 
 // One line of a plan (torch_cgx.plan, CGX_COMPRESSOR=auto): allreduces of up to `max_numel`

@@ -86,6 +86,19 @@ def to_native(rule: dict):
     return r
 
 
+def rules_of(backend) -> List[dict]:
+    """The backend's rules as plain data (to_native's inverse)."""
+    names = {i: name for name, i in ALGORITHM_IDS.items()}
+    out = []
+    for r in backend.plan():
+        params = dict(r.params)
+        if r.compressor == "maxmin":
+            params.update(bits=r.bits, bucket_size=r.bucket_size)
+        out.append({"max_numel": r.max_numel, "compressor": r.compressor, "params": params,
+                    "algorithm": names[r.algorithm], "segments": r.segments})  # fmt: skip
+    return out
+
+
 def describe(rules: List[dict]) -> str:
     parts, low = [], 0
     for r in rules:
