@@ -17,8 +17,10 @@ BackendConfig planned(const BackendConfig& c, const std::vector<PlanRule>& plan,
     out.bits = r.compressor.empty() ? 32 : r.bits;
     out.bucket_size = r.bucket_size;
     out.algorithm = r.algorithm;
-    // Segments are planned for fp32 values (4 bytes): a segment is (4 numel) / segments bytes.
-    out.pipeline_segment_bytes = r.segments > 1 ? (4 * numel + r.segments - 1) / r.segments : 0;
+    // Segments are planned for fp32 values (4 bytes): a segment is (4 numel) / segments bytes;
+    // 0 keeps the group's own segment size.
+    if (r.segments == 1) out.pipeline_segment_bytes = 0;
+    if (r.segments > 1) out.pipeline_segment_bytes = (4 * numel + r.segments - 1) / r.segments;
     return out;
   }
   return c;
@@ -30,8 +32,8 @@ void ProcessGroupCGX::set_plan(const std::vector<PlanRule>& plan) {
     CGX_CHECK_ARG(r.max_numel > last, "plan rules must have increasing max_numel, got ",
                   r.max_numel, " after ", last);
     last = r.max_numel;
-    CGX_CHECK_ARG(r.segments >= 1 && r.segments <= 4096,
-                  "plan rule segments must be in [1, 4096], got ", r.segments);
+    CGX_CHECK_ARG(r.segments >= 0 && r.segments <= 4096,
+                  "plan rule segments must be in [0, 4096], got ", r.segments);
     validate_config(planned(BackendConfig{}, {r}, 0));
     // An unknown compressor or parameter raises here, not in an allreduce.
     if (!r.compressor.empty() && r.compressor != "maxmin") make_compressor(r.compressor, r.params);

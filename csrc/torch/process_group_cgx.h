@@ -84,7 +84,8 @@ struct PlanRule {
   int bits = 32;
   int64_t bucket_size = 512;
   int algorithm = 0;
-  int64_t segments = 1;  // SRA's pipeline segments (> 1: fp32 bytes / segments each)
+  // SRA's pipeline: 0 the group's own segment size, 1 none, k > 1: k segments of the call.
+  int64_t segments = 0;
 };
 
 // `c` with the plan's rule for an allreduce of `numel` values applied (unchanged without one).

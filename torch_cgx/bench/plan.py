@@ -4,17 +4,19 @@ the cost model's predictions against the measured times, per message size.
     torchrun --nproc-per-node 2 -m torch_cgx.bench.plan                # loopback (unlimited)
     python -m torch_cgx.bench.plan --hosts 4 --link 1gbit              # emulated hosts
 
-Methods (all in one job, interleaved per size): ``gloo`` (a Gloo group's own allreduce), the
-fixed configurations of the budget (exact through cgx, max-min 4 and 8 bits with SRA, ring and
-tree, fp16) through ``allreduce_with``, and ``auto`` (``dist.all_reduce`` on a group set to
-``compressor="auto"``, which applies the plan). Times are medians over ``--reps`` calls after
-one warm-up; every rank runs the same calls; rank 0 prints. ``pred`` is the model's time for
-the same configuration from the plan's own probe and calibration.
+Methods (all in one job, interleaved per size, every one through ``dist.all_reduce``): ``gloo``
+(a Gloo group), the fixed configurations of the budget on the default cgx group (exact through
+cgx, max-min 4 and 8 bits with SRA, ring and tree, fp16; each set with ``set_config`` before its
+call, untimed, without per-call agreement), and ``auto`` (a cgx group created with
+``CGX_COMPRESSOR=auto``, which plans itself). Times are medians over ``--reps`` rounds after
+one warm-up round; rank 0 prints. Predictions use a second probe of the planned group (rank 0's
+codec calibration), taken before the measurements.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -23,6 +25,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from torch_cgx.plan.auto import PATH_SIZES
 from torch_cgx.plan.model import Option, predict
 
 FIXED = {  # name: (compressor or None, params, algorithm)
@@ -35,50 +38,45 @@ FIXED = {  # name: (compressor or None, params, algorithm)
 }
 
 
-def _native(name: str):
-    from torch_cgx import get_config
-
+def _settings(name: str) -> dict:
+    """set_config's arguments for a fixed configuration (no per-call agreement, as planned
+    calls: the fixed ones are not handicapped)."""
     compressor, params, alg = FIXED[name]
-    base = get_config().replace(compressor="maxmin", compressor_params="", algorithm=alg)
+    base = {"algorithm": alg, "settings_per_call": False, "compressor_params": ""}
     if compressor is None:
-        return base.replace(bits=32).to_native()
+        return {**base, "compressor": "maxmin", "bits": 32}
     if compressor == "maxmin":
-        return base.replace(bits=params["bits"], bucket_size=params["bucket_size"]).to_native()
-    return base.replace(bits=32, compressor=compressor, compressor_params=params).to_native()
+        return {**base, "compressor": "maxmin", **params}
+    return {**base, "compressor": compressor, "bits": 32, "compressor_params": params}
 
 
 def _option(name: str, n: int) -> Option:
     compressor, params, alg = FIXED[name]
-    segments = -(-4 * n // (4 << 20)) if alg == "sra" else 1  # the default 4 MiB segments
-    return Option(compressor, tuple(sorted(params.items())), alg, max(1, segments))
+    return Option(compressor, tuple(sorted(params.items())), alg, 0)  # the default pipeline
 
 
-def _runner(name: str, gloo, n: int):
-    from torch_cgx import cgx_backend
+def measure(sizes: List[int], methods: List[str], reps: int, groups) -> Dict[int, Dict[str, float]]:
+    """Medians per size and method, interleaved: each round runs every method once (a fixed
+    configuration is set with set_config first, untimed), so that the machine's noise hits
+    every method alike. Every method goes through dist.all_reduce, as a user's call does."""
+    import torch_cgx
 
-    if name == "gloo":
-        return lambda t: dist.all_reduce(t, group=gloo)
-    if name == "auto":
-        return lambda t: dist.all_reduce(t)
-    native = _native(name)
-    return lambda t: cgx_backend().allreduce_with(t, native, False).wait()
-
-
-def measure(sizes: List[int], methods: List[str], reps: int, gloo) -> Dict[int, Dict[str, float]]:
+    gloo, planned = groups
     out: Dict[int, Dict[str, float]] = {}
     for n in sizes:
         x = torch.randn(n, generator=torch.Generator().manual_seed(dist.get_rank()))
         samples: Dict[str, List[float]] = {m: [] for m in methods}
-        runs = {m: _runner(m, gloo, n) for m in methods}
-        for m in methods:
-            runs[m](x.clone())  # warm
-        for _ in range(reps if n < (1 << 24) else max(2, reps // 3)):
-            for m in methods:  # interleaved: the machine's noise hits every method alike
+        for r in range(1 + (reps if n < (1 << 24) else max(2, reps // 3))):
+            for m in methods:
+                group = gloo if m == "gloo" else planned if m == "auto" else None
+                if m in FIXED:
+                    torch_cgx.set_config(**_settings(m))
                 t = x.clone()
                 dist.barrier(group=gloo)
                 t0 = time.perf_counter()
-                runs[m](t)
-                samples[m].append(time.perf_counter() - t0)
+                dist.all_reduce(t, group=group)
+                if r:  # the first round warms up
+                    samples[m].append(time.perf_counter() - t0)
         out[n] = {m: statistics.median(s) for m, s in samples.items()}
     return out
 
@@ -95,7 +93,8 @@ def report(results, predicted, plan_rules) -> None:
         worst_best, worst_gloo = max(worst_best, vs_best), max(worst_gloo, vs_gloo)
         cells = " | ".join(f"{row[m] * 1e3:.3f}" for m in names)
         print(f"| {4 * n} | {cells} | {best} | {vs_best:.2f} | {vs_gloo:.2f} |")
-        errors += [abs(predicted[n][m] / row[m] - 1) for m in fixed]
+        if n not in PATH_SIZES:  # the probe's own sizes fit by construction
+            errors += [abs(predicted[n][m] / row[m] - 1) for m in fixed]
     print(f"\nauto vs best fixed: worst {worst_best:.2f}x (target <= 1.10); auto vs Gloo: worst "
           f"{worst_gloo:.2f}x (target <= 1.05)")  # fmt: skip
     print("\nPredicted / measured (ms), fixed configurations:")
@@ -105,7 +104,8 @@ def report(results, predicted, plan_rules) -> None:
         cells = " | ".join(f"{predicted[n][m] * 1e3:.3f} / {row[m] * 1e3:.3f}" for m in fixed)
         print(f"| {4 * n} | {cells} |")
     print(f"\nprediction error: median {statistics.median(errors):.0%} (target <= 20%), "
-          f"max {max(errors):.0%} over {len(errors)} cases")  # fmt: skip
+          f"max {max(errors):.0%} over {len(errors)} cases (the probe's sizes "
+          f"{[4 * n for n in PATH_SIZES]} B left out)")  # fmt: skip
     print(f"plan: {plan_rules}")
 
 
@@ -131,23 +131,25 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     dist.init_process_group("cgx")
     gloo = dist.new_group(backend="gloo")
-    torch_cgx.set_config(compressor="auto", bits=args.bits)
-    config = torch_cgx.get_config()
-    host = auto.calibrate(auto.codecs_of(auto.budget_of(config)) + [("fp16", {})])
-    exact = config.replace(compressor="maxmin", bits=32).to_native()
-    link = auto.probe_link(torch_cgx.cgx_backend(), exact, host)
+    os.environ.update(CGX_COMPRESSOR="auto", CGX_COMPRESSION_QUANTIZATION_BITS=str(args.bits))
+    planned = dist.new_group(backend="cgx")  # plans itself at creation, as a user's would
+    os.environ.pop("CGX_COMPRESSOR")
+    os.environ.pop("CGX_COMPRESSION_QUANTIZATION_BITS")
+    backend = torch_cgx.cgx_backend(planned)
+    config = torch_cgx.get_config(planned)
+    link, host = auto.measure(backend, config, auto.budget_of(config))  # for the predictions
     sizes, n = [], args.min_bytes // 4
     while 4 * n <= args.max_bytes:
         sizes.append(n)
         n *= args.factor
     methods = ["gloo", *FIXED, "auto"]
-    results = measure(sizes, methods, args.reps, gloo)
+    results = measure(sizes, methods, args.reps, (gloo, planned))
     w = dist.get_world_size()
-    predicted = {n: {m: predict(_option(m, n), n, w, link, host) for m in FIXED} for n in sizes}
-    if dist.get_rank() == 0:
+    if dist.get_rank() == 0:  # rank 0's calibration: the others have no codec figures
+        predicted = {n: {m: predict(_option(m, n), n, w, link, host) for m in FIXED} for n in sizes}
         print(f"W = {w}; probed link {link.bandwidth / 1e6:.4g} MB/s, "
               f"{link.latency * 1e6:.1f} us a message\n")  # fmt: skip
-        report(results, predicted, auto.describe(auto.rules_of(torch_cgx.cgx_backend())))
+        report(results, predicted, auto.describe(auto.rules_of(backend)))
     dist.destroy_process_group()
     return 0
 

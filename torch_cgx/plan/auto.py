@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import time
 from typing import List
 
 import torch
 
 from torch_cgx.config import ALGORITHMS as ALGORITHM_IDS
-from torch_cgx.plan.costs import CodecCosts, LinkCosts, calibrate
+from torch_cgx.plan.costs import CodecCosts, Linear, LinkCosts, calibrate
+from torch_cgx.plan.model import Option, predict
 from torch_cgx.plan.planner import Budget, choose, codecs_of
 
 log = logging.getLogger("torch_cgx.plan")
@@ -30,15 +32,16 @@ def budget_of(config) -> Budget:
     return Budget(min_bits=bits, bucket_size=config.bucket_size)
 
 
-def _time_exact(backend, exact_native, n: int, reps: int) -> float:
-    t = torch.ones(n)
-    backend.allreduce_with(t, exact_native, False).wait()  # warm
-    best = float("inf")
+def _time_exact(backend, native, n: int, reps: int) -> float:
+    """The median time of ``reps`` allreduces of n values with ``native`` settings."""
+    t = torch.randn(n, generator=torch.Generator().manual_seed(backend.rank()))
+    backend.allreduce_with(t, native, False).wait()  # warm
+    times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        backend.allreduce_with(t, exact_native, False).wait()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        backend.allreduce_with(t, native, False).wait()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def probe_link(backend, exact_native, host: CodecCosts, reps: int = 5) -> LinkCosts:
@@ -53,6 +56,47 @@ def probe_link(backend, exact_native, host: CodecCosts, reps: int = 5) -> LinkCo
     wire = big - small - host.add((w - 1) * n / w)
     moved = 2 * (w - 1) / w * 4 * n
     return LinkCosts(moved / wire if wire > 0 else 1e12, latency)
+
+
+PATH_PROBES = {  # path: (compressor, params beyond the budget's bits, algorithm)
+    "sra": ("maxmin", "sra"),
+    "ring": ("maxmin", "ring"),
+    "tree": ("maxmin", "tree"),
+    "allgather": ("maxmin", "allgather"),
+    "sum_reduce": ("fp16", "sra"),
+}
+PATH_SIZES = (1 << 12, 1 << 22)  # 16 KiB and 16 MiB (4 of the default pipeline's segments)
+
+
+def probe_paths(backend, config, link: LinkCosts, host: CodecCosts, budget: Budget, reps=5):
+    """Fits, per algorithm path, what the group's own calls take beyond the formulas (a fixed
+    part per call and a part per value), from calls at two sizes (collective). Sets host.paths."""
+    base = config.replace(settings_per_call=False, pipeline_segment_mb=4, compressor_params="")
+    residuals = {}
+    for path, (compressor, alg) in PATH_PROBES.items():
+        if compressor == "maxmin":
+            native = base.replace(compressor="maxmin", bits=budget.min_bits, algorithm=alg)
+            opt = Option("maxmin", (("bits", budget.min_bits),
+                                    ("bucket_size", budget.bucket_size)), alg)  # fmt: skip
+        else:
+            native = base.replace(compressor=compressor, bits=32, algorithm=alg)
+            opt = Option(compressor, (), alg)
+        residuals[path] = _residual(backend, native.to_native(), opt, link, host, reps)
+    exact = base.replace(compressor="maxmin", bits=32).to_native()
+    residuals["exact"] = _residual(backend, exact, Option(), link, host, reps)
+    host.paths = residuals
+
+
+def _residual(backend, native, opt: Option, link: LinkCosts, host: CodecCosts, reps: int):
+    """Measured minus predicted at PATH_SIZES, as a Linear (rank 0's; the others only take part
+    in the calls and get zeros)."""
+    points = []
+    for n in PATH_SIZES:
+        measured = _time_exact(backend, native, n, reps)
+        if backend.rank() == 0:
+            measured -= predict(opt, n, backend.size(), link, host)
+        points.append((n, measured if backend.rank() == 0 else 0.0))
+    return Linear.fit(*points)
 
 
 def rules_for(world: int, link: LinkCosts, host: CodecCosts, budget: Budget) -> List[dict]:
@@ -108,6 +152,7 @@ def describe(rules: List[dict]) -> str:
             if not r["compressor"]
             else f"{r['compressor']}{r['params'] or ''} "
             + (f"{r['algorithm']}" + (f" {r['segments']} segments" if r["segments"] > 1 else ""))
+            + (" pipelined" if r["segments"] == 0 and r["algorithm"] == "sra" else "")
         )
         parts.append(f"({low}, {hi}]: {what}")
         low = r["max_numel"]
@@ -130,6 +175,26 @@ def _plan_on_rank0(backend, link: LinkCosts, host, budget: Budget) -> List[dict]
     return rules
 
 
+def measure(backend, config, budget: Budget):
+    """(link, host costs) of the group (collective): rank 0's codec calibration (None when it
+    fails), the exact allreduce's link probe, and, when the codec is known, the paths' probe.
+    Only rank 0's figures are used; the others take part in the calls."""
+    host = CodecCosts()
+    if backend.rank() == 0:
+        try:
+            host = calibrate(codecs_of(budget))
+        except Exception as e:  # noqa: BLE001 - a failed calibration must not fail the group
+            log.warning("cgx auto plan: codec calibration failed (%s); compressing nothing", e)
+            host = None
+    ok = torch.tensor([float(backend.rank() == 0 and host is not None)])
+    exact = config.replace(compressor="maxmin", bits=32, compressor_params="").to_native()
+    backend.allreduce_with(ok, exact, False).wait()  # every rank learns whether rank 0 has it
+    link = probe_link(backend, exact, host or CodecCosts())
+    if ok.item() > 0:
+        probe_paths(backend, config, link, host or CodecCosts(), budget)
+    return link, host
+
+
 def install(backend, config, key: str) -> List[dict]:
     """Plans ``backend``'s group (collective) and sets the same rules on every rank (rank 0
     decides, the store carries them); returns them. A failed calibration or plan leaves every
@@ -137,20 +202,11 @@ def install(backend, config, key: str) -> List[dict]:
     if backend.size() == 1:  # nothing to send
         backend.set_plan([])
         return []
-    exact_native = config.replace(compressor="maxmin", bits=32, compressor_params="").to_native()
     budget = budget_of(config)
-    rank, store = backend.rank(), backend.store()
-    host = CodecCosts()
-    if rank == 0:
-        try:
-            host = calibrate(codecs_of(budget))
-        except Exception as e:  # noqa: BLE001 - a failed calibration must not fail the group
-            log.warning("cgx auto plan: codec calibration failed (%s); compressing nothing", e)
-            host = None
-    link = probe_link(backend, exact_native, host or CodecCosts())
-    if rank == 0:
+    link, host = measure(backend, config, budget)
+    if backend.rank() == 0:
         rules = _plan_on_rank0(backend, link, host, budget)
-        store.set(key, json.dumps({"rules": rules, "link": [link.bandwidth, link.latency]}))
-    rules = json.loads(store.get(key).decode())["rules"]
+        backend.store().set(key, json.dumps({"rules": rules}))
+    rules = json.loads(backend.store().get(key).decode())["rules"]
     backend.set_plan([to_native(r) for r in rules])
     return rules

@@ -87,24 +87,29 @@ class Linear:
 
 @dataclass
 class CodecCosts:
-    """Encode and decode-add time per codec key (``"maxmin:bits=4"``), fp32 summing (``add``)
-    and the fixed cost of one call of the backend (queue, worker, settings agreement)."""
+    """Encode and decode-add time per codec key (``"maxmin:bits=4"``), fp32 summing (``add``),
+    the fixed cost of one call of the backend (queue, worker), and per algorithm path what the
+    group's own calls took beyond the formulas (``paths``: fitted by torch_cgx.plan.auto's probe;
+    empty when planning from a laptop)."""
 
     encode: Dict[str, Linear] = field(default_factory=dict)
     decode: Dict[str, Linear] = field(default_factory=dict)
     add: Linear = Linear(0.0, 0.25e-9)
     call: float = 60e-6
+    paths: Dict[str, Linear] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"encode": {k: asdict(v) for k, v in self.encode.items()},
                 "decode": {k: asdict(v) for k, v in self.decode.items()},
-                "add": asdict(self.add), "call": self.call}  # fmt: skip
+                "add": asdict(self.add), "call": self.call,
+                "paths": {k: asdict(v) for k, v in self.paths.items()}}  # fmt: skip
 
     @classmethod
     def from_json(cls, d: dict) -> CodecCosts:
         return cls({k: Linear(**v) for k, v in d["encode"].items()},
                    {k: Linear(**v) for k, v in d["decode"].items()},
-                   Linear(**d["add"]), float(d["call"]))  # fmt: skip
+                   Linear(**d["add"]), float(d["call"]),
+                   {k: Linear(**v) for k, v in d.get("paths", {}).items()})  # fmt: skip
 
 
 def codec_key(name: str, params: Optional[Dict] = None) -> str:

@@ -16,17 +16,26 @@ from typing import Callable, Dict, Optional
 from torch_cgx.plan.costs import CodecCosts, Linear, LinkCosts, codec_key
 
 ALGORITHMS = ("sra", "ring", "tree", "allgather")
+SEGMENT_BYTES = 4 << 20  # the backend's CGX_PIPELINE_SEGMENT_MB default
+
+
+def segments_of(option: Option, n: int) -> int:
+    """How many pipeline segments SRA runs for n fp32 values with ``option``."""
+    if option.segments:
+        return option.segments
+    return max(1, math.ceil(4 * n / SEGMENT_BYTES))
 
 
 @dataclass(frozen=True)
 class Option:
     """One way to reduce a tensor: exact (``compressor`` None) or a compressor with its
-    parameters, an algorithm, and SRA's pipeline segments (1: none)."""
+    parameters, an algorithm, and SRA's pipeline segments (0: the backend's own pipeline, one
+    segment per ``SEGMENT_BYTES`` of fp32 values; 1: none; k: k segments)."""
 
     compressor: Optional[str] = None
     params: tuple = ()  # sorted (name, value) pairs
     algorithm: str = "sra"
-    segments: int = 1
+    segments: int = 0
 
     @property
     def exact(self) -> bool:
@@ -40,6 +49,8 @@ class Option:
         if self.exact:
             return "exact"
         extra = f", {self.segments} segments" if self.segments > 1 else ""
+        if self.algorithm == "sra" and self.segments == 0:
+            extra = ", pipelined"
         return f"{self.key} {self.algorithm}{extra}"
 
 
@@ -68,7 +79,8 @@ def exact_time(n: int, world: int, link: LinkCosts, host: CodecCosts, elem: int 
     if world <= 1 or n == 0:
         return 0.0
     share = n * elem / world
-    return host.call + 2 * (world - 1) * link.message(share) + host.add((world - 1) * n / world)
+    t = host.call + 2 * (world - 1) * link.message(share) + host.add((world - 1) * n / world)
+    return t + host.paths.get("exact", Linear(0.0, 0.0))(n)
 
 
 def _sra(n, w, link, enc: Linear, dec: Linear, size: Callable, segments: int) -> float:
@@ -114,11 +126,11 @@ def predict(
     link: LinkCosts,
     host: CodecCosts,
     elem: int = 4,
-    agree: bool = True,
+    agree: bool = False,
 ) -> float:
     """Seconds one allreduce of ``n`` values takes with ``option`` (``elem`` bytes a value).
-    ``agree``: a compressed call first agrees on its settings (CGX_SETTINGS_PER_CALL, default):
-    one small allgather, W - 1 messages."""
+    ``agree``: the call first agrees on its settings (CGX_SETTINGS_PER_CALL without a plan):
+    one small allgather, W - 1 messages; planned calls do not."""
     if option.exact or world <= 1 or n == 0:
         return exact_time(n, world, link, host, elem)
     traits, size = traits_and_size(option)
@@ -128,7 +140,7 @@ def predict(
     enc, dec = host.encode[key], host.decode[key]
     path = path_of(option, traits)
     if path == "sra":
-        t = _sra(n, world, link, enc, dec, size, option.segments)
+        t = _sra(n, world, link, enc, dec, size, segments_of(option, n))
     elif path == "ring":
         t = _ring(n, world, link, enc, dec, size)
     elif path == "tree":
@@ -137,4 +149,5 @@ def predict(
         t = _sum_reduce(n, world, link, enc, dec, size, host)
     else:
         t = _allgather(n, world, link, enc, dec, size)
+    t += host.paths.get(path, Linear(0.0, 0.0))(n)  # what the group's probe added
     return host.call + t + (world - 1) * link.message(64) * agree

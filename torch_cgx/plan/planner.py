@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from torch_cgx.plan.costs import CodecCosts, LinkCosts
-from torch_cgx.plan.model import ALGORITHMS, Option, predict
+from torch_cgx.plan.model import ALGORITHMS, Option, predict, segments_of
 
-SEGMENTS = (1, 2, 4, 8, 16)
+SEGMENTS = (0,)  # SRA with the backend's own pipeline (measured by the probe), nothing else
 # A compressed choice must beat exact by this factor: within the model's error, exact wins.
 MARGIN = 0.95
 
@@ -104,6 +104,13 @@ class Decision:
     def compress(self) -> bool:
         return not self.option.exact
 
+    @property
+    def partitions(self) -> int:
+        """HiPress's num_of_partitions: the pipeline segments a compressed SRA call runs."""
+        if self.compress and self.option.algorithm == "sra":
+            return segments_of(self.option, self.numel)
+        return 1
+
 
 @dataclass
 class Plan:
@@ -124,6 +131,7 @@ class Plan:
             "budget": asdict(self.budget),
             "gradients": [
                 {"id": i, "name": d.name, "numel": d.numel, "compress": d.compress,
+                 "partitions": d.partitions,
                  "option": asdict(d.option), "predicted_s": d.predicted_s,
                  "exact_s": d.exact_s, "pinned": d.pinned}
                 for i, d in enumerate(self.decisions)
@@ -133,7 +141,7 @@ class Plan:
     def to_hipress(self) -> str:
         """HiPress's SeCoPaPlan.txt: ``gradient_id is_compressed num_partitions`` per line."""
         return "".join(
-            f"{i} {int(d.compress)} {d.option.segments}\n" for i, d in enumerate(self.decisions)
+            f"{i} {int(d.compress)} {d.partitions}\n" for i, d in enumerate(self.decisions)
         )
 
 
