@@ -256,3 +256,64 @@ def test_bad_plan_rules_are_refused():
     from dist_helpers import run_ranks
 
     run_ranks(body_bad_rules, 1, timeout=60)
+
+
+def body_hook_plan(rank, world):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import torch_cgx
+    from torch_cgx import hooks
+
+    dist.init_process_group("cgx")
+
+    def make():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                    torch.nn.Linear(512, 8))  # fmt: skip
+        ddp = DDP(model)
+        state = hooks.CompressionState(plan="auto", module=model, layer_min_size=1024)
+        ddp.register_comm_hook(state, hooks.compression_hook)
+        return model, ddp, state
+
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(rank))
+    _, broken, _ = make()
+    with pytest.raises(ValueError, match="planned group"):  # the group has no plan yet
+        broken(x).sum().backward()
+    del broken  # DDP cannot go on after a failed backward
+    model, ddp, state = make()
+    torch_cgx.set_config(compressor="auto")
+    backend = torch_cgx.cgx_backend()
+    # One rule that compresses everything at 2 bits, so that the effect is visible.
+    from torch_cgx import _C
+
+    rule = _C.PlanRule()
+    rule.max_numel, rule.compressor, rule.bits, rule.bucket_size = 1 << 62, "maxmin", 2, 64
+    backend.set_plan([rule])
+    ddp.zero_grad()
+    ddp(x).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    exact = [torch.empty_like(g) for g in grads]
+    gloo = dist.new_group(backend="gloo")
+    model.zero_grad()
+    model(x).sum().backward()
+    for e, p in zip(exact, model.parameters()):
+        e.copy_(p.grad)
+        dist.all_reduce(e, group=gloo)
+        e /= world
+    weight = grads[0]  # compressible: quantized at 2 bits, error feedback kept
+    assert not torch.equal(weight, exact[0]) and torch.allclose(weight, exact[0], atol=0.5)
+    assert torch.equal(grads[1], exact[1])  # a bias: exact
+    assert state.residuals and all(r.abs().sum() > 0 for r in state.residuals.values())
+    restored = hooks.CompressionState.__new__(hooks.CompressionState)
+    restored.__setstate__(state.__getstate__())
+    assert restored.plan == "auto"
+    del ddp
+    dist.destroy_process_group()
+
+
+def test_compression_hook_follows_the_groups_plan():
+    from dist_helpers import run_ranks
+
+    run_ranks(body_hook_plan, 2, timeout=180)

@@ -93,6 +93,8 @@ void bind_backend(pybind11::module& m) {
       .def("set_config", &ProcessGroupCGX::set_config)
       .def("set_plan", &ProcessGroupCGX::set_plan, py::arg("rules"))
       .def("plan", &ProcessGroupCGX::plan)
+      .def("planned_config", [](const ProcessGroupCGX& pg, const BackendConfig& c,
+                                int64_t numel) { return planned(c, pg.plan(), numel); })
       .def("set_hierarchy", &ProcessGroupCGX::set_hierarchy)
       .def("hierarchical", &ProcessGroupCGX::hierarchical)
       .def("unlink_node_segment", &ProcessGroupCGX::unlink_node_segment)

@@ -65,10 +65,14 @@ class CompressionState:
             and ``dgc``, else 0.
         layer_min_size: parameters with fewer values (or ``dim() <= 1``) are reduced exactly.
         module: the model, to key residuals by parameter name (needed to checkpoint them).
+        plan: ``"auto"``: the group's plan (a group created with ``CGX_COMPRESSOR=auto`` or
+            after ``set_config(compressor="auto")``) chooses per call, by the size of the
+            bucket's compressible part, exact or how to compress; ``compressor`` and ``params``
+            are then unused. Error feedback (on by default) covers what the plan compressed.
     """
 
     __slots__ = ("process_group", "compressor", "params", "error_feedback", "layer_min_size",
-                 "momentum", "residuals", "momenta", "steps", "_names")  # fmt: skip
+                 "momentum", "residuals", "momenta", "steps", "plan", "_names")  # fmt: skip
 
     def __init__(
         self,
@@ -79,7 +83,10 @@ class CompressionState:
         layer_min_size: int = 1024,
         module: Optional[torch.nn.Module] = None,
         momentum: Optional[float] = None,
+        plan: Optional[str] = None,
     ) -> None:
+        if plan not in (None, "auto"):
+            raise ValueError(f"plan must be None or 'auto', got {plan!r}")
         params = dict(params or {})
         if compressor == "maxmin":
             params.setdefault("bits", 4)
@@ -104,6 +111,7 @@ class CompressionState:
         self.residuals: Dict[Any, torch.Tensor] = {}
         self.momenta: Dict[Any, torch.Tensor] = {}
         self.steps = 0  # DDP steps seen: numbers the random streams of stochastic compressors
+        self.plan = plan
         self._names = {}
         if module is not None:
             self._names = {id(p): name for name, p in module.named_parameters()}
@@ -137,6 +145,7 @@ class CompressionState:
             "residuals": {k: v.clone() for k, v in self.residuals.items()},
             "momenta": {k: v.clone() for k, v in self.momenta.items()},
             "steps": self.steps,
+            "plan": self.plan,
         }
 
     def __setstate__(self, state):
@@ -147,6 +156,7 @@ class CompressionState:
         self.residuals = dict(state["residuals"])
         self.momenta = dict(state["momenta"])
         self.steps = state.get("steps", 0)
+        self.plan = state.get("plan")
         self._names = {}
 
     def attach(self, module: torch.nn.Module, process_group=None) -> None:
@@ -217,6 +227,16 @@ def _add_memory(state: CompressionState, tensor: torch.Tensor, spans: List[tuple
 torch.serialization.add_safe_globals([CompressionState])
 
 
+def _planned(backend, config, numel: int):
+    """The group plan's settings for a call of ``numel`` values (csrc/torch/plan_rules.cc)."""
+    if not backend.plan():
+        raise ValueError(
+            "CompressionState(plan='auto') needs a planned group: create it with "
+            "CGX_COMPRESSOR=auto or call torch_cgx.set_config(compressor='auto') first"
+        )
+    return backend.planned_config(config, numel)
+
+
 def compression_hook(
     state: CompressionState, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
@@ -233,6 +253,8 @@ def compression_hook(
         if state.error_feedback:
             residual = torch.empty(tensor.numel(), dtype=torch.float32)
         config = state.native_config(state.stream(bucket, comp[0][2]))
+        if state.plan == "auto":
+            config = _planned(backend, config, tensor.numel())
         futures.append(backend.allreduce_with(tensor, config, True, residual))
         staged.append((tensor, comp, residual))
     if exact:

@@ -96,7 +96,7 @@ def _residual(backend, native, opt: Option, link: LinkCosts, host: CodecCosts, r
         if backend.rank() == 0:
             measured -= predict(opt, n, backend.size(), link, host)
         points.append((n, measured if backend.rank() == 0 else 0.0))
-    return Linear.fit(*points)
+    return Linear.fit(*points, clamp=False)  # the formula may overestimate too
 
 
 def rules_for(world: int, link: LinkCosts, host: CodecCosts, budget: Budget) -> List[dict]:

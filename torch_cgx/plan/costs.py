@@ -79,10 +79,14 @@ class Linear:
         return calls * self.fixed + self.per_value * n
 
     @classmethod
-    def fit(cls, small: Tuple[int, float], large: Tuple[int, float]) -> Linear:
+    def fit(cls, small: Tuple[int, float], large: Tuple[int, float], clamp: bool = True) -> Linear:
+        """Through two points; ``clamp``: no negative part (a cost; a correction may be)."""
         (n0, t0), (n1, t1) = small, large
-        per = max((t1 - t0) / (n1 - n0), 0.0)
-        return cls(max(t0 - per * n0, 0.0), per)
+        per = (t1 - t0) / (n1 - n0)
+        if clamp:
+            per = max(per, 0.0)
+            return cls(max(t0 - per * n0, 0.0), per)
+        return cls(t0 - per * n0, per)
 
 
 @dataclass

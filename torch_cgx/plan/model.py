@@ -80,7 +80,13 @@ def exact_time(n: int, world: int, link: LinkCosts, host: CodecCosts, elem: int 
         return 0.0
     share = n * elem / world
     t = host.call + 2 * (world - 1) * link.message(share) + host.add((world - 1) * n / world)
-    return t + host.paths.get("exact", Linear(0.0, 0.0))(n)
+    return _corrected(t, host.paths.get("exact"), n)
+
+
+def _corrected(t: float, excess: Optional[Linear], n: int) -> float:
+    """The formula's time plus the probe's excess for its path, never below a tenth of it (an
+    excess fitted at two sizes may go negative far from them)."""
+    return t if excess is None else max(t + excess(n), 0.1 * t)
 
 
 def _sra(n, w, link, enc: Linear, dec: Linear, size: Callable, segments: int) -> float:
@@ -149,5 +155,5 @@ def predict(
         t = _sum_reduce(n, world, link, enc, dec, size, host)
     else:
         t = _allgather(n, world, link, enc, dec, size)
-    t += host.paths.get(path, Linear(0.0, 0.0))(n)  # what the group's probe added
+    t = _corrected(t, host.paths.get(path), n)  # what the group's probe found beyond it
     return host.call + t + (world - 1) * link.message(64) * agree
