@@ -2,7 +2,8 @@
 PY ?= python3
 export MAX_JOBS ?= 2
 
-.PHONY: all deps build core-test py-test test demo bench lint format clean
+.PHONY: all deps build core-test py-test test demo bench lint format clean fuzz-build fuzz-short \
+	fuzz-long tsan
 
 all: build
 
@@ -27,7 +28,28 @@ core-test: .stamp-deps
 py-test: build
 	$(PY) -m pytest tests -q --timeout=600
 
-test: lint core-test py-test
+test: lint core-test fuzz-short py-test
+
+# Fuzzing (docs/reliability.md): libFuzzer + ASan + UBSan over every decoder of received bytes,
+# in a clang build of its own. Short: part of `make test`; long: FUZZ_SECONDS, as many as wanted.
+FUZZ_SECONDS ?= 3600
+fuzz-build: .stamp-deps
+	@command -v clang++ >/dev/null || { echo "clang++ missing: run make deps" >&2; exit 1; }
+	cmake -S . -B build/fuzz -G Ninja -DCGX_FUZZ=ON -DCGX_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang > /dev/null
+	ninja -C build/fuzz -j $(MAX_JOBS) cgx_fuzz_decode cgx_fuzz_corpus
+
+fuzz-short: fuzz-build
+	./scripts/fuzz.sh 60
+
+fuzz-long: fuzz-build
+	./scripts/fuzz.sh $(FUZZ_SECONDS)
+
+# ThreadSanitizer over the C++ tests that run ranks and workers as threads.
+tsan: .stamp-deps
+	cmake -S . -B build/tsan -G Ninja -DCGX_TSAN=ON -DCGX_CUDA=OFF > /dev/null
+	ninja -C build/tsan -j $(MAX_JOBS) cgx_core_tests
+	./scripts/tsan.sh
 
 demo: build
 	$(PY) -m torch_cgx.demo

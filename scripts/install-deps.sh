@@ -4,7 +4,7 @@
 set -euo pipefail
 PY=${PY:-python3}
 
-apt_pkgs=(cmake ninja-build g++ libgtest-dev iproute2)
+apt_pkgs=(cmake ninja-build g++ libgtest-dev iproute2 clang)  # clang: libFuzzer (make fuzz-short)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

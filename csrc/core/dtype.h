@@ -78,30 +78,28 @@ inline uint16_t float_to_half(float f) {
   return uint16_t(sign | (u >> 13));
 }
 
+// Element i of p, as float. p may be unaligned (values inside a received payload sit at any
+// byte offset): the loads and stores go through memcpy, which compiles to a plain move.
 inline float load_as_float(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::kFloat32:
-      return static_cast<const float*>(p)[i];
-    case DType::kFloat16:
-      return half_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::kBFloat16:
-      return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+  const auto* b = static_cast<const uint8_t*>(p);
+  if (t == DType::kFloat32) {
+    float f;
+    std::memcpy(&f, b + 4 * i, 4);
+    return f;
   }
-  return 0.0f;
+  uint16_t h;
+  std::memcpy(&h, b + 2 * i, 2);
+  return t == DType::kFloat16 ? half_to_float(h) : bf16_to_float(h);
 }
 
 inline void store_from_float(void* p, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::kFloat32:
-      static_cast<float*>(p)[i] = v;
-      break;
-    case DType::kFloat16:
-      static_cast<uint16_t*>(p)[i] = float_to_half(v);
-      break;
-    case DType::kBFloat16:
-      static_cast<uint16_t*>(p)[i] = float_to_bf16(v);
-      break;
+  auto* b = static_cast<uint8_t*>(p);
+  if (t == DType::kFloat32) {
+    std::memcpy(b + 4 * i, &v, 4);
+    return;
   }
+  const uint16_t h = t == DType::kFloat16 ? float_to_half(v) : float_to_bf16(v);
+  std::memcpy(b + 2 * i, &h, 2);
 }
 
 }  // namespace cgx
