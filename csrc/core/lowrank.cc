@@ -25,11 +25,16 @@ inline double dot(const float* x, const float* y, int64_t n) {
 }  // namespace
 
 // One copy for AVX2 and one baseline, chosen at load time: the same arithmetic in the same order
-// (no FMA: the build sets -ffp-contract=off), so every machine writes the same bits.
-__attribute__((target_clones("avx2", "default"))) void add_and_project(float* m, const float* e,
-                                                                       const float* qt, float* p,
-                                                                       int64_t rows, int64_t cols,
-                                                                       int rank) {
+// (no FMA: the build sets -ffp-contract=off), so every machine writes the same bits. The
+// ThreadSanitizer build has one copy: its runtime is not up yet when the loader runs the
+// resolver that picks a clone, and the instrumented resolver crashes.
+#if defined(__SANITIZE_THREAD__)
+#define CGX_CLONES
+#else
+#define CGX_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+CGX_CLONES void add_and_project(float* m, const float* e, const float* qt, float* p, int64_t rows,
+                                int64_t cols, int rank) {
   double acc[64];
   for (int64_t i = 0; i < rows; ++i) {
     float* row = m + i * cols;
@@ -49,10 +54,8 @@ __attribute__((target_clones("avx2", "default"))) void add_and_project(float* m,
   }
 }
 
-__attribute__((target_clones("avx2", "default"))) void transpose_project(const float* m,
-                                                                         const float* p, float* qt,
-                                                                         int64_t rows, int64_t cols,
-                                                                         int rank) {
+CGX_CLONES void transpose_project(const float* m, const float* p, float* qt, int64_t rows,
+                                  int64_t cols, int rank) {
   constexpr int64_t kRows = 256;  // rows summed in fp32 before the fp64 total takes them
   std::vector<double> total(size_t(rank) * size_t(cols), 0.0);
   std::vector<float> part(size_t(rank) * size_t(cols));
@@ -72,10 +75,8 @@ __attribute__((target_clones("avx2", "default"))) void transpose_project(const f
   for (size_t t = 0; t < total.size(); ++t) qt[t] = float(total[t]);
 }
 
-__attribute__((target_clones("avx2", "default"))) void decompress(float* m, float* err,
-                                                                  const float* p, const float* qt,
-                                                                  int64_t rows, int64_t cols,
-                                                                  int rank) {
+CGX_CLONES void decompress(float* m, float* err, const float* p, const float* qt, int64_t rows,
+                           int64_t cols, int rank) {
   float a[kBlock];
   for (int64_t i = 0; i < rows; ++i) {
     float* row = m + i * cols;
