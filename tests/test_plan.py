@@ -90,7 +90,7 @@ def test_budget_parsing():
         P.Budget.parse("topk:ratio")
     with pytest.raises(ValueError, match="min_bits"):
         P.Budget(min_bits=0)
-    with pytest.raises(ValueError, match="link rate"):
+    with pytest.raises(ValueError, match="not a rate"):
         LinkCosts.parse("fast")
 
 

@@ -14,38 +14,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, Iterable, Optional, Tuple
 
-_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12, "bit": 1.0}
-_TIMES = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+from torch_cgx.bench.hosts_net import parse_rate as _rate_bits
+from torch_cgx.bench.hosts_net import parse_time
 
 
 def parse_rate(text: str) -> float:
-    """'1gbit', '100mbit', '10Gbit' -> bytes per second."""
-    t = str(text).strip().lower()
-    for unit in sorted(_UNITS, key=len, reverse=True):
-        if t.endswith(unit):
-            try:
-                value = float(t[: -len(unit)])
-            except ValueError:
-                break
-            if value > 0:
-                return value * _UNITS[unit] / 8
-            break
-    raise ValueError(f"not a link rate: {text!r} (examples: 100mbit, 1gbit, 25gbit)")
-
-
-def parse_time(text: str) -> float:
-    """'50us', '0.2ms', '1s' -> seconds."""
-    t = str(text).strip().lower()
-    for unit in sorted(_TIMES, key=len, reverse=True):
-        if t.endswith(unit):
-            try:
-                value = float(t[: -len(unit)])
-            except ValueError:
-                break
-            if value >= 0:
-                return value * _TIMES[unit]
-            break
-    raise ValueError(f"not a time: {text!r} (examples: 30us, 0.5ms)")
+    """'1gbit', '100mbit' -> bytes per second (the emulated hosts' tc-style parser)."""
+    return _rate_bits(text) / 8
 
 
 @dataclass(frozen=True)
