@@ -17,11 +17,12 @@ def test_short_soak_leaks_nothing(capsys):
 def test_verdict_names_each_leak():
     s = {"rss_kb": 1000, "threads": 10, "fds": 20}
     grown = {"rss_kb": 1100, "threads": 11, "fds": 21}
-    res = {"warm": s, "trend": [s, s], "end": grown,
+    res = {"warm": s, "trend": [s] * 7 + [grown] * 3, "end": grown,
            "cycles": [{"cycle": 1, **s}, {"cycle": 10, **grown, "rss_kb": 9999}]}  # fmt: skip
     bad = soak.verdict([res], 0.01)
     assert any("grew 10.00%" in b for b in bad)
     assert any("threads 10 -> 11 during" in b for b in bad)
     assert any("fds 20 -> 21 over the cycles" in b for b in bad)
     assert any("over 10 cycles" in b for b in bad)
-    assert soak.verdict([{**res, "end": s, "cycles": [{"cycle": 1, **s}]}], 0.01) == []
+    flat = {**res, "trend": [s] * 10, "end": s, "cycles": [{"cycle": 1, **s}]}
+    assert soak.verdict([flat], 0.01) == []
