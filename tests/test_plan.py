@@ -203,9 +203,11 @@ def body_auto(rank, world):
         assert rules == [] and torch.equal(big, want)  # no plan: every call exact
     else:
         rule = next(r for r in rules if (1 << 22) <= r[0])
-        assert rule[1] == "maxmin" and backend.last_bytes_sent() < (1 << 22)  # compressed
+        # 16 MiB on loopback: the probe finds compression about 2x faster than exact here
+        assert rule[1] in ("maxmin", "fp16", "bf16"), rule
+        assert backend.last_bytes_sent() < 4 * (1 << 22) * 0.6  # compressed on the wire
         err = (big - want).abs().max() / want.abs().max()
-        assert 0 < err < 0.1
+        assert 0 < err < 0.1  # quantized (fp16's relative error is about 1e-3), not garbage
     torch_cgx.set_config(compressor="maxmin", bits=8)  # a fixed choice drops the plan
     assert backend.plan() == []
     torch_cgx.set_config(compressor="auto", bits=6)  # planned again, with the new budget
