@@ -11,7 +11,9 @@ so that every buffer has reached its largest; then ``--calls`` random allreduces
 change every 50 calls). Resident memory is taken after the warm-up and at the end.
 Phase 2: ``--cycles`` times init_process_group("cgx") + a cgx and a Gloo subgroup + one
 allreduce on each + destroy.
-Limits: threads and descriptors may not grow; resident memory (after malloc_trim) may grow by at
+The ranks run with glibc's mmap threshold pinned at 128 KiB (``--glibc-default``: not), so
+that the allocator's one-off steps do not pass for growth. Limits: threads and descriptors may
+not grow; resident memory (after malloc_trim) may grow by at
 most ``--max-growth`` (1 % by default) from the middle of phase 1 (the median of the samples at
 40-70 % of the calls) to its end (70-100 %): a single sample moves by +-1 % with the heap under
 mixed calls, a leak keeps its slope; and by at most 1 % per 10 cycles plus
@@ -116,6 +118,7 @@ def _phase_cycles(rank: int, cycles: int, store_dir: str) -> List[Dict]:
 
 
 def _rank(rank: int, world: int, port: int, args, out_dir: str) -> None:
+    # (MALLOC_MMAP_THRESHOLD_ is read by glibc at start-up: run() sets it for the children.)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), GLOO_SOCKET_IFNAME="lo",
                       CGX_CODEC_THREADS="1")  # fmt: skip
@@ -205,6 +208,11 @@ def run(args) -> int:
     import torch.multiprocessing as mp
 
     world = 4
+    if not args.glibc_default:
+        # glibc raises its mmap threshold each time a large block is freed, after which large
+        # blocks come from the heap and its pages stay resident: one-off steps of a few MB that
+        # look like growth. Pinned at its initial 128 KiB, what remains is what is in use.
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = "131072"  # for the children; restored below
     with tempfile.TemporaryDirectory() as d:
         ctx = mp.start_processes(_rank, args=(world, _free_port(), args, d), nprocs=world,
                                  join=False, start_method="spawn")  # fmt: skip
@@ -232,11 +240,20 @@ def parse_args(argv: Optional[List[str]]):
     p.add_argument("--cycles", type=int, default=100)
     p.add_argument("--max-growth", type=float, default=0.01)
     p.add_argument("--timeout", type=float, default=3600)
+    p.add_argument("--glibc-default", action="store_true",
+                   help="keep glibc's dynamic mmap threshold (steps of a few MB)")  # fmt: skip
     return p.parse_args(argv)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    return run(parse_args(argv))
+    before = os.environ.get("MALLOC_MMAP_THRESHOLD_")
+    try:
+        return run(parse_args(argv))
+    finally:
+        if before is None:
+            os.environ.pop("MALLOC_MMAP_THRESHOLD_", None)
+        else:
+            os.environ["MALLOC_MMAP_THRESHOLD_"] = before
 
 
 if __name__ == "__main__":

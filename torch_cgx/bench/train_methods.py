@@ -35,7 +35,7 @@ from torch_cgx import compressors
 from torch_cgx import hooks as cgx_hooks
 
 METHODS = ("gloo", "fp16", "bf16", "powersgd", "cgx-powersgd", "cgx8", "cgx4", "cgx2", "noop")
-EXTRA_METHODS = ("cgx-batched-powersgd", "cgx-powersgd-q8", "policy8")  # not by default
+EXTRA_METHODS = ("cgx-batched-powersgd", "cgx-powersgd-q8", "policy8", "cgx-auto")  # opt-in
 _OUR_PSGD = {
     "cgx-powersgd": {},
     "cgx-batched-powersgd": {},
@@ -84,7 +84,7 @@ def on_cgx_group(method: str) -> bool:
     return (
         cgx_bits(method) is not None
         or compressor_of(method) is not None
-        or method in ("cgx-powersgd-q8", "policy8")
+        or method in ("cgx-powersgd-q8", "policy8", "cgx-auto")
     )
 
 
@@ -181,6 +181,9 @@ def wrap(model: torch.nn.Module, method: str, gloo, args) -> tuple:
             state, cgx_hooks.batched_powerSGD_hook if batched else cgx_hooks.powerSGD_hook
         )
         return ddp, state
+    if method == "cgx-auto":  # no hook: DDP's own allreduce per bucket, planned by the group
+        torch_cgx.set_config(compressor="auto", bits=4)  # the planner's budget: >= 4 bits
+        return DDP(model, process_group=dist.group.WORLD, **common), None
     if method == "policy8":
         from torch_cgx import compression as C
 
@@ -218,7 +221,7 @@ def wrap(model: torch.nn.Module, method: str, gloo, args) -> tuple:
 def nominal_bits(method: str) -> Optional[int]:
     """Bits per value of the method's record: N for cgxN, 16 for fp16, None for c:<name> (its
     payload says: wire bytes), 32 for the rest."""
-    if compressor_of(method) is not None or method == "policy8":
+    if compressor_of(method) is not None or method in ("policy8", "cgx-auto"):
         return None
     bits = cgx_bits(method)
     return bits if bits is not None else (16 if method in ("fp16", "bf16") else 32)
