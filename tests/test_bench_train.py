@@ -230,3 +230,10 @@ def test_plot_allreduce_writes_png(tmp_path):
     assert is_png(path) and os.path.getsize(path) > 1000
     with pytest.raises(ValueError):
         plot_allreduce([], str(tmp_path / "empty.png"))
+
+
+def test_auto_method_runs_on_the_planned_cgx_group():
+    from torch_cgx.bench import train_methods as tm
+
+    assert tm.parse_methods("gloo,cgx-auto") == ["gloo", "cgx-auto"]
+    assert tm.on_cgx_group("cgx-auto") and tm.nominal_bits("cgx-auto") is None
