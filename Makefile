@@ -3,7 +3,7 @@ PY ?= python3
 export MAX_JOBS ?= 2
 
 .PHONY: all deps build core-test py-test test demo bench lint format clean fuzz-build fuzz-short \
-	fuzz-long tsan
+	fuzz-long fuzz-corpus tsan
 
 all: build
 
@@ -30,20 +30,29 @@ py-test: build
 
 test: lint core-test fuzz-short py-test
 
-# Fuzzing (docs/reliability.md): libFuzzer + ASan + UBSan over every decoder of received bytes,
-# in a clang build of its own. Short: part of `make test`; long: FUZZ_SECONDS, as many as wanted.
-FUZZ_SECONDS ?= 3600
+# Fuzzing (docs/reliability.md): libFuzzer + ASan + UBSan over every decoder of received bytes
+# (cgx_fuzz_decode) and the allreduce algorithms as receivers (cgx_fuzz_allreduce), in a clang
+# build of its own. Short: 30 s per target, part of `make test`. Long: every case alone for
+# FUZZ_RUNS executions (FUZZ_JOBS cases at a time).
+FUZZ_RUNS ?= 10000000
+FUZZ_ALLREDUCE_RUNS ?= 1000000
 fuzz-build: .stamp-deps
-	@command -v clang++ >/dev/null || { echo "clang++ missing: run make deps" >&2; exit 1; }
+	@command -v clang++ >/dev/null || { echo "clang++ missing (it fuzzes the decoders): run make deps" >&2; exit 1; }
 	cmake -S . -B build/fuzz -G Ninja -DCGX_FUZZ=ON -DCGX_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang > /dev/null
-	ninja -C build/fuzz -j $(MAX_JOBS) cgx_fuzz_decode cgx_fuzz_corpus
+	ninja -C build/fuzz -j $(MAX_JOBS) cgx_fuzz_decode cgx_fuzz_allreduce cgx_fuzz_corpus
 
 fuzz-short: fuzz-build
-	./scripts/fuzz.sh 60
+	./scripts/fuzz.sh 30
 
 fuzz-long: fuzz-build
-	./scripts/fuzz.sh $(FUZZ_SECONDS)
+	./scripts/fuzz.sh --each $(FUZZ_RUNS) decode
+	./scripts/fuzz.sh --each $(FUZZ_ALLREDUCE_RUNS) allreduce
+
+# The seed corpus, regenerated (after a change to a payload format or to csrc/fuzz/fuzz_cases.h).
+fuzz-corpus: fuzz-build
+	rm -rf csrc/fuzz/corpus
+	build/fuzz/cgx_fuzz_corpus csrc/fuzz/corpus
 
 # ThreadSanitizer over the C++ tests that run ranks and workers as threads.
 tsan: .stamp-deps

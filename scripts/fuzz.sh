@@ -1,33 +1,82 @@
 #!/usr/bin/env bash
-# Runs the decoder fuzz target (build/fuzz/cgx_fuzz_decode, `make fuzz-build`) from the
-# checked-in seed corpus, in a scratch corpus so that the checked-in one stays as it is, and
-# prints the executions per decoder. A finding (crash, sanitizer report) fails, its input saved
-# as build/fuzz/crash-*.
-#   scripts/fuzz.sh SECONDS            all decoders in one run (libFuzzer shares the time)
-#   scripts/fuzz.sh --each RUNS        every decoder alone for RUNS executions (the long run)
+# Runs the libFuzzer targets (build/fuzz, `make fuzz-build`; docs/reliability.md, "Fuzzing") from
+# the checked-in seed corpus (csrc/fuzz/corpus/TARGET), each in a scratch corpus so that the
+# checked-in one stays as it is, and prints the executions per case. A finding (crash, sanitizer
+# report, timeout) fails, its input saved as build/fuzz/crash-* (or timeout-*, oom-*).
+#
+#   scripts/fuzz.sh SECONDS [TARGET...]     each target for SECONDS, all its cases in one run
+#   scripts/fuzz.sh --each RUNS [TARGET...] every case of each target alone, RUNS executions
+#                                           (FUZZ_JOBS=N: N cases at a time; default 1)
+# TARGET: decode, allreduce (default: both). The seeds are first checked to be valid inputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=build/fuzz/cgx_fuzz_decode
-opts=(-max_len=4096 -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 -artifact_prefix=build/fuzz/)
-run() {  # extra libFuzzer options...
-  local work log
-  work=$(mktemp -d)
-  log="$work.log"
-  if ! CGX_FUZZ_STATS=1 "$bin" "${opts[@]}" "$@" "$work" csrc/fuzz/corpus 2>"$log"; then
-    tail -60 "$log" >&2
-    rm -rf "$work" "$log"
-    exit 1
-  fi
-  grep -E "^cgx-fuzz|number_of_executed_units|average_exec_per_sec" "$log" || true
-  rm -rf "$work" "$log"
-}
+out=build/fuzz
+
+each=""
 if [ "${1:-}" = "--each" ]; then
-  runs=${2:-10000000}
-  n=$(CGX_FUZZ_STATS=1 "$bin" -runs=0 2>&1 | grep -c '^cgx-fuzz')
-  for ((k = 0; k < n; k++)); do
-    echo "== decoder $k, $runs runs"
-    CGX_FUZZ_ONLY=$k run -runs="$runs" | grep -vE '^cgx-fuzz .* 0$'
-  done
+  each=${2:?--each RUNS}
+  shift 2
 else
-  run -max_total_time="${1:-60}"
+  seconds=${1:-60}
+  shift || true
 fi
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(decode allreduce)
+
+max_len() { [ "$1" = decode ] && echo 8192 || echo 32768; }
+
+# fuzz TARGET LOG SEEDS [libFuzzer options...]: one libFuzzer run; fails with the log's tail.
+fuzz() {
+  local target=$1 log=$2 seeds=$3 work
+  shift 3
+  work=$(mktemp -d)
+  local opts=(-max_len="$(max_len "$target")" -rss_limit_mb=2048 -timeout=30
+    -print_final_stats=1 -artifact_prefix="$out/")
+  if ! CGX_FUZZ_STATS=1 "$out/cgx_fuzz_$target" "${opts[@]}" "$@" "$work" "$seeds" >"$log" 2>&1; then
+    echo "FINDING in cgx_fuzz_$target (log: $log):" >&2
+    tail -60 "$log" >&2
+    rm -rf "$work"
+    return 1
+  fi
+  rm -rf "$work"
+}
+
+summary() {  # LOG: executions per case, total, speed
+  grep -E "^cgx-fuzz|number_of_executed_units|average_exec_per_sec" "$1" || true
+}
+
+for target in "${targets[@]}"; do
+  bin=$out/cgx_fuzz_$target
+  seeds=csrc/fuzz/corpus/$target
+  [ -x "$bin" ] || { echo "$bin missing: make fuzz-build" >&2; exit 1; }
+  # Every seed must be accepted (a valid payload / an honest run), else the corpus is stale.
+  CGX_FUZZ_STRICT=1 "$bin" -runs=0 -max_len="$(max_len "$target")" -artifact_prefix="$out/" "$seeds" \
+    >"$out/seeds.log" 2>&1 ||
+    { tail -20 "$out/seeds.log" >&2; echo "stale seed in $seeds: make fuzz-corpus" >&2; exit 1; }
+  if [ -z "$each" ]; then
+    echo "== cgx_fuzz_$target, ${seconds} s"
+    start=$SECONDS
+    fuzz "$target" "$out/fuzz-$target.log" "$seeds" -max_total_time="$seconds"
+    summary "$out/fuzz-$target.log"
+    echo "wall: $((SECONDS - start)) s"
+    continue
+  fi
+  # --each: one run per case with only that case's seeds (files named after its label).
+  mapfile -t cases < <(CGX_FUZZ_LIST=1 "$bin")
+  run_case() {
+    local k=${1%% *} label=${1#* } name dir log start
+    name=${label//:/_}
+    name=${name//=/}
+    dir=$(mktemp -d)
+    cp "$seeds/$name"-* "$dir"/ 2>/dev/null || true
+    log=$out/each-$target-$k.log
+    start=$(date +%s)
+    CGX_FUZZ_ONLY=$k fuzz "$target" "$log" "$dir" -runs="$each" || { rm -rf "$dir"; return 1; }
+    rm -rf "$dir"
+    printf '%-10s %-62s %12s executions %6s s\n' "$target" "$label" \
+      "$(grep -F "cgx-fuzz $label " "$log" | awk '{print $NF}')" "$(($(date +%s) - start))"
+  }
+  export -f run_case fuzz max_len
+  export target seeds each out
+  printf '%s\n' "${cases[@]}" | xargs -P "${FUZZ_JOBS:-1}" -I{} bash -c 'run_case "$@"' _ {}
+done

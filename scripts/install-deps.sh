@@ -4,7 +4,9 @@
 set -euo pipefail
 PY=${PY:-python3}
 
-apt_pkgs=(cmake ninja-build g++ libgtest-dev iproute2 clang)  # clang: libFuzzer (make fuzz-short)
+# clang + libclang-rt-14-dev (libFuzzer, a recommends of clang that an install without
+# recommends would skip): make fuzz-short.
+apt_pkgs=(cmake ninja-build g++ libgtest-dev iproute2 clang libclang-rt-14-dev)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -1,29 +1,40 @@
-// Writes the fuzz target's seed corpus: valid payloads of every decoder of fuzz_cases.h (and of
-// the max-min codec) for a few counts and input dtypes, each behind the target's 4-byte prefix.
+// Writes the fuzz targets' seed corpus (csrc/fuzz/corpus), valid inputs only:
+//   DIR/decode/     real payloads of every case of fuzz_cases.h for a few counts, each behind
+//                   cgx_fuzz_decode's 4-byte prefix;
+//   DIR/allreduce/  what one rank of an honest group (ranks as threads over a mailbox) received
+//                   during a real allreduce, behind cgx_fuzz_allreduce's RunSpec.
 //
-//   make_corpus DIR        (the checked-in corpus: csrc/fuzz/corpus)
+//   cgx_fuzz_corpus DIR
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
+#include <filesystem>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "core/codec.h"
+#include "algorithms/payload.h"
+#include "fuzz/allreduce_spec.h"
 #include "fuzz/fuzz_cases.h"
+#include "fuzz/fuzz_transport.h"
+#include "fuzz/mailbox_transport.h"
 
 namespace {
 
-void write(const std::string& path, size_t pick, uint8_t side, int64_t count,
-           const std::vector<uint8_t>& payload) {
+using cgx::fuzz::Case;
+using cgx::fuzz::RunSpec;
+
+void write(const std::string& path, const std::vector<uint8_t>& prefix,
+           const std::vector<uint8_t>& body) {
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) {
     std::perror(path.c_str());
     std::exit(1);
   }
-  const uint8_t prefix[4] = {uint8_t(pick), side, uint8_t(count & 0xff), uint8_t(count >> 8)};
-  std::fwrite(prefix, 1, 4, f);
-  std::fwrite(payload.data(), 1, payload.size(), f);
+  std::fwrite(prefix.data(), 1, prefix.size(), f);
+  std::fwrite(body.data(), 1, body.size(), f);
   std::fclose(f);
 }
 
@@ -37,41 +48,113 @@ std::vector<float> values(int64_t n, uint32_t seed) {
   return v;
 }
 
+// cgx_fuzz_decode: side 8 (the count from the payload itself), dtype and add varied.
+int decode_seeds(const std::string& dir, const std::vector<Case>& cases) {
+  int files = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    for (int64_t n : {int64_t(1), int64_t(37), int64_t(600)}) {
+      const std::vector<float> v = values(n, uint32_t(i * 100 + size_t(n)));
+      const cgx::AllreduceOptions o = cases[i].options();
+      std::vector<uint8_t> out(cgx::payload_size(o, n, cgx::DType::kFloat32));
+      cgx::Streams streams{1, 2};
+      out.resize(cgx::encode_payload(o, v.data(), cgx::DType::kFloat32, n, streams, out.data(),
+                                     out.size()));
+      const uint8_t side = uint8_t(8 | (n % 3) | (n == 37 ? 4 : 0));
+      write(dir + "/" + cgx::fuzz::file_name(cases[i].label) + "-" + std::to_string(n),
+            {uint8_t(i), side, uint8_t(n & 0xff), uint8_t(n >> 8)}, out);
+      ++files;
+    }
+  }
+  return files;
+}
+
+// Runs an honest group of s.world ranks; returns what rank s.rank() received from the others.
+std::vector<uint8_t> record(const Case& c, const RunSpec& s) {
+  cgx::fuzz::Mailbox box;
+  std::vector<uint8_t> log;
+  std::vector<std::exception_ptr> errors(size_t(s.world));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < s.world; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        cgx::fuzz::MailboxTransport t(box, r, s.world);
+        cgx::fuzz::Recorder rec(t);
+        std::vector<uint8_t> x = cgx::fuzz::rank_values(s.count, r, s.dtype);
+        std::vector<float> residual(size_t(s.count));
+        cgx::CompressedAllreduce allreduce;
+        allreduce.run(rec, x.data(), s.dtype, s.count,
+                      s.options(c, s.feedback ? residual.data() : nullptr));
+        if (r == s.rank()) log = rec.log();
+      } catch (...) {
+        errors[size_t(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  return log;
+}
+
+// cgx_fuzz_allreduce: five runs of every case (each algorithm, group sizes 2-4, both ranks,
+// every dtype, error feedback, the pipeline, several pieces).
+int allreduce_seeds(const std::string& dir, const std::vector<Case>& cases) {
+  using cgx::Algorithm;
+  using cgx::DType;
+  struct Run {
+    const char* name;
+    Algorithm algorithm;
+    int world;
+    bool last;
+    DType dtype;
+    int64_t count;
+    uint8_t flags;  // bit 0 average, 1 feedback, 2 pipelined, 3 small pieces
+  };
+  const Run runs[] = {
+      {"sra", Algorithm::kScatterReduceAllgather, 2, false, DType::kFloat32, 300, 0},
+      {"ring", Algorithm::kRing, 3, true, DType::kFloat16, 901, 1 | 8},
+      {"tree", Algorithm::kTree, 3, false, DType::kBFloat16, 77, 2},
+      {"allgather", Algorithm::kAllgather, 4, true, DType::kFloat32, 150, 0},
+      {"sra-pipeline", Algorithm::kScatterReduceAllgather, 3, false, DType::kFloat32, 1100, 4},
+  };
+  int files = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    for (const Run& run : runs) {
+      RunSpec s;
+      s.pick = uint8_t(i);
+      s.algorithm = run.algorithm;
+      s.world = run.world;
+      s.last_rank = run.last;
+      s.dtype = run.dtype;
+      s.count = run.count;
+      s.average = run.flags & 1;
+      s.feedback = run.flags & 2;
+      s.pipelined = run.flags & 4;
+      s.small_pieces = run.flags & 8;
+      std::vector<uint8_t> prefix(RunSpec::kBytes);
+      s.write(prefix.data());
+      write(dir + "/" + cgx::fuzz::file_name(cases[i].label) + "-" + run.name, prefix,
+            record(cases[i], s));
+      ++files;
+    }
+  }
+  return files;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
+    std::fprintf(stderr, "usage: %s DIR  (writes DIR/decode and DIR/allreduce)\n", argv[0]);
     return 2;
   }
   const std::string dir = argv[1];
   const auto cases = cgx::fuzz::make_cases();
-  const int64_t counts[] = {1, 37, 600};
-  int files = 0;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    for (int64_t n : counts) {
-      const std::vector<float> v = values(n, uint32_t(i * 100 + size_t(n)));
-      const cgx::Compressor& c = *cases[i].compressor;
-      std::vector<uint8_t> out(c.max_encoded_size(n, cgx::DType::kFloat32));
-      cgx::EncodeContext ctx;
-      ctx.seed = 1;
-      const size_t size = c.encode(v.data(), cgx::DType::kFloat32, n, ctx, out.data(), out.size());
-      out.resize(size);
-      write(dir + "/" + cases[i].label + "-" + std::to_string(n), i, uint8_t(8 | (n % 3)), n, out);
-      ++files;
-    }
-  }
-  for (int bits : {1, 4, 8}) {  // the max-min codec's own parser
-    cgx::CodecParams p;
-    p.bits = bits;
-    p.bucket_size = 64;
-    const int64_t n = 300;
-    const std::vector<float> v = values(n, uint32_t(bits));
-    std::vector<uint8_t> out(cgx::encoded_size(n, cgx::DType::kFloat32, p));
-    cgx::encode(v.data(), cgx::DType::kFloat32, n, p, out.data(), out.size());
-    write(dir + "/codec-bits" + std::to_string(bits), cases.size(), 8, n, out);
-    ++files;
-  }
-  std::printf("%d seed payloads in %s\n", files, dir.c_str());
+  std::filesystem::create_directories(dir + "/decode");
+  std::filesystem::create_directories(dir + "/allreduce");
+  const int a = decode_seeds(dir + "/decode", cases);
+  const int b = allreduce_seeds(dir + "/allreduce", cases);
+  std::printf("%d decode and %d allreduce seeds in %s\n", a, b, dir.c_str());
   return 0;
 }
