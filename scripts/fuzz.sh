@@ -6,7 +6,8 @@
 #
 #   scripts/fuzz.sh SECONDS [TARGET...]     each target for SECONDS, all its cases in one run
 #   scripts/fuzz.sh --each RUNS [TARGET...] every case of each target alone, RUNS executions
-#                                           (FUZZ_JOBS=N: N cases at a time; default 1)
+#                                           (FUZZ_JOBS=N: N cases at a time, default 1;
+#                                           FUZZ_CASES=REGEX: the cases whose label matches)
 # TARGET: decode, allreduce (default: both). The seeds are first checked to be valid inputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,13 +33,17 @@ fuzz() {
   work=$(mktemp -d)
   local opts=(-max_len="$(max_len "$target")" -rss_limit_mb=2048 -timeout=30
     -print_final_stats=1 -artifact_prefix="$out/")
-  if ! CGX_FUZZ_STATS=1 "$out/cgx_fuzz_$target" "${opts[@]}" "$@" "$work" "$seeds" >"$log" 2>&1; then
-    echo "FINDING in cgx_fuzz_$target (log: $log):" >&2
-    tail -60 "$log" >&2
-    rm -rf "$work"
-    return 1
-  fi
+  local rc=0
+  CGX_FUZZ_STATS=1 "$out/cgx_fuzz_$target" "${opts[@]}" "$@" "$work" "$seeds" >"$log" 2>&1 || rc=$?
   rm -rf "$work"
+  [ $rc -eq 0 ] && return 0
+  if [ $rc -eq 72 ]; then  # libFuzzer's exit code when interrupted (SIGINT / SIGTERM)
+    echo "cgx_fuzz_$target interrupted (log: $log)" >&2
+  else
+    echo "FINDING in cgx_fuzz_$target, exit $rc (log: $log):" >&2
+    tail -60 "$log" >&2
+  fi
+  return 1
 }
 
 summary() {  # LOG: executions per case, total, speed
@@ -62,7 +67,7 @@ for target in "${targets[@]}"; do
     continue
   fi
   # --each: one run per case with only that case's seeds (files named after its label).
-  mapfile -t cases < <(CGX_FUZZ_LIST=1 "$bin")
+  mapfile -t cases < <(CGX_FUZZ_LIST=1 "$bin" | grep -E -- "${FUZZ_CASES:-.}")
   run_case() {
     local k=${1%% *} label=${1#* } name dir log start
     name=${label//:/_}
