@@ -28,7 +28,7 @@ core-test: .stamp-deps
 py-test: build
 	$(PY) -m pytest tests -q --timeout=600
 
-test: lint core-test fuzz-short py-test
+test: lint core-test fuzz-short tsan py-test
 
 # Fuzzing (docs/reliability.md): libFuzzer + ASan + UBSan over every decoder of received bytes
 # (cgx_fuzz_decode) and the allreduce algorithms as receivers (cgx_fuzz_allreduce), in a clang
@@ -54,7 +54,8 @@ fuzz-corpus: fuzz-build
 	rm -rf csrc/fuzz/corpus
 	build/fuzz/cgx_fuzz_corpus csrc/fuzz/corpus
 
-# ThreadSanitizer over the C++ tests that run ranks and workers as threads.
+# ThreadSanitizer over the C++ tests that run ranks and workers as threads (about 65 s with its
+# build on 2 cores: part of `make test`).
 tsan: .stamp-deps
 	cmake -S . -B build/tsan -G Ninja -DCGX_TSAN=ON -DCGX_CUDA=OFF > /dev/null
 	ninja -C build/tsan -j $(MAX_JOBS) cgx_core_tests
