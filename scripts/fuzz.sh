@@ -56,8 +56,8 @@ for target in "${targets[@]}"; do
   [ -x "$bin" ] || { echo "$bin missing: make fuzz-build" >&2; exit 1; }
   # Every seed must be accepted (a valid payload / an honest run), else the corpus is stale.
   CGX_FUZZ_STRICT=1 "$bin" -runs=0 -max_len="$(max_len "$target")" -artifact_prefix="$out/" "$seeds" \
-    >"$out/seeds.log" 2>&1 ||
-    { tail -20 "$out/seeds.log" >&2; echo "stale seed in $seeds: make fuzz-corpus" >&2; exit 1; }
+    >"$out/seeds-$target.log" 2>&1 ||
+    { tail -20 "$out/seeds-$target.log" >&2; echo "stale seed in $seeds: make fuzz-corpus" >&2; exit 1; }
   if [ -z "$each" ]; then
     echo "== cgx_fuzz_$target, ${seconds} s"
     start=$SECONDS

@@ -1,7 +1,9 @@
-// What the fuzz targets exercise: every registered compressor, at its defaults and at another
-// setting, and the max-min codec that the algorithms use without a compressor (at three
-// settings). The first byte of a fuzz input picks one. Shared by the targets and by the
-// seed-corpus generator; also the per-case execution counts the targets print.
+// What the fuzz targets exercise: every registered compressor, at its defaults and (those with
+// parameters: all but fp16, bf16, signsgd, signum) at another setting, and the max-min codec
+// that the algorithms use without a compressor (at three settings). The first byte of a fuzz
+// input picks one; adding a case shifts the indices: regenerate the corpus (make fuzz-corpus).
+// Shared by the targets and by the seed-corpus generator; also the per-case execution counts
+// the targets print.
 #pragma once
 
 #include <cstdint>
