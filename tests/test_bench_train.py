@@ -151,6 +151,14 @@ def test_method_and_workload_flags():
     assert train.parse_methods("c:topk:ef,c:qsgd:noef") == ["c:topk:ef", "c:qsgd:noef"]
     assert train.error_feedback_of("c:topk:noef") is False
     assert train.error_feedback_of("c:topk") is None
+    levers = "cgx4:legacy,cgx2:+rot:-ef,cgx1:legacy:+sr,cgx-adaptive2.5"
+    assert train.parse_methods(levers) == levers.split(",")
+    from torch_cgx.bench.train_methods import cgx_variant, nominal_bits
+
+    assert cgx_variant("cgx2:+rot:-ef") == (2, {"rotation": True, "error_feedback": False})
+    assert cgx_variant("cgx1:legacy:+sr") == (1, {"legacy": True, "stochastic": True})
+    assert cgx_variant("cgx-adaptive2.5") == (2, {"adaptive_bits": 2.5})
+    assert nominal_bits("cgx-adaptive2.5") == 2.5 and nominal_bits("cgx4:legacy") == 4
     noef = train.parse_methods("all-noef")
     assert "c:onebit:noef" in noef and "c:qsgd:noef" not in noef  # unbiased: nothing to turn off
     assert "c:signsgd:noef" not in noef  # its default is already off
@@ -164,6 +172,10 @@ def test_method_and_workload_flags():
         "c:topk,all-compressors",
         "c:topk:maybe",
         "c:topk:ef:ef",
+        "cgx4:+nope",
+        "cgx4:legacy:ef",
+        "cgx-adaptive9",
+        "cgx-adaptivex",
     ):
         with pytest.raises(argparse.ArgumentTypeError):
             train.parse_methods(bad)

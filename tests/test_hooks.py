@@ -38,7 +38,10 @@ def body_hook(rank, world):
     gloo = dist.new_group(backend="gloo")
     model = make_model(0)
     ddp = torch.nn.parallel.DistributedDataParallel(make_model(0))
-    state = CGXState(None, layer_min_size=1024, compression_params={"bits": 4, "bucket_size": 128})
+    # Without error feedback each step is one allreduce of this step's gradients (the bound).
+    state = CGXState(
+        None, 1024, {"bits": 4, "bucket_size": 128}, error_feedback=False, rotation=False
+    )
     ddp.register_comm_hook(state, cgx_hook)
     other = torch.nn.parallel.DistributedDataParallel(make_model(1))
     other.register_comm_hook(CGXState(dist.group.WORLD, compression_params={"bits": 8}), cgx_hook)
@@ -93,7 +96,8 @@ def body_hook_straddles_layers(rank, world):
     with torch.no_grad():
         model[1].weight.mul_(50)  # second layer's gradients on another scale
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    state = CGXState(None, layer_min_size=1000, compression_params={"bits": 4, "bucket_size": 256})
+    # CGX's own hook (legacy): the layers concatenated, buckets straddling them.
+    state = CGXState(None, 1000, {"bits": 4, "bucket_size": 256}, legacy=True)
     seen = []
 
     def recording_hook(s, bucket):

@@ -10,7 +10,8 @@ import torch.distributed as dist
 from dist_helpers import run_ranks
 
 FIRST, MORE = 5, 4
-HOOKS = ("cgx", "policy", "topk_ef", "maxmin_ef", "dgc_momentum", "powersgd", "powersgd_rank4")
+HOOKS = ("cgx", "cgx_rotation", "cgx_adaptive", "policy", "topk_ef", "maxmin_ef",
+         "dgc_momentum", "powersgd", "powersgd_rank4")  # fmt: skip
 
 
 class Net(torch.nn.Module):
@@ -35,8 +36,12 @@ def make_model() -> torch.nn.Module:
 def make_state(name: str, model):
     from torch_cgx import hooks
 
-    if name == "cgx":
-        return hooks.CGXState(compression_params={"bits": 4, "bucket_size": 64}), hooks.cgx_hook
+    if name.startswith("cgx"):  # residuals (error feedback on at 4 and 2 bits), per-layer bits
+        extra = {"cgx_rotation": {"rotation": True}, "cgx_adaptive": {"adaptive_bits": 3.0,
+                 "adapt_every": 2}}.get(name, {})  # fmt: skip
+        bits = 4 if name == "cgx" else 2
+        params = {"bits": bits, "bucket_size": 64}
+        return hooks.CGXState(compression_params=params, module=model, **extra), hooks.cgx_hook
     if name == "policy":  # biases exact, the rest top-k with error feedback
         from torch_cgx import compression as c
 
@@ -124,11 +129,12 @@ def test_hook_states_resume_exactly(tmp_path):
 
 def body_fresh_state(rank, world, tmp):
     """Control: the same resume with a fresh hook state instead of the saved one differs, so
-    the test above sees the state's memory (residuals, momenta, Q, the step counter)."""
+    the test above sees the state's memory (residuals, momenta, Q, per-layer bits, the step
+    counter)."""
     import torch_cgx  # noqa: F401
 
     dist.init_process_group("cgx")
-    for name in HOOKS[1:]:
+    for name in HOOKS:  # every state now has memory (the cgx hook: residuals, bits)
         model = make_model()
         ckpt = torch.load(f"{tmp}/{name}-{rank}.pt", weights_only=True)
         model.load_state_dict(ckpt["model"])

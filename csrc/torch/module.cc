@@ -5,6 +5,7 @@
 #include "codec_binding.h"
 #include "compressor_binding.h"
 #include "lowrank_binding.h"
+#include "rotation_binding.h"
 
 #ifndef CGX_BUILT_WITH_TORCH
 #define CGX_BUILT_WITH_TORCH "unknown"
@@ -18,4 +19,5 @@ PYBIND11_MODULE(_C, m) {
   cgx::binding::bind_backend(m);
   cgx::binding::bind_compressors(m);
   cgx::binding::bind_lowrank(m);
+  cgx::binding::bind_rotation(m);
 }

@@ -10,7 +10,10 @@ cgx-batched-powersgd
 cgx-powersgd-q8 torch_cgx.hooks.powerSGD_hook on the cgx group, P and Q sent as 8-bit max-min
 policy8         torch_cgx.compression's SizeAdaptiveCompression(65536, NoCompression(),
                 Uniform8BitQuantization()) as the DDP policy on the cgx group (hivemind's names)
-cgxN            torch_cgx's cgx_hook on the cgx group, N bits (1..8)
+cgxN            torch_cgx's cgx_hook on the cgx group, N bits (1..8), the default levers
+cgxN:legacy     CGX's own hook (layers concatenated, no error feedback, no rotation)
+cgxN:+L / :-L   a lever on / off (L: layer, ef, sr, rot, mean), e.g. cgx4:legacy:+ef
+cgx-adaptiveX   cgx_hook with adaptive bits per layer, an average of X code bits per value
 c:<name>        torch_cgx's compression_hook with CompressionState(compressor=<name>), default
                 parameters, error feedback and momentum as the hook defaults them
 c:<name>:ef     the same with error feedback forced on (:noef: forced off)
@@ -52,6 +55,36 @@ def cgx_bits(method: str) -> Optional[int]:
     return None
 
 
+_LEVER_FLAGS = {"layer": "split_layers", "ef": "error_feedback", "sr": "stochastic",
+                "rot": "rotation", "mean": "mean_levels"}  # fmt: skip
+
+
+def cgx_variant(method: str) -> Optional[tuple]:
+    """``cgxN[:legacy][:+L|:-L...]`` or ``cgx-adaptiveX`` -> (bits, CGXState keyword
+    arguments); None for the other methods."""
+    if method.startswith("cgx-adaptive"):
+        try:
+            budget = float(method[len("cgx-adaptive") :])
+        except ValueError:
+            return None
+        if not 1 <= budget <= 8:
+            return None
+        return max(1, int(budget)), {"adaptive_bits": budget}
+    head, _, tail = method.partition(":")
+    bits = cgx_bits(head)
+    if bits is None:
+        return None
+    kwargs = {}
+    for part in tail.split(":") if tail else []:
+        if part == "legacy":
+            kwargs["legacy"] = True
+        elif part[:1] in ("+", "-") and part[1:] in _LEVER_FLAGS:
+            kwargs[_LEVER_FLAGS[part[1:]]] = part[0] == "+"
+        else:
+            return None
+    return bits, kwargs
+
+
 def _split_compressor(method: str):
     """``c:<name>[:ef|:noef]`` -> (name, error feedback: None = the hook's default) or None."""
     if not method.startswith("c:"):
@@ -82,7 +115,7 @@ def _default_ef_compressors() -> List[str]:
 def on_cgx_group(method: str) -> bool:
     """Reduced by the cgx backend (whose byte counter then measures the wire)."""
     return (
-        cgx_bits(method) is not None
+        cgx_variant(method) is not None
         or compressor_of(method) is not None
         or method in ("cgx-powersgd-q8", "policy8", "cgx-auto")
     )
@@ -101,7 +134,7 @@ def parse_methods(text: str) -> List[str]:
         if m not in METHODS + EXTRA_METHODS and not on_cgx_group(m):
             raise argparse.ArgumentTypeError(
                 f"unknown method {m!r} (choose from {', '.join(METHODS + EXTRA_METHODS)}, "
-                "cgx1..cgx8, "
+                "cgx1..cgx8[:legacy][:+L|:-L] (L: layer, ef, sr, rot, mean), cgx-adaptiveX, "
                 f"c:<compressor>[:ef|:noef] with one of {', '.join(compressors.names())}, "
                 f"{ALL_COMPRESSORS} or {ALL_NOEF})"
             )
@@ -190,20 +223,21 @@ def wrap(model: torch.nn.Module, method: str, gloo, args) -> tuple:
         ddp = DDP(model, process_group=dist.group.WORLD, **common)
         policy = C.SizeAdaptiveCompression(65536, C.NoCompression(), C.Uniform8BitQuantization())
         return ddp, C.register_policy(ddp, policy)
-    bits, name = cgx_bits(method), compressor_of(method)
-    if bits is not None or name is not None:
+    variant, name = cgx_variant(method), compressor_of(method)
+    if variant is not None or name is not None:
         ddp = DDP(model, process_group=dist.group.WORLD, **common)  # the cgx group
         if name is not None:
             state = _compression_state(model, method, args)
             ddp.register_comm_hook(state, torch_cgx.compression_hook)
             return ddp, state
-        state = torch_cgx.CGXState(
-            dist.group.WORLD,
-            layer_min_size=args.layer_min_size,
-            compression_params={"bits": bits, "bucket_size": args.bucket_size},
-        )
+        bits, kwargs = variant
+        params = {"bits": bits, "bucket_size": args.bucket_size}
+        if "stochastic" in kwargs:
+            params["stochastic"] = kwargs.pop("stochastic")
+        state = torch_cgx.CGXState(dist.group.WORLD, args.layer_min_size, params, module=model,
+                                   **kwargs)  # fmt: skip
         ddp.register_comm_hook(state, torch_cgx.cgx_hook)
-        return ddp, None
+        return ddp, state
     ddp = DDP(model, process_group=gloo, **common)
     if method == "fp16":
         ddp.register_comm_hook(gloo, default_hooks.fp16_compress_hook)
@@ -223,7 +257,10 @@ def nominal_bits(method: str) -> Optional[int]:
     payload says: wire bytes), 32 for the rest."""
     if compressor_of(method) is not None or method in ("policy8", "cgx-auto"):
         return None
-    bits = cgx_bits(method)
+    variant = cgx_variant(method)
+    if variant is not None and "adaptive_bits" in variant[1]:
+        return variant[1]["adaptive_bits"]
+    bits = None if variant is None else variant[0]
     return bits if bits is not None else (16 if method in ("fp16", "bf16") else 32)
 
 

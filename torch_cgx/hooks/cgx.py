@@ -2,13 +2,19 @@
 
 Each call reads the layout of the bucket it reduces from ``bucket.parameters()``: parameters
 with ``dim() <= 1`` (biases, norms) or fewer than ``layer_min_size`` elements are reduced exactly;
-the others are concatenated and reduced with the state's bits and bucket size. Nothing is keyed
-by call order, so allreduce calls outside DDP, several DDP models and subgroups keep working.
-The hook averages (DDP's convention). Buckets of the codec run over the concatenated
-compressible layers; see docs/algorithms.md.
+the others are reduced with max-min at the state's bits and bucket size. Nothing is keyed by call
+order, so allreduce calls outside DDP, several DDP models and subgroups keep working. The hook
+averages (DDP's convention).
+
+Accuracy levers (docs/accuracy.md; defaults per bit width in ``DEFAULT_LEVERS``): buckets that
+never straddle two layers, error feedback, stochastic rounding, a seeded rotation per bucket, and
+adaptive bits per layer under a budget. ``CGXState(compression_params={"bits": b})`` gets the
+measured best combination for ``b``; ``legacy=True`` is CGX's own hook (layers concatenated, no
+error feedback, no rotation).
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at run time.
+import zlib
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -16,9 +22,23 @@ import torch.distributed as dist
 
 from torch_cgx.backend import cgx_backend, get_config
 from torch_cgx.config import CGXConfig
-from torch_cgx.hooks._reduce import exact_config, settled
+from torch_cgx.hooks import levers
+from torch_cgx.hooks._reduce import exact_allreduce, exact_config, settled
 
-__all__ = ["CGXState", "cgx_hook"]
+__all__ = ["CGXState", "cgx_hook", "DEFAULT_LEVERS"]
+
+# The levers a state uses when it is not told, per bit width (measured: docs/accuracy.md).
+DEFAULT_LEVERS = {
+    b: {
+        "split_layers": True,
+        "error_feedback": b <= 4,
+        "rotation": b <= 2,
+        "stochastic": False,
+        "mean_levels": b == 1,
+    }  # fmt: skip
+    for b in range(1, 9)
+}
+_LEVERS = ("split_layers", "error_feedback", "rotation", "stochastic", "mean_levels")
 
 
 class CGXState:
@@ -29,15 +49,41 @@ class CGXState:
         layer_min_size: parameters with fewer elements are reduced exactly (CGX default 1024).
         compression_params: ``{"bits": 1..8 or 32, "bucket_size": >= 1}``, optionally
             ``"stochastic": bool``; missing keys take the group's settings (``CGX_*`` variables).
+        split_layers: every layer starts a new bucket (no bucket straddles two layers).
+        error_feedback: keep what each compression left out per layer and add it to the next
+            gradient (one fp32 value per compressed gradient value).
+        rotation: seeded sign flips + Walsh-Hadamard per bucket before quantizing (the bucket
+            size must then be a power of two).
+        mean_levels: at 1 bit, a bucket's two levels are the means of its negative and of its
+            non-negative values (onebit's payload, the same size) instead of its min and max.
+        adaptive_bits: an average number of code bits per compressed value (1..8): every
+            ``adapt_every`` steps the layers' errors are measured, summed over the ranks, and
+            bits per layer chosen to minimise the total error within that budget. Needs
+            ``module``.
+        module: the model, to key residuals and per-layer bits by parameter name (needed to
+            checkpoint them).
+        legacy: CGX's hook exactly (levers off unless given).
+        None for a lever: ``DEFAULT_LEVERS`` at the call's bit width.
     """
 
-    __slots__ = ("process_group", "layer_min_size", "compression_params")
+    __slots__ = ("process_group", "layer_min_size", "compression_params", "levers", "legacy",
+                 "adaptive_bits", "adapt_every", "residuals", "layer_bits", "steps", "_names",
+                 "_energy")  # fmt: skip
 
     def __init__(
         self,
         process_group: Optional[dist.ProcessGroup] = None,
         layer_min_size: int = 1024,
         compression_params: Optional[Dict[str, Any]] = None,
+        *,
+        split_layers: Optional[bool] = None,
+        error_feedback: Optional[bool] = None,
+        rotation: Optional[bool] = None,
+        mean_levels: Optional[bool] = None,
+        adaptive_bits: Optional[float] = None,
+        adapt_every: int = 50,
+        module: Optional[torch.nn.Module] = None,
+        legacy: bool = False,
     ) -> None:
         if not isinstance(layer_min_size, int) or layer_min_size < 0:
             raise ValueError(f"layer_min_size must be an integer >= 0, got {layer_min_size!r}")
@@ -46,71 +92,221 @@ class CGXState:
         if unknown:
             raise ValueError(f"unknown compression_params key(s): {sorted(unknown)}")
         CGXConfig(**params)  # validates bits / bucket_size / stochastic
+        given = {"split_layers": split_layers, "error_feedback": error_feedback,
+                 "rotation": rotation, "mean_levels": mean_levels}  # fmt: skip
+        for name, value in given.items():
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{name} must be a bool or None, got {value!r}")
+        if params.get("bucket_size") is not None and rotation:
+            _check_rotation_block(params["bucket_size"])
+        if adaptive_bits is not None:
+            if isinstance(adaptive_bits, bool) or not isinstance(adaptive_bits, (int, float)):
+                raise ValueError(f"adaptive_bits must be a number in [1, 8], got {adaptive_bits!r}")
+            if not levers.MIN_BITS <= adaptive_bits <= levers.MAX_BITS:
+                raise ValueError(f"adaptive_bits must be in [1, 8], got {adaptive_bits!r}")
+            if module is None:
+                raise ValueError("adaptive_bits needs module=model (bits are kept per layer name)")
+            if split_layers is False:
+                raise ValueError("adaptive_bits needs split_layers (bits are chosen per layer)")
+        if not isinstance(adapt_every, int) or isinstance(adapt_every, bool) or adapt_every < 1:
+            raise ValueError(f"adapt_every must be an integer >= 1, got {adapt_every!r}")
         self.process_group = process_group
         self.layer_min_size = layer_min_size
         self.compression_params = params
+        self.levers = {k: v for k, v in given.items() if v is not None}
+        if "stochastic" in params:
+            self.levers["stochastic"] = bool(params["stochastic"])
+        self.legacy = bool(legacy)
+        self.adaptive_bits = None if adaptive_bits is None else float(adaptive_bits)
+        self.adapt_every = adapt_every
+        self.residuals: Dict[Any, torch.Tensor] = {}
+        self.layer_bits: Dict[str, int] = {}
+        self.steps = 0
+        self._energy: Dict[str, float] = {}
+        self._names = {}
+        if module is not None:
+            self.attach(module, process_group)
+
+    def resolved(self, bits: int) -> Dict[str, bool]:
+        """The levers of a call at ``bits``: the given ones, the rest from ``DEFAULT_LEVERS``
+        (all off with ``legacy``)."""
+        base = dict.fromkeys(_LEVERS, False) if self.legacy else dict(DEFAULT_LEVERS[bits])
+        base.update(self.levers)
+        if self.adaptive_bits is not None:
+            base["split_layers"] = True
+        return base
+
+    def compresses(self, param: torch.Tensor) -> bool:
+        return param.dim() > 1 and param.numel() >= self.layer_min_size
+
+    def key(self, param: torch.Tensor):
+        return self._names.get(id(param), id(param))
+
+    def attach(self, module: torch.nn.Module, process_group=None) -> None:
+        """The model whose parameter names key the residuals and bits (after ``__setstate__``),
+        and the group (None: the default)."""
+        self._names = {id(p): name for name, p in module.named_parameters()}
+        self.process_group = process_group
 
     def __getstate__(self):
         # The process group cannot be pickled; it is set again after loading (PyTorch's habit).
+        if any(not isinstance(k, str) for k in self.residuals):
+            raise ValueError(
+                "CGXState keys its residuals by parameter identity, which does not survive a "
+                "restart: create it with module=model to checkpoint them"
+            )
         return {
             "layer_min_size": self.layer_min_size,
             "compression_params": self.compression_params,
+            "levers": dict(self.levers),
+            "legacy": self.legacy,
+            "adaptive_bits": self.adaptive_bits,
+            "adapt_every": self.adapt_every,
+            "residuals": {k: v.clone() for k, v in self.residuals.items()},
+            "layer_bits": dict(self.layer_bits),
+            "steps": self.steps,
         }
 
     def __setstate__(self, state):
         self.process_group = None
         self.layer_min_size = state["layer_min_size"]
         self.compression_params = state["compression_params"]
+        # States saved before the levers existed are CGX's hook: keep what they did.
+        self.levers = state.get("levers", {})
+        self.legacy = state.get("legacy", "levers" not in state)
+        self.adaptive_bits = state.get("adaptive_bits")
+        self.adapt_every = state.get("adapt_every", 50)
+        self.residuals = dict(state.get("residuals", {}))
+        self.layer_bits = dict(state.get("layer_bits", {}))
+        self.steps = state.get("steps", 0)
+        self._energy, self._names = {}, {}
 
-    def compresses(self, param: torch.Tensor) -> bool:
-        return param.dim() > 1 and param.numel() >= self.layer_min_size
 
-
-# torch.load(weights_only=True), torch's default, accepts the state (plain data).
+# torch.load(weights_only=True), torch's default, accepts the state (plain data and tensors).
 torch.serialization.add_safe_globals([CGXState])
 
 
-def _split(state: CGXState, bucket) -> List[tuple]:
-    """(offset, numel, compress) per gradient in the bucket buffer, in buffer order."""
-    spans, offset = [], 0
+def _check_rotation_block(bucket: int) -> None:
+    if not levers.valid_rotation_block(bucket):
+        raise ValueError(
+            f"rotation needs a bucket_size that is a power of two in [2, 2^20], got {bucket}"
+        )
+
+
+def _spans(state: CGXState, bucket) -> tuple:
+    """(offset, numel, param) of the compressible gradients, and of the others."""
+    spans, offset = ([], []), 0
     for p in bucket.parameters():
-        spans.append((offset, p.numel(), state.compresses(p)))
+        spans[0 if state.compresses(p) else 1].append((offset, p.numel(), p))
         offset += p.numel()
     return spans
+
+
+def _stream(state: CGXState, bucket, first) -> int:
+    """This step's random streams for ``bucket``: the step and the bucket's first compressed
+    parameter (its name when known), the same on every rank whatever index DDP gives it."""
+    key = state.key(first)
+    tag = zlib.crc32(key.encode()) if isinstance(key, str) else bucket.index()
+    return (state.steps << 20) ^ (tag & 0xFFFFF)
+
+
+def _compress(state, backend, base: CGXConfig, buf, comp, use, stream, measure) -> List[tuple]:
+    """Issues the compressed calls of ``comp`` (one per bit width); returns (work, Staged)."""
+    groups: Dict[int, List[tuple]] = {}
+    for span in comp:
+        bits = state.layer_bits.get(state.key(span[2]), base.bits)
+        groups.setdefault(bits, []).append(span)
+    bucket = base.bucket_size
+    if use["rotation"]:
+        _check_rotation_block(bucket)
+    index = {id(p): j for j, (_, _, p) in enumerate(comp)}  # the layer's rotation seed
+    calls = []
+    for bits, spans in sorted(groups.items()):
+        memory = use["error_feedback"] or use["rotation"]
+        plain = not memory and (not use["split_layers"] or len(comp) == 1)
+        dtype = torch.float32 if memory else buf.dtype
+        residuals = [state.residuals.get(state.key(p)) if use["error_feedback"] else None
+                     for _, _, p in spans]  # fmt: skip
+        residuals = [r if r is not None and r.numel() == n else None
+                     for r, (_, n, _) in zip(residuals, spans)]  # fmt: skip
+        seeds = [levers.rotation_seed(stream, index[id(p)]) for _, _, p in spans]
+        seeds = seeds if use["rotation"] else []
+        if plain and len(spans) == len(comp) and buf.numel() == sum(n for _, n, _ in spans):
+            staged = levers.Staged(buf, spans, [0], [buf.numel()], [])  # in place
+        else:
+            staged = levers.stage(buf, spans, bucket, use["split_layers"], dtype, residuals, seeds)
+        if measure:
+            for (_, _, p), start, size in zip(spans, staged.starts, staged.sizes):
+                energy = levers.range_energy(staged.tensor, start, size, bucket)
+                state._energy[state.key(p)] = (energy, p.numel())
+        if use["error_feedback"]:
+            staged.residual = torch.empty(staged.tensor.numel(), dtype=torch.float32)
+        if bits == 1 and use["mean_levels"]:
+            one = {"compressor": "onebit", "compressor_params": {"bucket_size": bucket}}
+            config = base.replace(**one).to_native()
+        else:
+            config = base.replace(bits=bits, stochastic=use["stochastic"]).to_native()
+        config.stream = stream
+        calls.append((backend.allreduce_with(staged.tensor, config, True, staged.residual), staged))
+    return calls
+
+
+def _adapt(state: CGXState, keys: List[str], energies: torch.Tensor, sizes: List[int]) -> None:
+    """Every rank: bits per layer from the summed energies (identical on every rank)."""
+    if not torch.isfinite(energies).all():
+        return  # a non-finite step (AMP's skipped steps): keep the current choice
+    bits = levers.choose_bits(energies.tolist(), sizes, state.adaptive_bits)
+    state.layer_bits = dict(zip(keys, bits))
 
 
 def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Averages the bucket: compressible layers with the state's bits, the rest exactly."""
     backend = cgx_backend(state.process_group)
-    group_config = get_config(state.process_group)
-    maxmin = group_config.replace(compressor="maxmin", compressor_params="")  # CGX's codec
-    compressed = maxmin.replace(**state.compression_params).to_native()
-    exact = exact_config(state.process_group)
+    base = get_config(state.process_group).replace(compressor="maxmin", compressor_params="")
+    base = base.replace(**state.compression_params)
     buf = bucket.buffer()
-    spans = _split(state, bucket)
-    parts = {True: [s for s in spans if s[2]], False: [s for s in spans if not s[2]]}
+    comp, exact = _spans(state, bucket)
+    if base.bits > 8:  # bits 32: everything exact
+        comp, exact = [], comp + exact
+    use = state.resolved(base.bits) if comp else {}
+    adaptive = state.adaptive_bits is not None and comp
+    measure = adaptive and state.steps % state.adapt_every == 0
+    calls = []
+    if comp:
+        stream = _stream(state, bucket, comp[0][2])
+        calls = _compress(state, backend, base, buf, comp, use, stream, measure)
+    futures = [work.get_future() for work, _ in calls]
+    exact_staged = None
+    if exact:
+        tensor = buf if not comp else torch.cat([buf[o : o + n] for o, n, _ in exact])
+        futures.append(backend.allreduce_with(tensor, exact_config(state.process_group), True)
+                       .get_future())  # fmt: skip
+        exact_staged = levers.Staged(tensor, exact, [], [], [])
+    adapt = None
+    if measure and bucket.is_last():
+        keys = sorted(state._energy)
+        energies = torch.tensor([state._energy[k][0] for k in keys], dtype=torch.float64)
+        adapt = (keys, energies, [state._energy[k][1] for k in keys])
+        state._energy = {}
+        futures.append(exact_allreduce(state.process_group, energies))
+    if bucket.is_last():
+        state.steps += 1
 
-    futures, staged = [], []
-    for compress, config in ((True, compressed), (False, exact)):
-        chosen = parts[compress]
-        if not chosen:
-            continue
-        if len(chosen) == len(spans):
-            tensor = buf  # the whole bucket: reduce in place, no staging copy
-        else:
-            tensor = torch.cat([buf[o : o + n] for o, n, _ in chosen])
-            staged.append((tensor, chosen))
-        futures.append(backend.allreduce_with(tensor, config, True).get_future())
-
-    def unstage(fut):
+    def finish(fut):
         settled(fut)
-        for tensor, chosen in staged:
+        for _, staged in calls:
+            layers = levers.unstage(staged, buf, base.bucket_size)
+            for (_, _, p), res in zip(staged.spans, layers):
+                state.residuals[state.key(p)] = res
+        if exact_staged is not None and exact_staged.tensor is not buf:
             pos = 0
-            for o, n, _ in chosen:
-                buf[o : o + n].copy_(tensor[pos : pos + n])
+            for o, n, _ in exact:
+                buf[o : o + n].copy_(exact_staged.tensor[pos : pos + n])
                 pos += n
+        if adapt is not None:
+            _adapt(state, *adapt)
         return buf
 
     if len(futures) == 1:
-        return futures[0].then(unstage)
-    return torch.futures.collect_all(futures).then(unstage)
+        return futures[0].then(finish)
+    return torch.futures.collect_all(futures).then(finish)

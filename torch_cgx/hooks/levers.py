@@ -1,0 +1,159 @@
+"""The accuracy levers of :func:`torch_cgx.cgx_hook` (docs/accuracy.md), as pure helpers.
+
+- **Layer-aligned staging**: each compressed layer starts a new max-min bucket, its last bucket
+  padded with copies of its last value (which changes neither that bucket's min nor its max),
+  so no bucket mixes two layers of different scales. Costs at most ``bucket_size - 1`` padding
+  values per layer on the wire.
+- **Rotation**: a seeded sign flip + Walsh-Hadamard transform per bucket before quantizing
+  (``torch_cgx._C.rotate_``, csrc/core/rotation.h), inverted after the allreduce. Every rank
+  rotates with the same seed, and the rotation is linear, so the ranks reduce in the rotated
+  domain. It spreads a bucket's outliers over the whole bucket and so shrinks its range.
+- **Adaptive bits** (L-GreCo's idea): a layer whose buckets have ranges ``r_k`` loses
+  ``E(b) = B * sum_k r_k^2 / (12 (2^b - 1)^2)`` (squared error of round-to-nearest with step
+  ``r / (2^b - 1)``) at ``b`` bits; :func:`choose_bits` spends a budget of code bits on the
+  layers where a bit buys the largest drop of the summed error.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Dict, List, Sequence
+
+import torch
+
+from torch_cgx import _C
+
+MIN_BITS, MAX_BITS = 1, 8
+
+
+def padded(numel: int, bucket: int, split: bool) -> int:
+    """Values a layer of ``numel`` takes in the staged buffer."""
+    return -(-numel // bucket) * bucket if split else numel
+
+
+def valid_rotation_block(bucket: int) -> bool:
+    return bucket >= 2 and bucket <= (1 << 20) and bucket & (bucket - 1) == 0
+
+
+def rotation_seed(stream: int, layer: int) -> int:
+    """The seed of one layer's rotation in one call: the same on every rank (``stream`` is the
+    call's agreed random stream), distinct per layer and step."""
+    return (stream * 1000003 + layer * 7919 + 1) % (1 << 64)
+
+
+@dataclass
+class Staged:
+    """One compressed call: the staged fp32/buffer-dtype tensor and where each layer sits."""
+
+    tensor: torch.Tensor
+    spans: List[tuple]  # (offset in the bucket buffer, numel, param) per layer
+    starts: List[int]  # position of each layer in ``tensor``
+    sizes: List[int]  # padded size of each layer in ``tensor``
+    rotations: List[tuple]  # (start, size, seed) of each rotated span (empty: no rotation)
+    residual: torch.Tensor = None  # error-feedback output of the call (fp32, like tensor)
+
+
+def stage(
+    buf: torch.Tensor,
+    spans: List[tuple],
+    bucket: int,
+    split: bool,
+    dtype: torch.dtype,
+    residuals: Sequence,
+    seeds: Sequence[int],
+) -> Staged:
+    """Copies the layers of ``spans`` out of ``buf`` (each plus its residual, when one is given),
+    pads each to whole buckets when ``split``, and rotates each layer's span with its seed when
+    ``seeds`` are given (without ``split``: the concatenation, padded at its end, with the
+    first seed)."""
+    sizes = [padded(n, bucket, split) for _, n, _ in spans]
+    starts, pos = [], 0
+    for s in sizes:
+        starts.append(pos)
+        pos += s
+    rotations = [(st, sz, seed) for st, sz, seed in zip(starts, sizes, seeds)]
+    if seeds and not split:
+        rotations = [(0, padded(pos, bucket, True), seeds[0])]
+    end = max([pos] + [st + sz for st, sz, _ in rotations])
+    out = torch.empty(end, dtype=dtype)
+    for (o, n, _), start, size, res in zip(spans, starts, sizes, residuals):
+        part = out[start : start + n]
+        part.copy_(buf[o : o + n])
+        if res is not None:
+            part += res.to(dtype)
+        if size > n:  # copies of the last value: the last bucket's min and max stay the same
+            out[start + n : start + size].copy_(part[n - 1 : n].expand(size - n))
+    if end > pos:  # the last value sent (with its residual)
+        out[pos:end].copy_(out[pos - 1 : pos].expand(end - pos))
+    for start, size, seed in rotations:
+        _C.rotate_(out[start : start + size], bucket, seed, True)
+    return Staged(out, spans, starts, sizes, rotations)
+
+
+def unstage(staged: Staged, buf: torch.Tensor, bucket: int) -> List[torch.Tensor]:
+    """Writes the reduced layers back into ``buf`` (rotated back first) and returns each layer's
+    residual in the gradient's own domain (rotated back too), or an empty list."""
+    out, res = staged.tensor, staged.residual
+    for start, size, seed in staged.rotations:
+        _C.rotate_(out[start : start + size], bucket, seed, False)
+        if res is not None:  # R^T (R x - Q(R x)) = x - R^T Q(R x): the error where x lives
+            _C.rotate_(res[start : start + size], bucket, seed, False)
+    layers = []
+    for (o, n, _), start in zip(staged.spans, staged.starts):
+        if out is not buf:
+            buf[o : o + n].copy_(out[start : start + n])
+        if res is not None:
+            layers.append(res[start : start + n])
+    return layers
+
+
+def range_energy(tensor: torch.Tensor, start: int, size: int, bucket: int) -> float:
+    """``B * sum_k r_k^2`` over the buckets of a staged layer (``size`` a multiple of B), in
+    fp64: the numerator of the layer's error at any bit width."""
+    rows = tensor[start : start + size].view(-1, bucket)
+    lo, hi = torch.aminmax(rows, dim=1)
+    r = hi.double() - lo.double()
+    return float(bucket * torch.dot(r, r))
+
+
+def error_at(energy: float, bits: int) -> float:
+    """Squared error of round-to-nearest max-min at ``bits`` of a layer of range energy
+    ``energy`` (uniform error over a step of r / (2^b - 1): variance step^2 / 12)."""
+    return energy / (12.0 * float((1 << bits) - 1) ** 2)
+
+
+def choose_bits(energies: Sequence[float], sizes: Sequence[int], budget: float) -> List[int]:
+    """Bits per layer (1..8) minimising ``sum error_at(energy_l, b_l)`` under
+    ``sum size_l * b_l <= budget * sum size_l``: every layer starts at 1 bit, then the bit that
+    removes the most error per value it costs goes next, while it fits (greedy on convex
+    per-layer curves; ties go to the earlier layer). Deterministic: the same inputs give the same
+    bits on every rank."""
+    if not MIN_BITS <= budget <= MAX_BITS:
+        raise ValueError(f"bit budget must be in [{MIN_BITS}, {MAX_BITS}], got {budget!r}")
+    bits = [MIN_BITS] * len(sizes)
+    total = sum(sizes)
+    spare = budget * total - MIN_BITS * total
+
+    def gain(i: int) -> float:
+        b = bits[i]
+        return (error_at(energies[i], b) - error_at(energies[i], b + 1)) / max(1, sizes[i])
+
+    # A bit that removes no error (a constant layer) is not worth its bytes.
+    heap = [(-gain(i), i) for i in range(len(sizes)) if sizes[i] > 0 and gain(i) > 0]
+    heapq.heapify(heap)
+    while heap:
+        _, i = heapq.heappop(heap)
+        if sizes[i] > spare + 1e-9:
+            continue  # does not fit: smaller layers may still
+        bits[i] += 1
+        spare -= sizes[i]
+        if bits[i] < MAX_BITS and gain(i) > 0:
+            heapq.heappush(heap, (-gain(i), i))
+    return bits
+
+
+def wire_bits(bits: Dict[str, int], sizes: Dict[str, int]) -> float:
+    """Average code bits per value of a per-layer choice (metadata excluded)."""
+    total = sum(sizes.values())
+    return sum(bits[k] * sizes[k] for k in sizes) / total if total else 0.0
