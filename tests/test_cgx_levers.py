@@ -121,7 +121,7 @@ def test_state_validation_and_old_checkpoints():
     with pytest.raises(ValueError, match="adapt_every"):
         CGXState(adapt_every=0)
     s = CGXState(compression_params={"bits": 2})
-    assert s.resolved(2)["error_feedback"] and s.resolved(2)["split_layers"]
+    assert s.resolved(2)["rotation"] and s.resolved(2)["split_layers"]
     assert not CGXState(legacy=True).resolved(2)["error_feedback"]
     assert CGXState().resolved(1)["mean_levels"] and not CGXState().resolved(2)["mean_levels"]
     assert CGXState(legacy=True, error_feedback=True).resolved(2)["error_feedback"]

@@ -36,9 +36,9 @@ def make_model() -> torch.nn.Module:
 def make_state(name: str, model):
     from torch_cgx import hooks
 
-    if name.startswith("cgx"):  # residuals (error feedback on at 4 and 2 bits), per-layer bits
-        extra = {"cgx_rotation": {"rotation": True}, "cgx_adaptive": {"adaptive_bits": 3.0,
-                 "adapt_every": 2}}.get(name, {})  # fmt: skip
+    if name.startswith("cgx"):  # residuals, the step (rotation seeds), per-layer bits
+        extra = {"cgx": {"error_feedback": True}, "cgx_rotation": {"rotation": True},
+                 "cgx_adaptive": {"adaptive_bits": 3.0, "adapt_every": 2}}[name]  # fmt: skip
         bits = 4 if name == "cgx" else 2
         params = {"bits": bits, "bucket_size": 64}
         return hooks.CGXState(compression_params=params, module=model, **extra), hooks.cgx_hook
