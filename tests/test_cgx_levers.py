@@ -206,8 +206,13 @@ def body_residual_algebra(rank, world, kwargs):
         {"params": {"bits": 1}, "mean_levels": True},
         {"params": {"bits": 3, "stochastic": True}, "legacy": True},
     ],
-    ids=["4bit-layers", "2bit-rotation", "1bit-rotation-straddling", "1bit-means",
-         "3bit-stochastic-legacy"],  # fmt: skip
+    ids=[
+        "4bit-layers",
+        "2bit-rotation",
+        "1bit-rotation-straddling",
+        "1bit-means",
+        "3bit-stochastic-legacy",
+    ],  # fmt: skip
 )
 def test_error_feedback_algebra_on_real_ranks(kwargs):
     run_ranks(body_residual_algebra, 2, kwargs)

@@ -31,8 +31,13 @@ __all__ = ["CGXState", "cgx_hook", "DEFAULT_LEVERS"]
 # Error feedback is off: with AdamW it cost accuracy at every width measured (turn it on for
 # SGD at 1 bit, where it keeps training from diverging).
 DEFAULT_LEVERS = {
-    b: {"split_layers": True, "error_feedback": False, "rotation": b <= 4, "stochastic": False,
-        "mean_levels": b == 1}  # fmt: skip
+    b: {
+        "split_layers": True,
+        "error_feedback": False,
+        "rotation": b <= 4,
+        "stochastic": False,
+        "mean_levels": b == 1,
+    }  # fmt: skip
     for b in range(1, 9)
 }
 _LEVERS = ("split_layers", "error_feedback", "rotation", "stochastic", "mean_levels")
