@@ -271,6 +271,8 @@ def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[t
     if base.bits > 8:  # bits 32: everything exact
         comp, exact = [], comp + exact
     use = state.resolved(base.bits) if comp else {}
+    if comp and "stochastic" not in state.levers:
+        use["stochastic"] = base.stochastic  # the group's (CGX_COMPRESSION_STOCHASTIC)
     adaptive = state.adaptive_bits is not None and comp
     measure = adaptive and state.steps % state.adapt_every == 0
     calls = []
