@@ -36,11 +36,11 @@ void signs(float* x, int64_t b, RngKey key, float scale) {
   }
 }
 
+// The scale commutes with H, so it rides on the sign pass: two passes per block either way.
 void one_block(float* x, int64_t b, RngKey key, float scale, bool forward) {
   if (forward) {
-    signs(x, b, key, 1.0f);
+    signs(x, b, key, scale);
     hadamard(x, b);
-    for (int64_t j = 0; j < b; ++j) x[j] *= scale;
   } else {
     hadamard(x, b);
     signs(x, b, key, scale);

@@ -5,12 +5,12 @@
 
 #include <cfloat>
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include "core/codec.h"
 #include "core/codec_kernels.h"
 #include "core/thread_pool.h"
+#include "test_values.h"
 
 namespace cgx {
 namespace {
@@ -21,13 +21,7 @@ std::vector<uint8_t> encode_vec(const std::vector<float>& x, const CodecParams& 
   return out;
 }
 
-std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f, float offset = 0.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(offset, scale);
-  std::vector<float> x(n);
-  for (auto& v : x) v = d(gen);
-  return x;
-}
+using testing::normal_floats;
 
 // docs/FORMAT.md, "Error bound": unit * (1/2 + 4 L 2^-24) + 2^-23 max(|mn|, |mx|) + 2^-149 (L+1).
 void expect_within_bound(const std::vector<float>& x, const std::vector<float>& y, int bits,
@@ -65,7 +59,7 @@ TEST(CodecProperty, WireSizeAndErrorBound) {
           p.bits = bits;
           p.bucket_size = bucket;
           p.skip_incomplete_buckets = raw;
-          auto x = random_vec(size_t(n), uint32_t(n * 31 + bits), 3.0f, 1.0f);
+          auto x = normal_floats(size_t(n), uint32_t(n * 31 + bits), 3.0f, 1.0f);
           auto enc = encode_vec(x, p);
           const int64_t nq = raw ? n - n % bucket : n;
           const size_t want = 24 + 8 * size_t((nq + bucket - 1) / bucket) +
@@ -74,7 +68,7 @@ TEST(CodecProperty, WireSizeAndErrorBound) {
           std::vector<float> y(size_t(n), -7.0f);
           decode(enc.data(), enc.size(), y.data(), DType::kFloat32, n);
           expect_within_bound(x, y, bits, bucket, nq);
-          std::vector<float> acc = random_vec(size_t(n), 99);
+          std::vector<float> acc = normal_floats(size_t(n), 99);
           std::vector<float> want_acc(acc);
           for (size_t i = 0; i < acc.size(); ++i) want_acc[i] += y[i];
           decode_add(enc.data(), enc.size(), acc.data(), DType::kFloat32, n);
@@ -86,7 +80,7 @@ TEST(CodecProperty, WireSizeAndErrorBound) {
 }
 
 TEST(CodecProperty, SameBytesAcrossThreadsAndInstructionSets) {
-  auto x = random_vec(3 << 20, 5);  // several spans
+  auto x = normal_floats(3 << 20, 5);  // several spans
   for (auto rounding : {Rounding::kNearest, Rounding::kStochastic}) {
     CodecParams p;
     p.bits = 5;

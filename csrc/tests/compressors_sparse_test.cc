@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/primitives.h"
 #include "core/rng.h"
+#include "test_values.h"
 
 namespace cgx {
 namespace {
@@ -78,11 +79,7 @@ float param1_float(const Bytes& p) {
 }
 
 std::vector<float> normal(int64_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(n));
-  for (auto& v : x) v = d(gen);
-  return x;
+  return testing::normal_floats(static_cast<size_t>(n), seed);
 }
 
 // x = {0.5, -4, 1, 3, -0.25, 2}; fp32 bits: -4 c0800000, 1 3f800000, 3 40400000, 2 40000000.

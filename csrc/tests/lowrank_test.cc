@@ -5,19 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 #include <vector>
+
+#include "test_values.h"
 
 namespace cgx {
 namespace {
 
-std::vector<float> random_values(size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
+using testing::normal_floats;
 
 struct Case {
   int64_t rows, cols;
@@ -28,9 +23,9 @@ class Lowrank : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Lowrank, AddAndProjectIsTheProductOfTheSum) {
   const auto [rows, cols, rank] = GetParam();
-  auto m = random_values(size_t(rows * cols), 1);
-  const auto e = random_values(size_t(rows * cols), 2);
-  const auto qt = random_values(size_t(rank) * size_t(cols), 3);
+  auto m = normal_floats(size_t(rows * cols), 1);
+  const auto e = normal_floats(size_t(rows * cols), 2);
+  const auto qt = normal_floats(size_t(rank) * size_t(cols), 3);
   std::vector<float> p(size_t(rows) * size_t(rank), -1.f);
   const auto m0 = m;
   lowrank::add_and_project(m.data(), e.data(), qt.data(), p.data(), rows, cols, rank);
@@ -57,9 +52,9 @@ TEST_P(Lowrank, AddAndProjectIsTheProductOfTheSum) {
 
 TEST_P(Lowrank, DecompressWritesTheProductAndTheError) {
   const auto [rows, cols, rank] = GetParam();
-  auto m = random_values(size_t(rows * cols), 4);
-  const auto p = random_values(size_t(rows) * size_t(rank), 5);
-  const auto qt = random_values(size_t(rank) * size_t(cols), 6);
+  auto m = normal_floats(size_t(rows * cols), 4);
+  const auto p = normal_floats(size_t(rows) * size_t(rank), 5);
+  const auto qt = normal_floats(size_t(rank) * size_t(cols), 6);
   std::vector<float> err(m.size(), -1.f);
   const auto m0 = m;
   lowrank::decompress(m.data(), err.data(), p.data(), qt.data(), rows, cols, rank);
@@ -80,8 +75,8 @@ TEST_P(Lowrank, DecompressWritesTheProductAndTheError) {
 
 TEST_P(Lowrank, TransposeProjectIsPTransposedTimesM) {
   const auto [rows, cols, rank] = GetParam();
-  const auto m = random_values(size_t(rows * cols), 7);
-  const auto p = random_values(size_t(rows) * size_t(rank), 8);
+  const auto m = normal_floats(size_t(rows * cols), 7);
+  const auto p = normal_floats(size_t(rows) * size_t(rank), 8);
   std::vector<float> qt(size_t(rank) * size_t(cols), -1.f);
   lowrank::transpose_project(m.data(), p.data(), qt.data(), rows, cols, rank);
   for (int k = 0; k < rank; ++k) {

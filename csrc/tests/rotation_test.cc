@@ -5,22 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "test_values.h"
 
 namespace cgx {
 namespace {
 
-std::vector<float> random_values(size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
+using testing::normal_floats;
 
 // Entry (r, c) of the Sylvester Hadamard matrix: (-1)^popcount(r & c).
 double hadamard_entry(int64_t r, int64_t c) { return __builtin_popcountll(r & c) % 2 ? -1.0 : 1.0; }
@@ -40,7 +34,7 @@ class Rotation : public ::testing::TestWithParam<int64_t> {};
 TEST_P(Rotation, MatchesTheDenseDefinition) {
   const int64_t b = GetParam();
   const int64_t blocks = 3;
-  auto x = random_values(size_t(b * blocks), 1);
+  auto x = normal_floats(size_t(b * blocks), 1);
   auto y = x;
   rotation::rotate(y.data(), int64_t(y.size()), b, 42, true);
   for (int64_t k = 0; k < blocks; ++k) {
@@ -62,7 +56,7 @@ TEST_P(Rotation, MatchesTheDenseDefinition) {
 
 TEST_P(Rotation, RoundTripAndNorm) {
   const int64_t b = GetParam();
-  auto x = random_values(size_t(b * 5), 2);
+  auto x = normal_floats(size_t(b * 5), 2);
   auto y = x;
   rotation::rotate(y.data(), int64_t(y.size()), b, 7, true);
   double nx = 0, ny = 0;
@@ -80,7 +74,7 @@ TEST(RotationProps, SpreadsAnOutlier) {
   // One value of 1000 among small ones: after rotating, every value of its block is about
   // 1000 / sqrt(B), so the block's range shrinks from ~1000 to ~2 * 1000 / sqrt(B).
   const int64_t b = 1024;
-  auto x = random_values(size_t(b), 3);
+  auto x = normal_floats(size_t(b), 3);
   for (auto& v : x) v *= 0.01f;
   x[17] = 1000.f;
   rotation::rotate(x.data(), b, b, 5, true);
@@ -91,7 +85,7 @@ TEST(RotationProps, SpreadsAnOutlier) {
 
 TEST(RotationProps, LinearAcrossRanksAndSeedsMatter) {
   const int64_t b = 256, n = b * 8;
-  auto a = random_values(size_t(n), 4), c = random_values(size_t(n), 5);
+  auto a = normal_floats(size_t(n), 4), c = normal_floats(size_t(n), 5);
   std::vector<float> sum(static_cast<size_t>(n), 0.f);
   for (int64_t i = 0; i < n; ++i) sum[size_t(i)] = a[size_t(i)] + c[size_t(i)];
   auto ra = a, rc = c, rs = sum, other = a;
@@ -109,7 +103,7 @@ TEST(RotationProps, LinearAcrossRanksAndSeedsMatter) {
 
 TEST(RotationProps, SameBitsOnAnyThreadCount) {
   const int64_t b = 64, n = b * 4096;  // 256 Ki values: several tasks
-  const auto x = random_values(size_t(n), 6);
+  const auto x = normal_floats(size_t(n), 6);
   const int saved = num_threads();
   std::vector<std::vector<float>> out;
   for (int threads : {1, 2, 4}) {

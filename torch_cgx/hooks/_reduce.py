@@ -4,7 +4,8 @@ the caller's thread, so the hooks' collectives keep one order on every rank."""
 
 from __future__ import annotations
 
-from typing import Optional
+import zlib
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -35,6 +36,25 @@ def then_value(fut: torch.futures.Future, value):
         return value
 
     return fut.then(back)
+
+
+def bucket_spans(state, bucket) -> Tuple[List[tuple], List[tuple]]:
+    """(offset, numel, param) of the gradients ``state.compresses``, and of the others, in the
+    order of the bucket's buffer."""
+    spans, offset = ([], []), 0
+    for p in bucket.parameters():
+        spans[0 if state.compresses(p) else 1].append((offset, p.numel(), p))
+        offset += p.numel()
+    return spans
+
+
+def call_stream(state, bucket, first) -> int:
+    """The random streams of this step's call for ``bucket``: ``state.steps`` and the bucket's
+    first compressed parameter (``state.key``: its name when known), the same on every rank and
+    after a checkpoint, whatever index DDP gives the bucket."""
+    key = state.key(first)
+    tag = zlib.crc32(key.encode()) if isinstance(key, str) else bucket.index()
+    return (state.steps << 20) ^ (tag & 0xFFFFF)
 
 
 def exact_config(group: Optional[dist.ProcessGroup]):

@@ -14,7 +14,6 @@ error feedback, no rotation).
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at run time.
-import zlib
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -23,7 +22,13 @@ import torch.distributed as dist
 from torch_cgx.backend import cgx_backend, get_config
 from torch_cgx.config import CGXConfig
 from torch_cgx.hooks import levers
-from torch_cgx.hooks._reduce import exact_allreduce, exact_config, settled
+from torch_cgx.hooks._reduce import (
+    bucket_spans,
+    call_stream,
+    exact_allreduce,
+    exact_config,
+    settled,
+)
 
 __all__ = ["CGXState", "cgx_hook", "DEFAULT_LEVERS"]
 
@@ -195,52 +200,38 @@ def _check_rotation_block(bucket: int) -> None:
         )
 
 
-def _spans(state: CGXState, bucket) -> tuple:
-    """(offset, numel, param) of the compressible gradients, and of the others."""
-    spans, offset = ([], []), 0
-    for p in bucket.parameters():
-        spans[0 if state.compresses(p) else 1].append((offset, p.numel(), p))
-        offset += p.numel()
-    return spans
+def _stage(buf, spans, whole: bool, bucket: int, split: bool, dtype, residuals, seeds):
+    """The tensor one call reduces: ``buf`` itself when the call covers the whole bucket with
+    nothing to add, pad or rotate; else a staged copy (levers.stage)."""
+    alone = not split or len(spans) == 1  # a lone layer cannot straddle
+    if whole and alone and not seeds and not any(r is not None for r in residuals):
+        return levers.Staged(buf, spans, [0], [buf.numel()], [])
+    return levers.stage(buf, spans, bucket, split, dtype, residuals, seeds)
 
 
-def _stream(state: CGXState, bucket, first) -> int:
-    """This step's random streams for ``bucket``: the step and the bucket's first compressed
-    parameter (its name when known), the same on every rank whatever index DDP gives it."""
-    key = state.key(first)
-    tag = zlib.crc32(key.encode()) if isinstance(key, str) else bucket.index()
-    return (state.steps << 20) ^ (tag & 0xFFFFF)
-
-
-def _compress(state, backend, base: CGXConfig, buf, comp, use, stream, measure) -> List[tuple]:
+def _compress(state, backend, base: CGXConfig, buf, comp, use, stream, whole, measure):
     """Issues the compressed calls of ``comp`` (one per bit width); returns (work, Staged)."""
     groups: Dict[int, List[tuple]] = {}
     for span in comp:
-        bits = state.layer_bits.get(state.key(span[2]), base.bits)
-        groups.setdefault(bits, []).append(span)
+        groups.setdefault(state.layer_bits.get(state.key(span[2]), base.bits), []).append(span)
     bucket = base.bucket_size
     if use["rotation"]:
         _check_rotation_block(bucket)
-    index = {id(p): j for j, (_, _, p) in enumerate(comp)}  # the layer's rotation seed
+    seed_of = {id(p): levers.rotation_seed(stream, j) for j, (_, _, p) in enumerate(comp)}
+    # fp32 staging where residuals are added or values rotated.
+    dtype = torch.float32 if use["error_feedback"] or use["rotation"] else buf.dtype
+    split = use["split_layers"]
     calls = []
     for bits, spans in sorted(groups.items()):
-        memory = use["error_feedback"] or use["rotation"]
-        plain = not memory and (not use["split_layers"] or len(comp) == 1)
-        dtype = torch.float32 if memory else buf.dtype
-        residuals = [state.residuals.get(state.key(p)) if use["error_feedback"] else None
-                     for _, _, p in spans]  # fmt: skip
-        residuals = [r if r is not None and r.numel() == n else None
-                     for r, (_, n, _) in zip(residuals, spans)]  # fmt: skip
-        seeds = [levers.rotation_seed(stream, index[id(p)]) for _, _, p in spans]
-        seeds = seeds if use["rotation"] else []
-        if plain and len(spans) == len(comp) and buf.numel() == sum(n for _, n, _ in spans):
-            staged = levers.Staged(buf, spans, [0], [buf.numel()], [])  # in place
-        else:
-            staged = levers.stage(buf, spans, bucket, use["split_layers"], dtype, residuals, seeds)
+        residuals = [_residual(state, p, n) if use["error_feedback"] else None
+                     for _, n, p in spans]  # fmt: skip
+        seeds = [seed_of[id(p)] for _, _, p in spans] if use["rotation"] else []
+        one_call = whole and len(groups) == 1
+        staged = _stage(buf, spans, one_call, bucket, split, dtype, residuals, seeds)
         if measure:
-            for (_, _, p), start, size in zip(spans, staged.starts, staged.sizes):
+            for (_, n, p), start, size in zip(spans, staged.starts, staged.sizes):
                 energy = levers.range_energy(staged.tensor, start, size, bucket)
-                state._energy[state.key(p)] = (energy, p.numel())
+                state._energy[state.key(p)] = (energy, n)
         if use["error_feedback"]:
             staged.residual = torch.empty(staged.tensor.numel(), dtype=torch.float32)
         if bits == 1 and use["mean_levels"]:
@@ -251,6 +242,12 @@ def _compress(state, backend, base: CGXConfig, buf, comp, use, stream, measure) 
         config.stream = stream
         calls.append((backend.allreduce_with(staged.tensor, config, True, staged.residual), staged))
     return calls
+
+
+def _residual(state: CGXState, param, numel: int):
+    """The residual kept for ``param``, or None (none yet, or a layer that changed size)."""
+    r = state.residuals.get(state.key(param))
+    return r if r is not None and r.numel() == numel else None
 
 
 def _adapt(state: CGXState, keys: List[str], energies: torch.Tensor, sizes: List[int]) -> None:
@@ -267,25 +264,23 @@ def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[t
     base = get_config(state.process_group).replace(compressor="maxmin", compressor_params="")
     base = base.replace(**state.compression_params)
     buf = bucket.buffer()
-    comp, exact = _spans(state, bucket)
+    comp, exact = bucket_spans(state, bucket)
     if base.bits > 8:  # bits 32: everything exact
         comp, exact = [], comp + exact
-    use = state.resolved(base.bits) if comp else {}
-    if comp and "stochastic" not in state.levers:
-        use["stochastic"] = base.stochastic  # the group's (CGX_COMPRESSION_STOCHASTIC)
-    adaptive = state.adaptive_bits is not None and comp
-    measure = adaptive and state.steps % state.adapt_every == 0
     calls = []
+    measure = bool(comp) and state.adaptive_bits is not None
+    measure = measure and state.steps % state.adapt_every == 0
     if comp:
-        stream = _stream(state, bucket, comp[0][2])
-        calls = _compress(state, backend, base, buf, comp, use, stream, measure)
-    futures = [work.get_future() for work, _ in calls]
-    exact_staged = None
+        use = state.resolved(base.bits)
+        if "stochastic" not in state.levers:
+            use["stochastic"] = base.stochastic  # the group's (CGX_COMPRESSION_STOCHASTIC)
+        stream = call_stream(state, bucket, comp[0][2])
+        calls = _compress(state, backend, base, buf, comp, use, stream, not exact, measure)
     if exact:
-        tensor = buf if not comp else torch.cat([buf[o : o + n] for o, n, _ in exact])
-        futures.append(backend.allreduce_with(tensor, exact_config(state.process_group), True)
-                       .get_future())  # fmt: skip
-        exact_staged = levers.Staged(tensor, exact, [], [], [])
+        staged = _stage(buf, exact, not comp, 1, False, buf.dtype, [None] * len(exact), [])
+        work = backend.allreduce_with(staged.tensor, exact_config(state.process_group), True)
+        calls.append((work, staged))
+    futures = [work.get_future() for work, _ in calls]
     adapt = None
     if measure and bucket.is_last():
         keys = sorted(state._energy)
@@ -302,11 +297,6 @@ def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[t
             layers = levers.unstage(staged, buf, base.bucket_size)
             for (_, _, p), res in zip(staged.spans, layers):
                 state.residuals[state.key(p)] = res
-        if exact_staged is not None and exact_staged.tensor is not buf:
-            pos = 0
-            for o, n, _ in exact:
-                buf[o : o + n].copy_(exact_staged.tensor[pos : pos + n])
-                pos += n
         if adapt is not None:
             _adapt(state, *adapt)
         return buf

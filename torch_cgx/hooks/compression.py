@@ -27,7 +27,6 @@ The delivered gradient then already holds the momentum: use the optimizer withou
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at run time.
-import zlib
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -35,7 +34,7 @@ import torch.distributed as dist
 
 from torch_cgx import compressors
 from torch_cgx.backend import cgx_backend, get_config
-from torch_cgx.hooks._reduce import exact_config, settled
+from torch_cgx.hooks._reduce import bucket_spans, call_stream, exact_config, settled
 
 __all__ = ["CompressionState", "compression_hook"]
 
@@ -180,23 +179,6 @@ class CompressionState:
         native.stream = stream
         return native
 
-    def stream(self, bucket, first) -> int:
-        """The random streams of this step's call for ``bucket``: the step count and the
-        bucket's first compressed parameter (its name when known), the same on every rank and
-        after a checkpoint, whatever index DDP gives the bucket."""
-        key = self.key(first)
-        tag = zlib.crc32(key.encode()) if isinstance(key, str) else bucket.index()
-        return (self.steps << 20) ^ (tag & 0xFFFFF)
-
-
-def _spans(state: CompressionState, bucket) -> List[tuple]:
-    """(offset, numel, param) of the compressible gradients, and of the others."""
-    spans, offset = ([], []), 0
-    for p in bucket.parameters():
-        spans[0 if state.compresses(p) else 1].append((offset, p.numel(), p))
-        offset += p.numel()
-    return spans
-
 
 def _stage(buf: torch.Tensor, spans: List[tuple], whole: bool) -> torch.Tensor:
     return buf if whole else torch.cat([buf[o : o + n] for o, n, _ in spans])
@@ -244,7 +226,7 @@ def compression_hook(
     the rest exactly."""
     backend = cgx_backend(state.process_group)
     buf = bucket.buffer()
-    comp, exact = _spans(state, bucket)
+    comp, exact = bucket_spans(state, bucket)
     futures, staged = [], []
     if comp:
         tensor = _stage(buf, comp, not exact)
@@ -252,7 +234,7 @@ def compression_hook(
         residual = None
         if state.error_feedback:
             residual = torch.empty(tensor.numel(), dtype=torch.float32)
-        config = state.native_config(state.stream(bucket, comp[0][2]))
+        config = state.native_config(call_stream(state, bucket, comp[0][2]))
         if state.plan == "auto":
             config = _planned(backend, config, tensor.numel())
         futures.append(backend.allreduce_with(tensor, config, True, residual))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import List, Sequence
 
 import torch
 
@@ -109,12 +109,18 @@ def unstage(staged: Staged, buf: torch.Tensor, bucket: int) -> List[torch.Tensor
 
 
 def range_energy(tensor: torch.Tensor, start: int, size: int, bucket: int) -> float:
-    """``B * sum_k r_k^2`` over the buckets of a staged layer (``size`` a multiple of B), in
-    fp64: the numerator of the layer's error at any bit width."""
-    rows = tensor[start : start + size].view(-1, bucket)
-    lo, hi = torch.aminmax(rows, dim=1)
+    """``sum_k n_k r_k^2`` over the buckets of a staged layer (n_k values of range r_k; a short
+    last bucket counts its own length), in fp64: the numerator of the layer's error at any bit
+    width."""
+    span = tensor[start : start + size]
+    full = size - size % bucket
+    lo, hi = torch.aminmax(span[:full].view(-1, bucket), dim=1)
     r = hi.double() - lo.double()
-    return float(bucket * torch.dot(r, r))
+    energy = bucket * float(torch.dot(r, r))
+    if full < size:
+        t_lo, t_hi = torch.aminmax(span[full:])
+        energy += (size - full) * (float(t_hi) - float(t_lo)) ** 2
+    return energy
 
 
 def error_at(energy: float, bits: int) -> float:
@@ -151,9 +157,3 @@ def choose_bits(energies: Sequence[float], sizes: Sequence[int], budget: float) 
         if bits[i] < MAX_BITS and gain(i) > 0:
             heapq.heappush(heap, (-gain(i), i))
     return bits
-
-
-def wire_bits(bits: Dict[str, int], sizes: Dict[str, int]) -> float:
-    """Average code bits per value of a per-layer choice (metadata excluded)."""
-    total = sum(sizes.values())
-    return sum(bits[k] * sizes[k] for k in sizes) / total if total else 0.0
