@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "clones.h"
+
 namespace cgx::lowrank {
 namespace {
 
@@ -24,15 +26,7 @@ inline double dot(const float* x, const float* y, int64_t n) {
 
 }  // namespace
 
-// One copy for AVX2 and one baseline, chosen at load time: the same arithmetic in the same order
-// (no FMA: the build sets -ffp-contract=off), so every machine writes the same bits. The
-// ThreadSanitizer build has one copy: its runtime is not up yet when the loader runs the
-// resolver that picks a clone, and the instrumented resolver crashes.
-#if defined(__SANITIZE_THREAD__)
-#define CGX_CLONES
-#else
-#define CGX_CLONES __attribute__((target_clones("avx2", "default")))
-#endif
+// AVX2 and baseline copies (clones.h).
 CGX_CLONES void add_and_project(float* m, const float* e, const float* qt, float* p, int64_t rows,
                                 int64_t cols, int rank) {
   double acc[64];

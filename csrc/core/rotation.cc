@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
+#include "clones.h"
 #include "error.h"
 #include "rng.h"
 #include "thread_pool.h"
@@ -10,13 +12,32 @@
 namespace cgx::rotation {
 namespace {
 
+// The three butterfly passes with h = 1, 2, 4 on each group of 8 values, written out: the
+// generic loop's operations in its order (the same bits), without its 1-, 2- and 4-long loops.
+inline void hadamard8(float* x, int64_t b) {
+  for (int64_t i = 0; i < b; i += 8) {
+    float* v = x + i;
+    const float a0 = v[0] + v[1], a1 = v[0] - v[1], a2 = v[2] + v[3], a3 = v[2] - v[3];
+    const float a4 = v[4] + v[5], a5 = v[4] - v[5], a6 = v[6] + v[7], a7 = v[6] - v[7];
+    const float b0 = a0 + a2, b2 = a0 - a2, b1 = a1 + a3, b3 = a1 - a3;
+    const float b4 = a4 + a6, b6 = a4 - a6, b5 = a5 + a7, b7 = a5 - a7;
+    v[0] = b0 + b4, v[4] = b0 - b4, v[1] = b1 + b5, v[5] = b1 - b5;
+    v[2] = b2 + b6, v[6] = b2 - b6, v[3] = b3 + b7, v[7] = b3 - b7;
+  }
+}
+
 // The unnormalised Walsh-Hadamard transform of x[0, b), in place: log2(b) butterfly passes.
-void hadamard(float* x, int64_t b) {
-  for (int64_t h = 1; h < b; h *= 2) {
+inline void hadamard(float* x, int64_t b) {
+  int64_t h = 1;
+  if (b >= 8) {
+    hadamard8(x, b);
+    h = 8;
+  }
+  for (; h < b; h *= 2) {
     for (int64_t i = 0; i < b; i += 2 * h) {
       float* lo = x + i;
       float* hi = x + i + h;
-      for (int64_t j = 0; j < h; ++j) {  // contiguous for h >= 8: vectorized
+      for (int64_t j = 0; j < h; ++j) {  // contiguous, >= 8 long: vectorized
         const float a = lo[j], c = hi[j];
         lo[j] = a + c;
         hi[j] = a - c;
@@ -25,29 +46,42 @@ void hadamard(float* x, int64_t b) {
   }
 }
 
-// x[j] *= scale * (sign bit j of the block's stream ? -1 : 1).
-void signs(float* x, int64_t b, RngKey key, float scale) {
+// x[j] = +-x[j] * scale, the sign flipped where bit j of the block's stream is set (an XOR of
+// the sign bit: the same bits as multiplying by -scale, without a branch).
+inline void signs(float* x, int64_t b, RngKey key, float scale) {
   for (int64_t j = 0; j < b; j += 32) {
     const uint32_t bits = rng_bits(key, uint64_t(j >> 5));
     const int64_t end = std::min<int64_t>(32, b - j);
     for (int64_t k = 0; k < end; ++k) {
-      x[j + k] *= ((bits >> k) & 1u) ? -scale : scale;
+      uint32_t u;
+      std::memcpy(&u, &x[j + k], 4);
+      u ^= ((bits >> k) & 1u) << 31;
+      float f;
+      std::memcpy(&f, &u, 4);
+      x[j + k] = f * scale;
     }
   }
 }
 
-// The scale commutes with H, so it rides on the sign pass: two passes per block either way.
-void one_block(float* x, int64_t b, RngKey key, float scale, bool forward) {
-  if (forward) {
-    signs(x, b, key, scale);
-    hadamard(x, b);
-  } else {
-    hadamard(x, b);
-    signs(x, b, key, scale);
+}  // namespace
+
+// Blocks [first, last) of x (external linkage: target_clones needs it), AVX2 and baseline copies
+// (clones.h). The scale commutes with H, so it rides on the sign pass: two passes per block either
+// way.
+CGX_CLONES void rotate_blocks(float* x, int64_t first, int64_t last, int64_t b, uint64_t seed,
+                              float scale, bool forward) {
+  for (int64_t k = first; k < last; ++k) {
+    float* block = x + k * b;
+    const RngKey key = rng_key(seed, uint64_t(k));
+    if (forward) {
+      signs(block, b, key, scale);
+      hadamard(block, b);
+    } else {
+      hadamard(block, b);
+      signs(block, b, key, scale);
+    }
   }
 }
-
-}  // namespace
 
 bool valid_block(int64_t block) {
   return block >= kMinBlock && block <= kMaxBlock && (block & (block - 1)) == 0;
@@ -64,10 +98,8 @@ void rotate(float* x, int64_t n, int64_t block, uint64_t seed, bool forward) {
   const int64_t per_task = std::max<int64_t>(1, (int64_t(1) << 16) / block);
   const int64_t tasks = (blocks + per_task - 1) / per_task;
   auto run = [&](int64_t t) {
-    const int64_t end = std::min(blocks, (t + 1) * per_task);
-    for (int64_t k = t * per_task; k < end; ++k) {
-      one_block(x + k * block, block, rng_key(seed, uint64_t(k)), scale, forward);
-    }
+    rotate_blocks(x, t * per_task, std::min(blocks, (t + 1) * per_task), block, seed, scale,
+                  forward);
   };
   if (tasks <= 1) {
     if (tasks == 1) run(0);
