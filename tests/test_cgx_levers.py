@@ -118,6 +118,12 @@ def test_state_validation_and_old_checkpoints():
         CGXState(adaptive_bits=3, module=model, split_layers=False)
     with pytest.raises(ValueError, match="error_feedback"):
         CGXState(error_feedback="yes")
+    with pytest.raises(ValueError, match="stochastic"):
+        CGXState(compression_params={"stochastic": True}, stochastic=False)
+    assert CGXState(compression_params={"stochastic": True}).levers["stochastic"] is True
+    assert CGXState(stochastic=True).levers["stochastic"] is True
+    assert CGXState().resolved(4, True)["stochastic"]  # unless given: the group's rounding
+    assert not CGXState(stochastic=False).resolved(4, True)["stochastic"]
     with pytest.raises(ValueError, match="adapt_every"):
         CGXState(adapt_every=0)
     s = CGXState(compression_params={"bits": 2})

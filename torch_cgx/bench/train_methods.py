@@ -232,8 +232,6 @@ def wrap(model: torch.nn.Module, method: str, gloo, args) -> tuple:
             return ddp, state
         bits, kwargs = variant
         params = {"bits": bits, "bucket_size": args.bucket_size}
-        if "stochastic" in kwargs:
-            params["stochastic"] = kwargs.pop("stochastic")
         state = torch_cgx.CGXState(dist.group.WORLD, args.layer_min_size, params, module=model,
                                    **kwargs)  # fmt: skip
         ddp.register_comm_hook(state, torch_cgx.cgx_hook)

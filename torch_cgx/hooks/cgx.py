@@ -40,12 +40,11 @@ DEFAULT_LEVERS = {
         "split_layers": True,
         "error_feedback": False,
         "rotation": b <= 4,
-        "stochastic": False,
         "mean_levels": b == 1,
     }  # fmt: skip
     for b in range(1, 9)
 }
-_LEVERS = ("split_layers", "error_feedback", "rotation", "stochastic", "mean_levels")
+_LEVERS = ("split_layers", "error_feedback", "rotation", "mean_levels")
 
 
 class CGXState:
@@ -63,6 +62,8 @@ class CGXState:
             size must then be a power of two).
         mean_levels: at 1 bit, a bucket's two levels are the means of its negative and of its
             non-negative values (onebit's payload, the same size) instead of its min and max.
+        stochastic: stochastic rounding (also ``compression_params["stochastic"]``; None and
+            absent there: the group's setting).
         adaptive_bits: an average number of code bits per compressed value (1..8): every
             ``adapt_every`` steps the layers' errors are measured, summed over the ranks, and
             bits per layer chosen to minimise the total error within that budget. Needs
@@ -87,6 +88,7 @@ class CGXState:
         error_feedback: Optional[bool] = None,
         rotation: Optional[bool] = None,
         mean_levels: Optional[bool] = None,
+        stochastic: Optional[bool] = None,
         adaptive_bits: Optional[float] = None,
         adapt_every: int = 50,
         module: Optional[torch.nn.Module] = None,
@@ -99,8 +101,13 @@ class CGXState:
         if unknown:
             raise ValueError(f"unknown compression_params key(s): {sorted(unknown)}")
         CGXConfig(**params)  # validates bits / bucket_size / stochastic
+        if stochastic is None and "stochastic" in params:  # CGX's way of asking
+            stochastic = bool(params["stochastic"])  # validated by CGXConfig above
+        elif stochastic is not None and params.get("stochastic", stochastic) != stochastic:
+            raise ValueError("stochastic and compression_params['stochastic'] differ")
         given = {"split_layers": split_layers, "error_feedback": error_feedback,
-                 "rotation": rotation, "mean_levels": mean_levels}  # fmt: skip
+                 "rotation": rotation, "mean_levels": mean_levels,
+                 "stochastic": stochastic}  # fmt: skip
         for name, value in given.items():
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name} must be a bool or None, got {value!r}")
@@ -121,8 +128,6 @@ class CGXState:
         self.layer_min_size = layer_min_size
         self.compression_params = params
         self.levers = {k: v for k, v in given.items() if v is not None}
-        if "stochastic" in params:
-            self.levers["stochastic"] = bool(params["stochastic"])
         self.legacy = bool(legacy)
         self.adaptive_bits = None if adaptive_bits is None else float(adaptive_bits)
         self.adapt_every = adapt_every
@@ -134,10 +139,11 @@ class CGXState:
         if module is not None:
             self.attach(module, process_group)
 
-    def resolved(self, bits: int) -> Dict[str, bool]:
+    def resolved(self, bits: int, stochastic: bool = False) -> Dict[str, bool]:
         """The levers of a call at ``bits``: the given ones, the rest from ``DEFAULT_LEVERS``
-        (all off with ``legacy``)."""
+        (all off with ``legacy``); rounding, unless given, is the group's (``stochastic``)."""
         base = dict.fromkeys(_LEVERS, False) if self.legacy else dict(DEFAULT_LEVERS[bits])
+        base["stochastic"] = stochastic
         base.update(self.levers)
         if self.adaptive_bits is not None:
             base["split_layers"] = True
@@ -271,9 +277,7 @@ def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[t
     measure = bool(comp) and state.adaptive_bits is not None
     measure = measure and state.steps % state.adapt_every == 0
     if comp:
-        use = state.resolved(base.bits)
-        if "stochastic" not in state.levers:
-            use["stochastic"] = base.stochastic  # the group's (CGX_COMPRESSION_STOCHASTIC)
+        use = state.resolved(base.bits, base.stochastic)  # CGX_COMPRESSION_STOCHASTIC
         stream = call_stream(state, bucket, comp[0][2])
         calls = _compress(state, backend, base, buf, comp, use, stream, not exact, measure)
     if exact:
