@@ -83,5 +83,13 @@ for target in "${targets[@]}"; do
   }
   export -f run_case fuzz max_len
   export target seeds each out
-  printf '%s\n' "${cases[@]}" | xargs -P "${FUZZ_JOBS:-1}" -I{} bash -c 'run_case "$@"' _ {}
+  # The cases in a process group of their own: an interrupt of this script stops every case's
+  # fuzzer too (killing only the script would leave xargs starting the next cases).
+  printf '%s\n' "${cases[@]}" >"$out/cases-$target.txt"
+  setsid xargs -a "$out/cases-$target.txt" -P "${FUZZ_JOBS:-1}" -I{} bash -c 'run_case "$@"' _ {} &
+  group=$!
+  trap 'kill -TERM -- -"$group" 2>/dev/null; echo "interrupted: every case stopped" >&2; exit 130' \
+    INT TERM
+  wait "$group"
+  trap - INT TERM
 done
