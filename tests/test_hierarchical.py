@@ -36,7 +36,8 @@ def body_hierarchical(rank, world, intra_broadcast):
     seed = 0
     cases = [(dtype, n, op) for dtype in (torch.float32, torch.bfloat16) for n in (997, 65537)
              for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG)]  # fmt: skip
-    cases.append((torch.float32, (4 << 20) + 1001, dist.ReduceOp.SUM))  # > one 16 MiB shm slot
+    cases.append((torch.float32, (4 << 20) + 1001, dist.ReduceOp.SUM))  # 3 shm pieces
+    cases.append((torch.float32, (2 << 20) + 7, dist.ReduceOp.AVG))  # a piece of 7 values
     for dtype, n, op in cases:
         seed += 1
         y = _input(rank, n, dtype, seed)
@@ -57,11 +58,12 @@ def body_hierarchical(rank, world, intra_broadcast):
     local = rank % 2
     assert (sent > 0) if (local == 0 or not intra_broadcast) else (sent == 0)
     # Error feedback: the ranks' residuals add up to what the allreduce lost.
-    x = _input(rank, 5000, torch.float32, 77)
-    res = torch.empty(5000)
+    n = (2 << 20) + 5000  # two shared-memory pieces
+    x = _input(rank, n, torch.float32, 77)
+    res = torch.empty(n)
     y = x.clone()
     backend.allreduce_with(y, backend.config(), False, res).wait()
-    total = torch.stack([_input(r, 5000, torch.float32, 77) for r in range(world)]).sum(0)
+    total = torch.stack([_input(r, n, torch.float32, 77) for r in range(world)]).sum(0)
     fed = res.clone()
     dist.all_reduce(fed, group=gloo)
     assert torch.allclose(total - y, fed, atol=1e-4) and (total - y).abs().max() > 0.01
@@ -103,3 +105,60 @@ def test_layout_and_communicator_values():
         CGXConfig.from_env({"CGX_INNER_COMMUNICATOR_TYPE": "RDMA"})
     with pytest.raises(ValueError, match="CGX_HIERARCHICAL must be auto, on or off"):
         CGXConfig.from_env({"CGX_HIERARCHICAL": "maybe"})
+    for raw, mode in (("fp16", "fp16"), ("1", "fp16"), ("ON", "fp16"), ("bf16", "bf16"),
+                      ("0", "off"), ("off", "off")):  # fmt: skip
+        assert CGXConfig.from_env({"CGX_INTRA_COMPRESS": raw}).intra_compress == mode
+    with pytest.raises(ValueError, match="CGX_INTRA_COMPRESS must be off, fp16 or bf16"):
+        CGXConfig.from_env({"CGX_INTRA_COMPRESS": "int8"})
+    with pytest.raises(ValueError, match="CGX_INTRA_COMPRESS needs the shared-memory"):
+        CGXConfig.from_env({"CGX_INTRA_COMPRESS": "fp16", "CGX_INNER_COMMUNICATOR_TYPE": "GLOO"})
+
+
+def _bucket_constant(rank: int, n: int, seed: int) -> torch.Tensor:
+    """Values constant over each 128-value bucket: max-min carries them exactly, so the result
+    shows the node sums bit for bit."""
+    g = torch.Generator().manual_seed(seed * 100 + rank)
+    return (torch.randn((n + 127) // 128, generator=g) * (1 + rank)).repeat_interleave(128)[:n]
+
+
+def _owners(n: int, intra_broadcast: bool) -> torch.Tensor:
+    """Which local rank sums each value of a one-piece buffer (hierarchical_shm.cc's layout:
+    local rank 0 with leaders, else halves cut at a multiple of the bucket)."""
+    if intra_broadcast:
+        return torch.zeros(n, dtype=torch.long)
+    chunk = ((n + 1) // 2 + 127) // 128 * 128
+    return (torch.arange(n) >= chunk).long()
+
+
+def body_intra_compress(rank, world, mode, intra_broadcast):
+    import torch_cgx
+
+    dist.init_process_group("cgx")
+    gloo = dist.new_group(backend="gloo")
+    assert torch_cgx.cgx_backend().hierarchical()
+    assert torch_cgx.get_config().intra_compress == mode
+    torch_cgx.set_config(bits=4, bucket_size=128)
+    narrow = {"off": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[mode]
+    sizes = [997, 65537] + ([(2 << 20) + 7] if intra_broadcast else [])  # several shm pieces
+    for seed, n in enumerate(sizes):
+        y = _bucket_constant(rank, n, seed)
+        dist.all_reduce(y)
+        _same_everywhere(y, gloo)
+        x = [_bucket_constant(r, n, seed) for r in range(world)]
+        own = _owners(n, intra_broadcast)
+        nodes = []
+        for a, b in ((x[0], x[1]), (x[2], x[3])):  # the owner's values stay fp32
+            ra, rb = a.to(narrow).float(), b.to(narrow).float()
+            nodes.append(torch.where(own == 0, a + rb, ra + b))
+        assert torch.equal(y, nodes[0] + nodes[1]), f"{mode} n={n}"
+        if mode != "off":  # and the rounding shows: these values are not all 16-bit floats
+            assert not torch.equal(y, (x[0] + x[1]) + (x[2] + x[3]))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("mode,intra_broadcast", [("off", True), ("fp16", True), ("bf16", False),
+                                                  ("fp16", False)])  # fmt: skip
+def test_intra_compress_stages_node_values_in_16_bits(mode, intra_broadcast):
+    env = {"LOCAL_WORLD_SIZE": "2", "CGX_INTRA_BROADCAST": "1" if intra_broadcast else "0",
+           "CGX_INTRA_COMPRESS": mode}  # fmt: skip
+    run_ranks(body_intra_compress, 4, mode, intra_broadcast, env=env, timeout=180)

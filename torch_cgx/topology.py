@@ -68,6 +68,7 @@ def attach_hierarchy(backend, config: CGXConfig, store, rank: int, size: int,
     h = _C.Hierarchy()
     h.local_rank, h.local_size, h.nodes = local, len(nodes[node]), len(nodes)
     h.intra_broadcast = config.intra_broadcast
+    h.intra_compress = config.intra_compress
     h.intra = dist.ProcessGroupGloo(
         dist.PrefixStore(f"intra/{node}/", store), local, len(nodes[node]), timeout
     )

@@ -108,6 +108,12 @@ void convert(const void* in, DType in_t, void* out, DType out_t, int64_t n, bool
     std::memcpy(out, in, size_t(n) * elem_size(in_t));
     return;
   }
+  if (in_t == DType::kFloat32 && out_t == DType::kFloat32) {  // add: a loop the compiler vectorizes
+    const float* x = static_cast<const float*>(in);
+    float* o = static_cast<float*>(out);
+    for (int64_t i = 0; i < n; ++i) o[i] += x[i];
+    return;
+  }
   if (use_avx2() && avx2::convert(in, in_t, out, out_t, n, add)) return;
   for_each(in, in_t, 0, n, [&](int64_t i, float v) { put_value(out, out_t, i, v, add); });
 }

@@ -61,7 +61,8 @@ void bind_backend(pybind11::module& m) {
       .def_readwrite("hierarchical", &BackendConfig::hierarchical)
       .def_readwrite("intra_broadcast", &BackendConfig::intra_broadcast)
       .def_readwrite("inner_communicator", &BackendConfig::inner_communicator)
-      .def_readwrite("cross_communicator", &BackendConfig::cross_communicator);
+      .def_readwrite("cross_communicator", &BackendConfig::cross_communicator)
+      .def_readwrite("intra_compress", &BackendConfig::intra_compress);
 
   py::class_<PlanRule>(m, "PlanRule")
       .def(py::init<>())
@@ -81,7 +82,8 @@ void bind_backend(pybind11::module& m) {
       .def_readwrite("local_size", &Hierarchy::local_size)
       .def_readwrite("nodes", &Hierarchy::nodes)
       .def_readwrite("intra_broadcast", &Hierarchy::intra_broadcast)
-      .def_readwrite("shm_name", &Hierarchy::shm_name);
+      .def_readwrite("shm_name", &Hierarchy::shm_name)
+      .def_readwrite("intra_compress", &Hierarchy::intra_compress);
 
   py::class_<ProcessGroupCGX, c10d::Backend, c10::intrusive_ptr<ProcessGroupCGX>>(m,
                                                                                   "ProcessGroupCGX")

@@ -2,6 +2,7 @@
 // compressed across nodes. The node sum is taken in fp32 over the node's Gloo group; each
 // value crosses nodes compressed as part of a node sum (the cross algorithm runs over
 // `nodes` ranks, so its bound is the flat one with W = nodes and the ranges of the node sums).
+// The shared-memory intra-node path is in hierarchical_shm.cc.
 // Every rank ends with the same bytes: the leaders' (or each slice owner's) results are
 // bit-identical across nodes, and the intra-node broadcast / allgather copies them.
 #include <ATen/ops/from_blob.h>
@@ -16,19 +17,8 @@
 namespace cgx::binding {
 namespace {
 
-constexpr size_t kShmSlotBytes = size_t(16) << 20;  // per local rank; larger buffers in pieces
-
-// out[i] = sum over local ranks l of slot l's value i, in local-rank order (fp32).
-void sum_slots(const ShmNode& node, int64_t offset, int64_t n, float* out) {
-  const float* first = reinterpret_cast<const float*>(node.slot(0)) + offset;
-  std::copy(first, first + n, out);
-  for (int l = 1; l < node.local_size(); ++l) {
-    const float* s = reinterpret_cast<const float*>(node.slot(l)) + offset;
-    for (int64_t i = 0; i < n; ++i) out[i] += s[i];
-  }
-}
-
-float* slot_f32(const ShmNode& node, int l) { return reinterpret_cast<float*>(node.slot(l)); }
+// Per local rank: two piece buffers of 8 MiB (hierarchical_shm.cc); larger buffers in pieces.
+constexpr size_t kShmSlotBytes = size_t(16) << 20;
 
 }  // namespace
 
@@ -38,10 +28,16 @@ void ProcessGroupCGX::set_hierarchy(const Hierarchy& h) {
                 "set_hierarchy: inconsistent node layout");
   CGX_CHECK_ARG(h.cross || (h.intra_broadcast && h.local_rank != 0),
                 "set_hierarchy: this rank needs a cross-node group");
+  CGX_CHECK_ARG(h.intra_compress == "off" || (!h.shm_name.empty() && (h.intra_compress == "fp16" ||
+                                                                      h.intra_compress == "bf16")),
+                "set_hierarchy: intra_compress must be off, or fp16 / bf16 over shared memory, "
+                "got ",
+                h.intra_compress);
   hierarchy_ = std::make_unique<Hierarchy>(h);
   if (!h.shm_name.empty()) {
     hierarchy_->shm =
         std::make_shared<ShmNode>(h.shm_name, h.local_rank, h.local_size, kShmSlotBytes, timeout_);
+    hierarchy_->cross_exec = std::make_shared<SerialExecutor>();
   }
 }
 
@@ -52,19 +48,19 @@ void ProcessGroupCGX::unlink_node_segment() {
 void ProcessGroupCGX::reduce_hierarchical(at::Tensor& t, const BackendConfig& c, bool average,
                                           float* residual) {
   const Hierarchy& h = *hierarchy_;
+  if (h.shm) {
+    // In place on t when it is contiguous fp32 on the CPU (the result replaces it anyway, as in
+    // the flat path); otherwise on an fp32 copy: the node sum is exact in fp32 whatever the dtype.
+    const bool direct = t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
+    at::Tensor work = direct ? t.view({-1}) : t.to(at::kCPU, at::kFloat, false, true).view({-1});
+    shm_allreduce(work.data_ptr<float>(), work.numel(), c, average ? float(getSize()) : 0.0f,
+                  residual);
+    if (!direct) t.copy_(work.view(t.sizes()));
+    return;
+  }
   // A private fp32 copy: the node sum is exact in fp32 whatever t's dtype.
   at::Tensor work = t.to(at::kCPU, at::kFloat, false, true).contiguous().view({-1});
   const int64_t n = work.numel();
-  if (h.shm) {
-    if (h.intra_broadcast) {
-      shm_leaders(work.data_ptr<float>(), n, c, residual);
-    } else {
-      shm_slices(work.data_ptr<float>(), n, c, residual);
-    }
-    if (average) work.div_(getSize());
-    t.copy_(work.view(t.sizes()));
-    return;
-  }
   if (h.intra_broadcast) {
     std::vector<at::Tensor> v = {work};
     c10d::ReduceOptions ro;
@@ -101,73 +97,6 @@ void ProcessGroupCGX::reduce_hierarchical(at::Tensor& t, const BackendConfig& c,
   }
   if (average) work.div_(getSize());
   t.copy_(work.view(t.sizes()));
-}
-
-// Leaders over shared memory: every local rank puts its values in its slot, the leader sums the
-// slots (local-rank order), reduces across nodes, and puts the result back for the others.
-void ProcessGroupCGX::shm_leaders(float* w, int64_t n, const BackendConfig& c, float* residual) {
-  const Hierarchy& h = *hierarchy_;
-  ShmNode& node = *h.shm;
-  const int64_t per = int64_t(node.slot_bytes() / 4);
-  const bool leader = h.local_rank == 0;
-  for (int64_t p0 = 0; p0 < n; p0 += per) {
-    const int64_t m = std::min(per, n - p0);
-    std::copy(w + p0, w + p0 + m, slot_f32(node, h.local_rank));
-    node.barrier();
-    if (leader) sum_slots(node, 0, m, w + p0);
-    node.barrier();  // slots free again
-  }
-  if (leader) {
-    at::Tensor whole = at::from_blob(w, {n}, at::TensorOptions().dtype(at::kFloat));
-    run_algorithm(h.cross, whole, c, false, residual);
-  } else {
-    last_bytes_sent_ = 0;
-  }
-  for (int64_t p0 = 0; p0 < n; p0 += per) {
-    const int64_t m = std::min(per, n - p0);
-    if (leader) std::copy(w + p0, w + p0 + m, slot_f32(node, 0));
-    node.barrier();
-    if (!leader) std::copy(slot_f32(node, 0), slot_f32(node, 0) + m, w + p0);
-    node.barrier();
-  }
-}
-
-// Slices over shared memory, a piece at a time: local rank l sums sub-range l of the piece from
-// every slot, reduces it across nodes with the ranks of local rank l, writes it back into its
-// own slot, and every rank copies all sub-ranges out. Sub-ranges and pieces are multiples of
-// the compressor's bucket, so that no bucket is cut.
-void ProcessGroupCGX::shm_slices(float* w, int64_t n, const BackendConfig& c, float* residual) {
-  const Hierarchy& h = *hierarchy_;
-  ShmNode& node = *h.shm;
-  const int64_t align = c.compressor == "maxmin" ? c.bucket_size : compressor_for(c).alignment();
-  const int64_t slot_elems = int64_t(node.slot_bytes() / 4);
-  const int64_t per = slot_elems >= align ? slot_elems / align * align : slot_elems;
-  const int L = h.local_size;
-  std::vector<float> mine;
-  for (int64_t p0 = 0; p0 < n; p0 += per) {
-    const int64_t m = std::min(per, n - p0);
-    const int64_t chunk = ((m + L - 1) / L + align - 1) / align * align;
-    auto range = [&](int l) {
-      return std::make_pair(std::min(m, l * chunk), std::min(m, (l + 1) * chunk));
-    };
-    std::copy(w + p0, w + p0 + m, slot_f32(node, h.local_rank));
-    node.barrier();
-    const auto [a, b] = range(h.local_rank);
-    mine.resize(size_t(std::max<int64_t>(b - a, 1)));
-    if (b > a) sum_slots(node, a, b - a, mine.data());
-    node.barrier();  // every rank has read the slots
-    if (b > a) {
-      at::Tensor slice = at::from_blob(mine.data(), {b - a}, at::TensorOptions().dtype(at::kFloat));
-      run_algorithm(h.cross, slice, c, false, residual ? residual + p0 + a : nullptr);
-      std::copy(mine.begin(), mine.begin() + (b - a), slot_f32(node, h.local_rank) + a);
-    }
-    node.barrier();
-    for (int l = 0; l < L; ++l) {
-      const auto [la, lb] = range(l);
-      std::copy(slot_f32(node, l) + la, slot_f32(node, l) + lb, w + p0 + la);
-    }
-    node.barrier();
-  }
 }
 
 }  // namespace cgx::binding

@@ -63,6 +63,7 @@ struct BackendConfig {
   bool intra_broadcast = true;
   std::string inner_communicator;
   std::string cross_communicator;
+  std::string intra_compress = "off";  // "off", "fp16", "bf16": see Hierarchy::intra_dtype
   // Set by planned(): the plan chose this call's settings, the same on every rank by
   // construction, so no per-call agreement is needed.
   bool planned = false;
@@ -106,7 +107,12 @@ struct Hierarchy {
   // Non-empty: the node's shared-memory segment (core/shm_node.h) carries the intra-node steps
   // instead of `intra` (CGX_INNER_COMMUNICATOR_TYPE=SHM, the default); local rank 0 creates it.
   std::string shm_name;
+  // With shm: how values travel to the owner of their node sum (CGX_INTRA_COMPRESS): fp32
+  // (exact), or rounded to fp16 / bf16 (the owner's own values stay fp32).
+  std::string intra_compress = "off";
   std::shared_ptr<ShmNode> shm;  // set by set_hierarchy
+  // With shm: runs the cross-node step of piece k while piece k + 1 is summed in the node.
+  std::shared_ptr<SerialExecutor> cross_exec;
 };
 
 class ProcessGroupCGX : public c10d::Backend {
@@ -227,8 +233,9 @@ class ProcessGroupCGX : public c10d::Backend {
   void reduce_scatter_compressed(at::Tensor& output, const at::Tensor& input,
                                  const BackendConfig& c, bool average);
   void reduce_hierarchical(at::Tensor& t, const BackendConfig& c, bool average, float* residual);
-  void shm_leaders(float* w, int64_t n, const BackendConfig& c, float* residual);
-  void shm_slices(float* w, int64_t n, const BackendConfig& c, float* residual);
+  // The intra-node steps over the node's shared memory, pipelined (hierarchical_shm.cc); the
+  // result, divided by `divisor` unless 0, replaces w.
+  void shm_allreduce(float* w, int64_t n, const BackendConfig& c, float divisor, float* residual);
   void run_algorithm(const c10::intrusive_ptr<c10d::Backend>& over, at::Tensor& work,
                      const BackendConfig& c, bool average, float* residual);
   // The group's settings for an allreduce of `numel` values issued now (per-call variables and

@@ -1,0 +1,169 @@
+// The hierarchical allreduce's intra-node steps over the node's shared-memory segment
+// (core/shm_node.h), pipelined. Each local rank's slot holds two piece buffers; a piece is at most
+// one buffer. For piece k, every local rank copies the sub-ranges others own into its buffer
+// k % 2; the owner of a sub-range sums it (local-rank order, fp32: its own values from the
+// caller's memory, the others' from their buffers) in place in the caller's memory and posts the
+// cross-node allreduce of it to the cross executor, which then shares the result through the
+// owner's buffer. While that runs, piece k - 1 is published: every rank copies the sub-ranges it
+// does not own out of the buffers. So the node's copies and sums overlap the transfer between
+// nodes, and each value is copied into and out of shared memory once. Owners: local rank 0 of the
+// whole piece with CGX_INTRA_BROADCAST=1 (leaders), else a slice per local rank (sub-ranges are
+// multiples of the compressor's alignment, so that no bucket is cut).
+#include <ATen/ops/from_blob.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "core/primitives.h"
+#include "process_group_cgx.h"
+
+namespace cgx::binding {
+namespace {
+
+constexpr int kBuffers = 2;
+
+// The pieces of one call and who owns what.
+struct Pieces {
+  int64_t n = 0, per = 1, align = 1;
+  int local_size = 1;
+  bool leaders = true;
+  DType staged = DType::kFloat32;  // how values travel to their owner (CGX_INTRA_COMPRESS)
+
+  int64_t count() const { return (n + per - 1) / per; }
+  int64_t begin(int64_t k) const { return k * per; }
+  int64_t size(int64_t k) const { return std::min(per, n - k * per); }
+  // Local rank l's sub-range [first, second) of piece k.
+  std::pair<int64_t, int64_t> range(int64_t k, int l) const {
+    const int64_t m = size(k);
+    if (leaders) return l == 0 ? std::make_pair(int64_t(0), m) : std::make_pair(m, m);
+    const int64_t chunk = ((m + local_size - 1) / local_size + align - 1) / align * align;
+    return {std::min(m, l * chunk), std::min(m, (l + 1) * chunk)};
+  }
+};
+
+int64_t buffer_elems(const ShmNode& node) {
+  return int64_t(node.slot_bytes() / sizeof(float)) / kBuffers;
+}
+
+// Where local rank l's owners share their results of piece k (fp32).
+float* buffer(const ShmNode& node, int l, int64_t k) {
+  return reinterpret_cast<float*>(node.slot(l)) + (k % kBuffers) * buffer_elems(node);
+}
+
+// Where local rank l stages its values of piece k for their owners: the result area itself
+// with fp32 (the sub-ranges others own are not the ones it shares), else 16-bit values after
+// it (a piece then holds at most 2/3 of a buffer).
+uint8_t* staging(const ShmNode& node, const Pieces& p, int l, int64_t k) {
+  float* b = buffer(node, l, k);
+  return reinterpret_cast<uint8_t*>(p.staged == DType::kFloat32 ? b : b + p.per);
+}
+
+struct Source {
+  const void* at;
+  DType dtype;
+};
+
+// dst[i] = sum over l, in order, of src[l][i] in fp32; dst may be one of the sources.
+void node_sum(const std::vector<Source>& src, int64_t n, float* dst) {
+  constexpr int64_t kBlock = 2048;
+  float acc[kBlock];
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int64_t b = std::min(kBlock, n - i0);
+    for (size_t l = 0; l < src.size(); ++l) {
+      const auto* at =
+          static_cast<const uint8_t*>(src[l].at) + i0 * int64_t(elem_size(src[l].dtype));
+      prim::convert(at, src[l].dtype, acc, DType::kFloat32, b, l > 0);
+    }
+    std::copy(acc, acc + b, dst + i0);
+  }
+}
+
+// out[i] = in[i] / divisor (divisor 0: a copy).
+void copy_out(const float* in, int64_t n, float divisor, float* out) {
+  if (divisor == 0.0f) {
+    std::copy(in, in + n, out);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = in[i] / divisor;
+  }
+}
+
+// An owner's result, in place in w, for the others: shared[i] = w[i], then w[i] /= divisor.
+void share_own(float* w, int64_t n, float divisor, float* shared) {
+  std::copy(w, w + n, shared);
+  if (divisor != 0.0f) {
+    for (int64_t i = 0; i < n; ++i) w[i] /= divisor;
+  }
+}
+
+// Waits for the cross executor's tasks before the buffers they use go away, also on an error.
+struct DrainOnExit {
+  SerialExecutor& ex;
+  ~DrainOnExit() { ex.drain(); }
+};
+
+}  // namespace
+
+void ProcessGroupCGX::shm_allreduce(float* w, int64_t n, const BackendConfig& c, float divisor,
+                                    float* residual) {
+  const Hierarchy& h = *hierarchy_;
+  ShmNode& node = *h.shm;
+  SerialExecutor& ex = *h.cross_exec;
+  Pieces p;
+  p.n = n;
+  p.align = c.compressor == "maxmin" ? c.bucket_size : compressor_for(c).alignment();
+  p.staged = h.intra_compress == "off"    ? DType::kFloat32
+             : h.intra_compress == "bf16" ? DType::kBFloat16
+                                          : DType::kFloat16;
+  const int64_t elems =
+      p.staged == DType::kFloat32 ? buffer_elems(node) : buffer_elems(node) * 2 / 3;
+  p.per = elems >= p.align ? elems / p.align * p.align : elems;
+  p.local_size = h.local_size;
+  p.leaders = h.intra_broadcast;
+  const int me = h.local_rank;
+  std::vector<SerialExecutor::Ticket> tickets(size_t(p.count()), 0);
+  int64_t sent = 0;  // written by the cross tasks only, read after they finished
+  DrainOnExit drain{ex};
+  auto publish = [&](int64_t k) {
+    ex.wait(tickets[size_t(k)]);
+    node.barrier();  // every owner's result of piece k is in its buffer
+    for (int l = 0; l < h.local_size; ++l) {
+      const auto [a, b] = p.range(k, l);
+      if (l != me) copy_out(buffer(node, l, k) + a, b - a, divisor, w + p.begin(k) + a);
+    }
+    node.barrier();  // buffer k % 2 is free again
+  };
+  std::vector<Source> src(size_t(h.local_size));
+  const int64_t esize = int64_t(elem_size(p.staged));
+  SerialExecutor::Ticket last = 0;
+  for (int64_t k = 0; k < p.count(); ++k) {
+    float* piece = w + p.begin(k);
+    const auto [a, b] = p.range(k, me);
+    // The others' sub-ranges go to this rank's buffer; its own stays in w.
+    prim::convert(piece, DType::kFloat32, staging(node, p, me, k), p.staged, a, false);
+    prim::convert(piece + b, DType::kFloat32, staging(node, p, me, k) + b * esize, p.staged,
+                  p.size(k) - b, false);
+    node.barrier();  // piece k is in every buffer
+    if (b > a) {
+      for (int l = 0; l < h.local_size; ++l) {
+        src[size_t(l)] = l == me ? Source{piece + a, DType::kFloat32}
+                                 : Source{staging(node, p, l, k) + a * esize, p.staged};
+      }
+      node_sum(src, b - a, piece + a);
+      float* res = residual ? residual + p.begin(k) + a : nullptr;
+      float* shared = buffer(node, me, k) + a;
+      last = ex.post([this, &h, &c, &sent, mine = piece + a, len = b - a, res, shared, divisor] {
+        at::Tensor slice = at::from_blob(mine, {len}, at::TensorOptions().dtype(at::kFloat));
+        run_algorithm(h.cross, slice, c, false, res);
+        sent += last_bytes_sent_;
+        share_own(mine, len, divisor, shared);
+      });
+    }
+    tickets[size_t(k)] = last;
+    if (k > 0) publish(k - 1);
+  }
+  if (p.count() > 0) publish(p.count() - 1);
+  last_bytes_sent_ = sent;
+}
+
+}  // namespace cgx::binding
