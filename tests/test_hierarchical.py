@@ -121,13 +121,16 @@ def _bucket_constant(rank: int, n: int, seed: int) -> torch.Tensor:
     return (torch.randn((n + 127) // 128, generator=g) * (1 + rank)).repeat_interleave(128)[:n]
 
 
-def _owners(n: int, intra_broadcast: bool) -> torch.Tensor:
-    """Which local rank sums each value of a one-piece buffer (hierarchical_shm.cc's layout:
-    local rank 0 with leaders, else halves cut at a multiple of the bucket)."""
-    if intra_broadcast:
-        return torch.zeros(n, dtype=torch.long)
-    chunk = ((n + 1) // 2 + 127) // 128 * 128
-    return (torch.arange(n) >= chunk).long()
+def _owners(n: int, mode: str) -> torch.Tensor:
+    """Which local rank sums each value (hierarchical_shm.cc's layout): pieces of at most one
+    8 MiB buffer of fp32 (2/3 of it with 16-bit staging), a multiple of the bucket; each piece
+    cut in halves at a multiple of the bucket."""
+    elems = (8 << 20) // 4
+    per = (elems if mode == "off" else elems * 2 // 3) // 128 * 128
+    i = torch.arange(n)
+    k = i // per
+    m = torch.clamp(n - k * per, max=per)
+    return (i - k * per >= ((m + 1) // 2 + 127) // 128 * 128).long()
 
 
 def body_intra_compress(rank, world, mode, intra_broadcast):
@@ -139,13 +142,12 @@ def body_intra_compress(rank, world, mode, intra_broadcast):
     assert torch_cgx.get_config().intra_compress == mode
     torch_cgx.set_config(bits=4, bucket_size=128)
     narrow = {"off": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[mode]
-    sizes = [997, 65537] + ([(2 << 20) + 7] if intra_broadcast else [])  # several shm pieces
-    for seed, n in enumerate(sizes):
+    for seed, n in enumerate([997, 65537, (3 << 20) + 7]):  # the last: several shm pieces
         y = _bucket_constant(rank, n, seed)
         dist.all_reduce(y)
         _same_everywhere(y, gloo)
         x = [_bucket_constant(r, n, seed) for r in range(world)]
-        own = _owners(n, intra_broadcast)
+        own = _owners(n, mode)
         nodes = []
         for a, b in ((x[0], x[1]), (x[2], x[3])):  # the owner's values stay fp32
             ra, rb = a.to(narrow).float(), b.to(narrow).float()

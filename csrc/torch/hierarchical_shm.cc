@@ -1,14 +1,15 @@
 // The hierarchical allreduce's intra-node steps over the node's shared-memory segment
 // (core/shm_node.h), pipelined. Each local rank's slot holds two piece buffers; a piece is at most
-// one buffer. For piece k, every local rank copies the sub-ranges others own into its buffer
-// k % 2; the owner of a sub-range sums it (local-rank order, fp32: its own values from the
-// caller's memory, the others' from their buffers) in place in the caller's memory and posts the
-// cross-node allreduce of it to the cross executor, which then shares the result through the
-// owner's buffer. While that runs, piece k - 1 is published: every rank copies the sub-ranges it
-// does not own out of the buffers. So the node's copies and sums overlap the transfer between
-// nodes, and each value is copied into and out of shared memory once. Owners: local rank 0 of the
-// whole piece with CGX_INTRA_BROADCAST=1 (leaders), else a slice per local rank (sub-ranges are
-// multiples of the compressor's alignment, so that no bucket is cut).
+// one buffer, and local rank l sums sub-range l of it (a multiple of the compressor's alignment,
+// so that no bucket is cut). For piece k, every local rank copies the sub-ranges others sum into
+// its buffer k % 2; each sums its own sub-range (local-rank order, fp32: its own values from the
+// caller's memory, the others' from their buffers). Then the cross-node allreduce of the sums is
+// posted to the cross executor: with CGX_INTRA_BROADCAST=0 each rank sends its sub-range (summed
+// in the caller's memory, shared through its buffer afterwards); with 1 (leaders) the sums go to
+// the buffers and local rank 0 sends them all, in place. While that runs, piece k - 1 is
+// published (every rank copies the results it lacks out of the buffers) and piece k + 1 staged:
+// the node's copies and sums overlap the transfer between nodes, each value crosses shared
+// memory once each way, and the summing is spread over the node's ranks in both modes.
 #include <ATen/ops/from_blob.h>
 
 #include <algorithm>
@@ -27,7 +28,6 @@ constexpr int kBuffers = 2;
 struct Pieces {
   int64_t n = 0, per = 1, align = 1;
   int local_size = 1;
-  bool leaders = true;
   DType staged = DType::kFloat32;  // how values travel to their owner (CGX_INTRA_COMPRESS)
 
   int64_t count() const { return (n + per - 1) / per; }
@@ -36,7 +36,6 @@ struct Pieces {
   // Local rank l's sub-range [first, second) of piece k.
   std::pair<int64_t, int64_t> range(int64_t k, int l) const {
     const int64_t m = size(k);
-    if (leaders) return l == 0 ? std::make_pair(int64_t(0), m) : std::make_pair(m, m);
     const int64_t chunk = ((m + local_size - 1) / local_size + align - 1) / align * align;
     return {std::min(m, l * chunk), std::min(m, (l + 1) * chunk)};
   }
@@ -119,17 +118,27 @@ void ProcessGroupCGX::shm_allreduce(float* w, int64_t n, const BackendConfig& c,
       p.staged == DType::kFloat32 ? buffer_elems(node) : buffer_elems(node) * 2 / 3;
   p.per = elems >= p.align ? elems / p.align * p.align : elems;
   p.local_size = h.local_size;
-  p.leaders = h.intra_broadcast;
+  const bool leaders = h.intra_broadcast, leader = h.local_rank == 0;
   const int me = h.local_rank;
   std::vector<SerialExecutor::Ticket> tickets(size_t(p.count()), 0);
   int64_t sent = 0;  // written by the cross tasks only, read after they finished
   DrainOnExit drain{ex};
+  // The cross-node allreduce of `len` node sums at `at`, on the executor; `share`: then copy
+  // them to `shared` for the node (the owner's own sums stay in the caller's memory).
+  auto post_cross = [&](float* at, int64_t len, float* res, float* shared) {
+    return ex.post([this, &h, &c, &sent, at, len, res, shared, divisor] {
+      at::Tensor slice = at::from_blob(at, {len}, at::TensorOptions().dtype(at::kFloat));
+      run_algorithm(h.cross, slice, c, false, res);
+      sent += last_bytes_sent_;
+      if (shared) share_own(at, len, divisor, shared);
+    });
+  };
   auto publish = [&](int64_t k) {
     ex.wait(tickets[size_t(k)]);
-    node.barrier();  // every owner's result of piece k is in its buffer
+    node.barrier();  // every result of piece k is in the buffers
     for (int l = 0; l < h.local_size; ++l) {
       const auto [a, b] = p.range(k, l);
-      if (l != me) copy_out(buffer(node, l, k) + a, b - a, divisor, w + p.begin(k) + a);
+      if (leaders || l != me) copy_out(buffer(node, l, k) + a, b - a, divisor, w + p.begin(k) + a);
     }
     node.barrier();  // buffer k % 2 is free again
   };
@@ -144,20 +153,23 @@ void ProcessGroupCGX::shm_allreduce(float* w, int64_t n, const BackendConfig& c,
     prim::convert(piece + b, DType::kFloat32, staging(node, p, me, k) + b * esize, p.staged,
                   p.size(k) - b, false);
     node.barrier();  // piece k is in every buffer
-    if (b > a) {
-      for (int l = 0; l < h.local_size; ++l) {
-        src[size_t(l)] = l == me ? Source{piece + a, DType::kFloat32}
-                                 : Source{staging(node, p, l, k) + a * esize, p.staged};
-      }
+    for (int l = 0; l < h.local_size; ++l) {
+      src[size_t(l)] = l == me ? Source{piece + a, DType::kFloat32}
+                               : Source{staging(node, p, l, k) + a * esize, p.staged};
+    }
+    float* res = residual ? residual + p.begin(k) : nullptr;
+    if (!leaders) {  // each rank sends its own sums across nodes
       node_sum(src, b - a, piece + a);
-      float* res = residual ? residual + p.begin(k) + a : nullptr;
-      float* shared = buffer(node, me, k) + a;
-      last = ex.post([this, &h, &c, &sent, mine = piece + a, len = b - a, res, shared, divisor] {
-        at::Tensor slice = at::from_blob(mine, {len}, at::TensorOptions().dtype(at::kFloat));
-        run_algorithm(h.cross, slice, c, false, res);
-        sent += last_bytes_sent_;
-        share_own(mine, len, divisor, shared);
-      });
+      if (b > a)
+        last = post_cross(piece + a, b - a, res ? res + a : nullptr, buffer(node, me, k) + a);
+    } else {  // the leader sends the node's sums, in place in their buffers
+      node_sum(src, b - a, buffer(node, me, k) + a);
+      node.barrier();  // the node's sums of piece k are in the buffers
+      for (int l = 0; leader && l < h.local_size; ++l) {
+        const auto [la, lb] = p.range(k, l);
+        if (lb > la)
+          last = post_cross(buffer(node, l, k) + la, lb - la, res ? res + la : nullptr, nullptr);
+      }
     }
     tickets[size_t(k)] = last;
     if (k > 0) publish(k - 1);
