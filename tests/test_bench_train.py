@@ -53,6 +53,33 @@ def body_train(rank, world, json_path, png_path):
     assert train.main(argv) == 0
 
 
+def body_train_lstm(rank, world, json_path):
+    from torch_cgx.bench import train
+
+    argv = ["--workloads", "lstm", "--methods", "gloo,cgx4", "--steps", "20", "--json", json_path]
+    argv += ["--lstm-embed", "32", "--lstm-hidden", "64", "--seq-len", "32", "--corpus-mb", "0.5"]
+    argv += ["--lstm-lr-warmup", "0", "--eval-batches", "1", "--log-every", "10"]
+    assert train.main(argv) == 0
+
+
+def test_train_lstm_two_ranks(tmp_path):
+    """The third architecture: a byte LSTM on the gpt2 workload's corpus learns under Gloo and
+    under 4-bit cgx alike."""
+    json_path = str(tmp_path / "lstm.json")
+    run_ranks(body_train_lstm, 2, json_path, timeout=300)
+    with open(json_path) as f:
+        out = json.load(f)
+    info = out["meta"]["workloads"]["lstm"]
+    assert info["config"] == {"embed": 32, "hidden": 64, "layers": 2} and info["params"] > 0
+    records = {r["method"]: r for r in out["records"]}
+    assert records["gloo"]["losses"][0] == records["cgx4"]["losses"][0]
+    assert abs(records["gloo"]["losses"][0] - math.log(257)) < 0.1  # untrained: near uniform
+    for r in records.values():
+        assert r["final_loss"] < r["losses"][0] - 0.5, r["losses"]
+        assert math.isfinite(r["eval"]["val_loss"])
+    assert abs(records["cgx4"]["final_loss"] / records["gloo"]["final_loss"] - 1) < 0.05
+
+
 def test_train_digits_two_ranks(tmp_path):
     json_path, png_path = str(tmp_path / "out" / "train.json"), str(tmp_path / "train.png")
     run_ranks(body_train, 2, json_path, png_path)

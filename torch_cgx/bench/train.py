@@ -10,6 +10,7 @@ variables are mapped by ``import torch_cgx``); without them it runs as one proce
 Workloads (offline, random init):
   gpt2    a GPT-2 (transformers' GPT2LMHeadModel, ~19M parameters by default), byte-level
           (256 bytes + a file separator), trained on the Python standard library's own .py files
+  lstm    a byte-level LSTM language model on the gpt2 workload's corpus
   digits  a small CNN on scikit-learn's bundled 8x8 digits, fixed train/test split, per-rank
           shards of the training set
 
@@ -118,6 +119,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     g.add_argument("--n-positions", type=int, default=256)
     g.add_argument("--corpus-mb", type=float, default=4.0, help="corpus size cap (MiB)")
     g.add_argument("--eval-batches", type=int, default=2, help="held-out batches per rank")
+    g = p.add_argument_group("lstm (also --seq-len, --corpus-mb, --eval-batches)")
+    g.add_argument("--lstm-embed", type=int, default=128)
+    g.add_argument("--lstm-hidden", type=int, default=256)
+    g.add_argument("--lstm-layers", type=int, default=2)
     g = p.add_argument_group("methods")
     g.add_argument("--bucket-size", type=int, default=512, help="cgx values per bucket")
     g.add_argument(

@@ -133,7 +133,7 @@ def _describe(wl: Workload, args, gloo) -> dict:
     n_params = sum(p.numel() for p in wl.model().parameters())
     info = dict(wl.info(), params=n_params, steps=wl.steps, batch_per_rank=wl.batch)
     info["lr_warmup"] = wl.lr_warmup
-    if wl.name == "gpt2":  # every rank must train on the same corpus
+    if "corpus_crc32" in info:  # every rank must train on the same corpus
         crcs = [None] * world
         dist.all_gather_object(crcs, info["corpus_crc32"], group=gloo)
         if len(set(crcs)) != 1:
@@ -142,8 +142,8 @@ def _describe(wl: Workload, args, gloo) -> dict:
         f"{k} {v}" for k, v in info.items() if k not in ("config", "optimizer", "corpus_crc32")
     )
     _rank0_print(f"# {wl.name}: {n_params:,} parameters ({n_params / 1e6:.2f}M); {desc}")
-    if wl.name == "gpt2":
-        _rank0_print(f"#   GPT2Config {info['config']}")
+    if "config" in info:
+        _rank0_print(f"#   {wl.name} config {info['config']}")
     return info
 
 

@@ -4,6 +4,8 @@
           trained on the Python standard library's own .py files
   digits  a small CNN on scikit-learn's bundled 8x8 digits, fixed train/test split, per-rank
           shards of the training set
+  lstm    a byte-level LSTM language model (embedding, stacked LSTM, linear head) on the gpt2
+          workload's corpus, batches and held-out windows (--seq-len, --corpus-mb)
 
 Every batch is a pure function of (seed, step, rank), so every method sees the same data.
 """
@@ -20,13 +22,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-WORKLOADS = ("gpt2", "digits")
+WORKLOADS = ("gpt2", "digits", "lstm")
 
 # Per-workload defaults: one method's run of gpt2 at W = 2 takes about half a minute on a
 # 2-core CPU; digits steps take milliseconds.
 DEFAULTS = {
     "gpt2": {"steps": 12, "batch": 4, "lr": 1e-3, "lr_warmup": 4, "log_every": 3},
     "digits": {"steps": 120, "batch": 32, "lr": 0.05, "lr_warmup": 0, "log_every": 40},
+    "lstm": {"steps": 12, "batch": 4, "lr": 3e-3, "lr_warmup": 4, "log_every": 3},
 }
 
 
@@ -94,14 +97,61 @@ def stdlib_corpus(max_bytes: int) -> tuple:
     return torch.from_numpy(tokens), files
 
 
-class GPT2Workload(Workload):
+class ByteCorpusWorkload(Workload):
+    """Next-byte prediction on the standard library's source (stdlib_corpus): 95 % to train,
+    the rest held out; subclasses give the model and ``logits(model, tokens)``."""
+
+    def __init__(self, args: argparse.Namespace, seed: int, batch: int) -> None:
+        self.args, self.seed, self.batch = args, seed, batch
+        self.seq_len = args.seq_len
+        tokens, self.files = stdlib_corpus(int(args.corpus_mb * 2**20))
+        split = int(len(tokens) * 0.95)
+        self.train, self.val = tokens[:split], tokens[split:]
+        if len(self.val) <= self.seq_len + 1:
+            raise ValueError("corpus too small for --seq-len")
+        self.crc = zlib.crc32(tokens.numpy().tobytes())
+
+    def logits(self, model, tokens: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _windows(self, tokens: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
+        starts = torch.randint(0, len(tokens) - self.seq_len - 1, (n,), generator=gen)
+        return torch.stack([tokens[s : s + self.seq_len + 1] for s in starts.tolist()]).long()
+
+    def get_batch(self, step: int, rank: int):
+        gen = torch.Generator().manual_seed(_seed(self.seed, step, rank, 1))
+        return self._windows(self.train, self.batch, gen)
+
+    def loss(self, model, batch) -> torch.Tensor:
+        logits = self.logits(model, batch[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+    @torch.no_grad()
+    def evaluate(self, model, rank: int) -> Dict[str, float]:
+        model.eval()
+        losses = []
+        for i in range(self.args.eval_batches):
+            gen = torch.Generator().manual_seed(_seed(self.seed, i, rank, 2))
+            losses.append(float(self.loss(model, self._windows(self.val, self.batch, gen))))
+        model.train()
+        return {"val_loss": sum(losses) / max(1, len(losses))} if losses else {}
+
+    def corpus_info(self) -> dict:
+        return {
+            "seq_len": self.seq_len,
+            "corpus_tokens": len(self.train) + len(self.val),
+            "corpus_files": self.files,
+            "corpus_crc32": self.crc,
+        }
+
+
+class GPT2Workload(ByteCorpusWorkload):
     name = "gpt2"
 
     def __init__(self, args: argparse.Namespace, seed: int) -> None:
-        self.args, self.seed, self.batch = args, seed, args.gpt2_batch
-        self.seq_len = args.seq_len
-        if self.seq_len > args.n_positions:
-            raise ValueError(f"--seq-len {self.seq_len} > --n-positions {args.n_positions}")
+        if args.seq_len > args.n_positions:
+            raise ValueError(f"--seq-len {args.seq_len} > --n-positions {args.n_positions}")
+        super().__init__(args, seed, args.gpt2_batch)
         os.environ["HF_HUB_OFFLINE"] = "1"
         os.environ["TRANSFORMERS_OFFLINE"] = "1"
         os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -120,15 +170,12 @@ class GPT2Workload(Workload):
             bos_token_id=256,
             eos_token_id=256,
         )
-        tokens, self.files = stdlib_corpus(int(args.corpus_mb * 2**20))
-        split = int(len(tokens) * 0.95)
-        self.train, self.val = tokens[:split], tokens[split:]
-        if len(self.val) <= self.seq_len + 1:
-            raise ValueError("corpus too small for --seq-len")
-        self.crc = zlib.crc32(tokens.numpy().tobytes())
 
     def model(self) -> torch.nn.Module:
         return self._model_cls(self.config)
+
+    def logits(self, model, tokens: torch.Tensor) -> torch.Tensor:
+        return model(tokens).logits
 
     def optimizer(self, params, momentum: bool = True) -> torch.optim.Optimizer:
         if getattr(self.args, "gpt2_optimizer", "adamw") == "sgd":  # where error feedback's
@@ -136,42 +183,53 @@ class GPT2Workload(Workload):
             return torch.optim.SGD(params, lr=self.args.gpt2_lr, momentum=0.9 if momentum else 0.0)
         return torch.optim.AdamW(params, lr=self.args.gpt2_lr, betas=(0.9, 0.95), weight_decay=0.0)
 
-    def _windows(self, tokens: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
-        starts = torch.randint(0, len(tokens) - self.seq_len - 1, (n,), generator=gen)
-        return torch.stack([tokens[s : s + self.seq_len + 1] for s in starts.tolist()]).long()
-
-    def get_batch(self, step: int, rank: int):
-        gen = torch.Generator().manual_seed(_seed(self.seed, step, rank, 1))
-        return self._windows(self.train, self.batch, gen)
-
-    def loss(self, model, batch) -> torch.Tensor:
-        logits = model(batch[:, :-1]).logits
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-
-    @torch.no_grad()
-    def evaluate(self, model, rank: int) -> Dict[str, float]:
-        model.eval()
-        losses = []
-        for i in range(self.args.eval_batches):
-            gen = torch.Generator().manual_seed(_seed(self.seed, i, rank, 2))
-            losses.append(float(self.loss(model, self._windows(self.val, self.batch, gen))))
-        model.train()
-        return {"val_loss": sum(losses) / max(1, len(losses))} if losses else {}
-
     def info(self) -> dict:
         return {
             "config": {
                 k: getattr(self.config, k)
                 for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
             },
-            "seq_len": self.seq_len,
-            "corpus_tokens": len(self.train) + len(self.val),
-            "corpus_files": self.files,
-            "corpus_crc32": self.crc,
+            **self.corpus_info(),
             "lr": self.args.gpt2_lr,
             "optimizer": "SGD(momentum=0.9)"
             if getattr(self.args, "gpt2_optimizer", "adamw") == "sgd"
             else "AdamW(betas=(0.9, 0.95))",
+        }
+
+
+class ByteLSTM(torch.nn.Module):
+    def __init__(self, embed: int, hidden: int, layers: int) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(257, embed)
+        self.lstm = torch.nn.LSTM(embed, hidden, num_layers=layers, batch_first=True)
+        self.head = torch.nn.Linear(hidden, 257)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.lstm(self.embed(tokens))[0])
+
+
+class LSTMWorkload(ByteCorpusWorkload):
+    name = "lstm"
+
+    def __init__(self, args: argparse.Namespace, seed: int) -> None:
+        super().__init__(args, seed, args.lstm_batch)
+
+    def model(self) -> torch.nn.Module:
+        return ByteLSTM(self.args.lstm_embed, self.args.lstm_hidden, self.args.lstm_layers)
+
+    def logits(self, model, tokens: torch.Tensor) -> torch.Tensor:
+        return model(tokens)
+
+    def optimizer(self, params, momentum: bool = True) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=self.args.lstm_lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+    def info(self) -> dict:
+        a = self.args
+        return {
+            "config": {"embed": a.lstm_embed, "hidden": a.lstm_hidden, "layers": a.lstm_layers},
+            **self.corpus_info(),
+            "lr": a.lstm_lr,
+            "optimizer": "AdamW(betas=(0.9, 0.95))",
         }
 
 
@@ -252,6 +310,8 @@ def parse_workloads(text: str) -> List[str]:
 def make_workload(name: str, args, rank: int, world: int) -> Workload:
     if name == "gpt2":
         w = GPT2Workload(args, args.seed)
+    elif name == "lstm":
+        w = LSTMWorkload(args, args.seed)
     else:
         w = DigitsWorkload(args, args.seed, rank, world)
     w.steps = getattr(args, f"{name}_steps")
