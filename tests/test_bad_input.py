@@ -32,6 +32,8 @@ MALFORMED = {
     "CGX_INTRA_BROADCAST": "3",
     "CGX_INNER_COMMUNICATOR_TYPE": "carrier-pigeon",
     "CGX_CROSS_COMMUNICATOR_TYPE": "x",
+    "CGX_INTRA_COMPRESS": "int3",
+    "CGX_COMPRESSION_ROTATION": "sideways",
 }
 
 
@@ -67,6 +69,7 @@ DIFFERING = {
     "compressor": ("maxmin", "fp16"),
     "compressor_params": ("ratio=0.1", "ratio=0.2"),  # with compressor="topk" on both
     "settings_per_call": (True, False),
+    "rotation": ("off", "auto"),
 }
 
 

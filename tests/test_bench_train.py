@@ -186,6 +186,11 @@ def test_method_and_workload_flags():
     assert cgx_variant("cgx1:legacy:+sr") == (1, {"legacy": True, "stochastic": True})
     assert cgx_variant("cgx-adaptive2.5") == (2, {"adaptive_bits": 2.5})
     assert nominal_bits("cgx-adaptive2.5") == 2.5 and nominal_bits("cgx4:legacy") == 4
+    from torch_cgx.bench.train_methods import backend_variant
+
+    assert train.parse_methods("ddp-cgx4,ddp-cgx2:norot") == ["ddp-cgx4", "ddp-cgx2:norot"]
+    assert backend_variant("ddp-cgx4") == (4, "auto") and nominal_bits("ddp-cgx2:norot") == 2
+    assert backend_variant("ddp-cgx2:norot") == (2, "off") and backend_variant("cgx4") is None
     noef = train.parse_methods("all-noef")
     assert "c:onebit:noef" in noef and "c:qsgd:noef" not in noef  # unbiased: nothing to turn off
     assert "c:signsgd:noef" not in noef  # its default is already off
@@ -203,6 +208,8 @@ def test_method_and_workload_flags():
         "cgx4:legacy:ef",
         "cgx-adaptive9",
         "cgx-adaptivex",
+        "ddp-cgx9",
+        "ddp-cgx4:rot",
     ):
         with pytest.raises(argparse.ArgumentTypeError):
             train.parse_methods(bad)

@@ -18,6 +18,10 @@ variable                                       default    meaning
                                                           (encode one while another is sent);
                                                           0 = no pipeline
 ``CGX_COMPRESSION_STOCHASTIC``                 0          stochastic rounding (unbiased)
+``CGX_COMPRESSION_ROTATION``                   off        seeded rotation of each bucket before
+                                                          max-min (docs/accuracy.md); auto: at
+                                                          1-4 bits when the bucket size is a
+                                                          power of two; on / off (1 / 0)
 ``CGX_COMPRESSION_SEED``                       0          seed of the stochastic rounding
 ``CGX_COMPRESSOR``                             maxmin     a registered compressor
                                                           (``torch_cgx.compressors.names()``),
@@ -87,6 +91,7 @@ _ENV = {
     "algorithm": "CGX_REDUCTION_ALGORITHM",
     "pipeline_segment_mb": "CGX_PIPELINE_SEGMENT_MB",
     "stochastic": "CGX_COMPRESSION_STOCHASTIC",
+    "rotation": "CGX_COMPRESSION_ROTATION",
     "seed": "CGX_COMPRESSION_SEED",
     "compressor": "CGX_COMPRESSOR",
     "compressor_params": "CGX_COMPRESSOR_PARAMS",
@@ -101,6 +106,14 @@ _ENV = {
 CREATION_ONLY = ("hierarchical", "intra_broadcast", "inner_communicator", "cross_communicator",
                  "intra_compress")  # fmt: skip
 _HIERARCHICAL = {"auto": "auto", "on": "on", "off": "off", "1": "on", "0": "off"}
+_ROTATION = {"auto": "auto", "on": "on", "off": "off", "1": "on", "0": "off", "true": "on",
+             "false": "off"}  # fmt: skip
+
+
+def _power_of_two_block(bucket) -> bool:
+    return _is_int(bucket) and 2 <= bucket <= 1 << 20 and bucket & (bucket - 1) == 0
+
+
 # How a node's values travel to the owner of their node sum over shared memory: exact fp32, or
 # rounded to a 16-bit float (half the memory traffic; 1 / on mean fp16).
 _INTRA_COMPRESS = {"off": "off", "0": "off", "none": "off", "fp16": "fp16", "1": "fp16",
@@ -121,6 +134,7 @@ class CGXConfig:
     algorithm: str = "sra"
     pipeline_segment_mb: int = 4
     stochastic: bool = False
+    rotation: str = "off"
     seed: int = 0
     compressor: str = "maxmin"
     compressor_params: str = ""  # canonical "name=value,..." (set_config also takes a dict)
@@ -162,6 +176,13 @@ class CGXConfig:
         if self.hierarchical not in _HIERARCHICAL:
             raise bad("hierarchical", "must be auto, on or off (1 / 0)", self.hierarchical)
         object.__setattr__(self, "hierarchical", _HIERARCHICAL[self.hierarchical])
+        rotation = _ROTATION.get(str(self.rotation).lower())
+        if rotation is None:
+            raise bad("rotation", "must be auto, on or off (1 / 0)", self.rotation)
+        object.__setattr__(self, "rotation", rotation)
+        if rotation == "on" and not _power_of_two_block(self.bucket_size):
+            raise bad("rotation", "on needs a bucket_size that is a power of two in [2, 2^20] "
+                      f"(bucket_size {self.bucket_size})", self.rotation)  # fmt: skip
         mode = _INTRA_COMPRESS.get(str(self.intra_compress).lower())
         if mode is None:
             raise bad("intra_compress", "must be off, fp16 or bf16 (1 / on: fp16)",
@@ -237,6 +258,7 @@ class CGXConfig:
             algorithm=names[native.algorithm],
             pipeline_segment_mb=native.pipeline_segment_bytes >> 20,
             stochastic=native.stochastic,
+            rotation=native.rotation,
             seed=native.seed,
             compressor=native.compressor,
             compressor_params=_format_params(native.compressor_params),
@@ -258,6 +280,7 @@ class CGXConfig:
         native.algorithm = ALGORITHMS[self.algorithm]
         native.pipeline_segment_bytes = self.pipeline_segment_mb << 20
         native.stochastic = self.stochastic
+        native.rotation = self.rotation
         native.seed = self.seed
         native.compressor = self.compressor
         native.compressor_params = _parse_params("compressor_params", self.compressor_params)

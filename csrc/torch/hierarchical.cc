@@ -52,7 +52,8 @@ void ProcessGroupCGX::reduce_hierarchical(at::Tensor& t, const BackendConfig& c,
     // In place on t when it is contiguous fp32 on the CPU (the result replaces it anyway, as in
     // the flat path); otherwise on an fp32 copy: the node sum is exact in fp32 whatever the dtype.
     const bool direct = t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
-    at::Tensor work = direct ? t.view({-1}) : t.to(at::kCPU, at::kFloat, false, true).view({-1});
+    at::Tensor work =
+        direct ? t.view({-1}) : t.to(at::kCPU, at::kFloat, false, true).contiguous().view({-1});
     shm_allreduce(work.data_ptr<float>(), work.numel(), c, average ? float(getSize()) : 0.0f,
                   residual);
     if (!direct) t.copy_(work.view(t.sizes()));

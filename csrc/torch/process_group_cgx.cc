@@ -10,6 +10,7 @@
 #include "call_options.h"
 #include "compressors/registry.h"
 #include "core/error.h"
+#include "core/rotation.h"
 #include "dtype_map.h"
 
 namespace cgx::binding {
@@ -59,6 +60,11 @@ void validate_config(const BackendConfig& c) {
   CGX_CHECK_ARG(c.pipeline_segment_bytes >= 0 && c.pipeline_segment_bytes <= (int64_t(1) << 40),
                 "pipeline_segment_bytes must be in [0, 2^40], got ", c.pipeline_segment_bytes);
   algorithm_from_int(c.algorithm);
+  CGX_CHECK_ARG(c.rotation == "auto" || c.rotation == "off" ||
+                    (c.rotation == "on" && rotation::valid_block(c.bucket_size)),
+                "rotation must be auto, off, or on with a bucket_size that is a power of two in "
+                "[2, 2^20], got ",
+                c.rotation, " (bucket_size ", c.bucket_size, ")");
   CGX_CHECK_ARG(c.compressor != "maxmin" || c.compressor_params.empty(),
                 "maxmin takes its parameters from bits, bucket_size, skip_incomplete_buckets and "
                 "stochastic, not from compressor_params");
@@ -246,8 +252,43 @@ const Compressor& ProcessGroupCGX::compressor_for(const BackendConfig& c) {
   return *compressor_;
 }
 
+namespace {
+
+bool rotates(const BackendConfig& c) {
+  if (c.compressor != "maxmin" || c.rotation == "off") return false;
+  return rotation::valid_block(c.bucket_size) && (c.rotation == "on" || c.bits <= 4);
+}
+
+uint64_t rotation_seed(const BackendConfig& c, uint64_t call) {
+  return c.seed * 1000003u + (c.stream >= 0 ? uint64_t(c.stream) : call) + 1;
+}
+
+}  // namespace
+
 void ProcessGroupCGX::reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average,
                                         float* residual) {
+  if (rotates(c)) return reduce_rotated(t, c, average, residual);
+  reduce_unrotated(t, c, average, residual);
+}
+
+// Every full bucket of an fp32 copy rotated (the same seed on every rank: the ranks reduce in
+// the rotated domain, the rotation being linear), reduced, and rotated back, with the residual.
+void ProcessGroupCGX::reduce_rotated(at::Tensor& t, const BackendConfig& c, bool average,
+                                     float* residual) {
+  const uint64_t seed = rotation_seed(c, rotated_calls_++);
+  const bool direct = t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
+  at::Tensor work =
+      direct ? t.view({-1}) : t.to(at::kCPU, at::kFloat, false, true).contiguous().view({-1});
+  const int64_t full = work.numel() / c.bucket_size * c.bucket_size;
+  rotation::rotate(work.data_ptr<float>(), full, c.bucket_size, seed, true);
+  reduce_unrotated(work, c, average, residual);
+  rotation::rotate(work.data_ptr<float>(), full, c.bucket_size, seed, false);
+  if (residual) rotation::rotate(residual, full, c.bucket_size, seed, false);
+  if (!direct) t.copy_(work.view(t.sizes()));
+}
+
+void ProcessGroupCGX::reduce_unrotated(at::Tensor& t, const BackendConfig& c, bool average,
+                                       float* residual) {
   if (hierarchy_) return reduce_hierarchical(t, c, average, residual);
   // Works on a contiguous CPU copy when t is not one (CUDA tensors: staged through the host).
   at::Tensor work = t.contiguous().cpu();

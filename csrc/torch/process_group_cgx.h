@@ -44,6 +44,9 @@ struct BackendConfig {
   int64_t pipeline_segment_bytes = int64_t(4) << 20;  // 0: no pipeline
   int algorithm = 0;                                  // cgx::Algorithm
   bool stochastic = false;
+  // Seeded rotation of each bucket before max-min (allreduce only): "off" (the default), "auto"
+  // (at 1-4 bits when bucket_size is a power of two), "on". See ProcessGroupCGX::reduce_rotated.
+  std::string rotation = "off";
   uint64_t seed = 0;
   // >= 0: the index of this call's random streams, given by a caller that counts its own calls
   // (a DDP hook's state: a resumed run then draws what an uninterrupted one would); -1: the
@@ -221,6 +224,8 @@ class ProcessGroupCGX : public c10d::Backend {
   void stop_threads();
   void watchdog_loop();
   const Compressor& compressor_for(const BackendConfig& c);
+  void reduce_rotated(at::Tensor& t, const BackendConfig& c, bool average, float* residual);
+  void reduce_unrotated(at::Tensor& t, const BackendConfig& c, bool average, float* residual);
   void reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average,
                          float* residual = nullptr);
   void reduce_exact(at::Tensor& t, const c10d::ReduceOp& op);
@@ -263,6 +268,7 @@ class ProcessGroupCGX : public c10d::Backend {
   std::string compressor_name_;
   std::map<std::string, double> compressor_params_;
   uint64_t calls_ = 0;
+  uint64_t rotated_calls_ = 0;  // the rotation's call index (the same on every rank)
   std::atomic<int64_t> last_bytes_sent_{0};
   std::atomic<int64_t> total_bytes_sent_{0};
 

@@ -91,7 +91,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--workloads", type=parse_workloads, default=list(WORKLOADS))
+    p.add_argument("--workloads", type=parse_workloads, default=["gpt2", "digits"],
+                   help=f"of {', '.join(WORKLOADS)} (default: gpt2,digits)")  # fmt: skip
     p.add_argument("--methods", type=parse_methods, default=list(METHODS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None, help="steps of every workload")

@@ -14,6 +14,8 @@ cgxN            torch_cgx's cgx_hook on the cgx group, N bits (1..8), the defaul
 cgxN:legacy     CGX's own hook (layers concatenated, no error feedback, no rotation)
 cgxN:+L / :-L   a lever on / off (L: layer, ef, sr, rot, mean), e.g. cgx4:legacy:+ef
 cgx-adaptiveX   cgx_hook with adaptive bits per layer, an average of X code bits per value
+ddp-cgxN        no hook: DDP's own allreduce per bucket on the cgx group at N bits, the group's
+                defaults (CGX_* variables alone: rotation at 1-4 bits); ddp-cgxN:norot without
 c:<name>        torch_cgx's compression_hook with CompressionState(compressor=<name>), default
                 parameters, error feedback and momentum as the hook defaults them
 c:<name>:ef     the same with error feedback forced on (:noef: forced off)
@@ -57,6 +59,14 @@ def cgx_bits(method: str) -> Optional[int]:
 
 _LEVER_FLAGS = {"layer": "split_layers", "ef": "error_feedback", "sr": "stochastic",
                 "rot": "rotation", "mean": "mean_levels"}  # fmt: skip
+
+
+def backend_variant(method: str) -> Optional[tuple]:
+    """``ddp-cgxN[:norot]`` -> (N, rotation setting), else None."""
+    base, _, suffix = method.partition(":")
+    if not base.startswith("ddp-") or cgx_bits(base[4:]) is None or suffix not in ("", "norot"):
+        return None
+    return cgx_bits(base[4:]), "off" if suffix else "auto"
 
 
 def cgx_variant(method: str) -> Optional[tuple]:
@@ -117,6 +127,7 @@ def on_cgx_group(method: str) -> bool:
     return (
         cgx_variant(method) is not None
         or compressor_of(method) is not None
+        or backend_variant(method) is not None
         or method in ("cgx-powersgd-q8", "policy8", "cgx-auto")
     )
 
@@ -135,6 +146,7 @@ def parse_methods(text: str) -> List[str]:
             raise argparse.ArgumentTypeError(
                 f"unknown method {m!r} (choose from {', '.join(METHODS + EXTRA_METHODS)}, "
                 "cgx1..cgx8[:legacy][:+L|:-L] (L: layer, ef, sr, rot, mean), cgx-adaptiveX, "
+                "ddp-cgx1..ddp-cgx8[:norot], "
                 f"c:<compressor>[:ef|:noef] with one of {', '.join(compressors.names())}, "
                 f"{ALL_COMPRESSORS} or {ALL_NOEF})"
             )
@@ -217,6 +229,11 @@ def wrap(model: torch.nn.Module, method: str, gloo, args) -> tuple:
     if method == "cgx-auto":  # no hook: DDP's own allreduce per bucket, planned by the group
         torch_cgx.set_config(compressor="auto", bits=4)  # the planner's budget: >= 4 bits
         return DDP(model, process_group=dist.group.WORLD, **common), None
+    if backend_variant(method) is not None:  # no hook: the backend compresses DDP's buckets
+        bits, rotation = backend_variant(method)
+        torch_cgx.set_config(compressor="maxmin", compressor_params={}, bits=bits,
+                             bucket_size=args.bucket_size, rotation=rotation)  # fmt: skip
+        return DDP(model, process_group=dist.group.WORLD, **common), None
     if method == "policy8":
         from torch_cgx import compression as C
 
@@ -255,6 +272,8 @@ def nominal_bits(method: str) -> Optional[int]:
     payload says: wire bytes), 32 for the rest."""
     if compressor_of(method) is not None or method in ("policy8", "cgx-auto"):
         return None
+    if backend_variant(method) is not None:
+        return backend_variant(method)[0]
     variant = cgx_variant(method)
     if variant is not None and "adaptive_bits" in variant[1]:
         return variant[1]["adaptive_bits"]

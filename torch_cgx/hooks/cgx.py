@@ -267,7 +267,10 @@ def _adapt(state: CGXState, keys: List[str], energies: torch.Tensor, sizes: List
 def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Averages the bucket: compressible layers with the state's bits, the rest exactly."""
     backend = cgx_backend(state.process_group)
-    base = get_config(state.process_group).replace(compressor="maxmin", compressor_params="")
+    # rotation="off": the hook's rotation is its own lever (per layer), never the group's too
+    base = get_config(state.process_group).replace(
+        compressor="maxmin", compressor_params="", rotation="off"
+    )
     base = base.replace(**state.compression_params)
     buf = bucket.buffer()
     comp, exact = bucket_spans(state, bucket)
