@@ -92,6 +92,10 @@ struct PlanRule {
   int64_t segments = 0;
 };
 
+// Whether an allreduce with `c` rotates its buckets (reduce_rotated.cc): max-min, rotation "on",
+// or "auto" at 1-4 bits, with a bucket size that is a power of two in [2, 2^20].
+bool rotates(const BackendConfig& c);
+
 // `c` with the plan's rule for an allreduce of `numel` values applied (unchanged without one).
 BackendConfig planned(const BackendConfig& c, const std::vector<PlanRule>& plan, int64_t numel);
 
