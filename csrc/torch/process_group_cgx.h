@@ -66,7 +66,7 @@ struct BackendConfig {
   bool intra_broadcast = true;
   std::string inner_communicator;
   std::string cross_communicator;
-  std::string intra_compress = "off";  // "off", "fp16", "bf16": see Hierarchy::intra_dtype
+  std::string intra_compress = "off";  // "off", "fp16", "bf16": see Hierarchy::intra_compress
   // Set by planned(): the plan chose this call's settings, the same on every rank by
   // construction, so no per-call agreement is needed.
   bool planned = false;
