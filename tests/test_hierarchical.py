@@ -3,6 +3,8 @@ compressed across nodes; both CGX_INTRA_BROADCAST modes."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -164,3 +166,41 @@ def test_intra_compress_stages_node_values_in_16_bits(mode, intra_broadcast):
     env = {"LOCAL_WORLD_SIZE": "2", "CGX_INTRA_BROADCAST": "1" if intra_broadcast else "0",
            "CGX_INTRA_COMPRESS": mode}  # fmt: skip
     run_ranks(body_intra_compress, 4, mode, intra_broadcast, env=env, timeout=180)
+
+
+def body_small_shm(rank, world):
+    import torch_cgx  # noqa: F401
+
+    with pytest.raises(RuntimeError, match=r"could not be set up: rank 0: .*cannot reserve"):
+        dist.init_process_group("cgx")
+
+
+SMALL_SHM = """
+import sys
+sys.path.insert(0, {tests!r})
+from dist_helpers import run_ranks
+from test_hierarchical import body_small_shm
+if __name__ == "__main__":
+    run_ranks(body_small_shm, 4, env={{"LOCAL_WORLD_SIZE": "2"}}, timeout=60)
+    print("every rank raised")
+"""
+
+
+def test_too_small_dev_shm_raises_on_every_rank(tmp_path):
+    """A /dev/shm too small for the node's segment (containers default to 64 MiB): every rank
+    raises naming the problem, instead of SIGBUS on the first write or ranks left waiting. A
+    1 MiB tmpfs over /dev/shm in a mount namespace of the test's own (root only)."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare for a private /dev/shm")
+    script = tmp_path / "small_shm.py"
+    script.write_text(SMALL_SHM.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    cmd = f"mount -t tmpfs -o size=1m tmpfs /dev/shm && exec {sys.executable} {script}"
+    out = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    if out.returncode != 0 and "mount" in out.stderr and "permission" in out.stderr.lower():
+        pytest.skip(f"cannot mount a private /dev/shm here: {out.stderr.strip()[:200]}")
+    assert out.returncode == 0 and "every rank raised" in out.stdout, out.stdout + out.stderr

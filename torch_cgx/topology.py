@@ -72,10 +72,6 @@ def attach_hierarchy(backend, config: CGXConfig, store, rank: int, size: int,
     h.intra = dist.ProcessGroupGloo(
         dist.PrefixStore(f"intra/{node}/", store), local, len(nodes[node]), timeout
     )
-    if config.inner_communicator in ("", "shm"):  # the node's ranks share a memory segment
-        if local == 0:
-            store.set(f"shm/{node}", f"/cgx-{os.getpid()}-{uuid.uuid4().hex[:12]}")
-        h.shm_name = store.get(f"shm/{node}").decode()
     if config.intra_broadcast:
         if local == 0:
             h.cross = dist.ProcessGroupGloo(
@@ -85,7 +81,40 @@ def attach_hierarchy(backend, config: CGXConfig, store, rank: int, size: int,
         h.cross = dist.ProcessGroupGloo(
             dist.PrefixStore(f"cross/{local}/", store), node, len(nodes), timeout
         )
-    backend.set_hierarchy(h)
+    shm = config.inner_communicator in ("", "shm")  # the node's ranks share a memory segment
+    _set_hierarchy_everywhere(backend, h, store, rank, size, node, local, shm)
     if h.shm_name:  # once every local rank has mapped it, the name can go (no leak on a crash)
         h.intra.barrier().wait()
         backend.unlink_node_segment()
+
+
+def _set_hierarchy_everywhere(backend, h, store, rank: int, size: int, node: int, local: int,
+                              shm: bool) -> None:  # fmt: skip
+    """Hands ``h`` to the backend on every rank. With shared memory, local rank 0 creates the
+    node's segment first and publishes its name (or its error) for the others to open. Every
+    rank then reports through the store, so that a failure anywhere (a /dev/shm too small, say)
+    raises on every rank instead of leaving some waiting."""
+    status = "ok"
+    try:
+        if shm and local == 0:
+            h.shm_name = f"/cgx-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+            try:
+                backend.set_hierarchy(h)
+            except Exception as e:
+                store.set(f"shm/{node}", "!" + str(e))
+                raise
+            store.set(f"shm/{node}", h.shm_name)
+        else:
+            if shm:
+                name = store.get(f"shm/{node}").decode()
+                if name.startswith("!"):
+                    raise RuntimeError(f"local rank 0 of this node failed: {name[1:]}")
+                h.shm_name = name
+            backend.set_hierarchy(h)
+    except Exception as e:
+        status = f"rank {rank}: {e}"
+    store.set(f"hierarchy/{rank}", status)
+    failed = [s for s in (store.get(f"hierarchy/{r}").decode() for r in range(size)) if s != "ok"]
+    if failed:
+        raise RuntimeError("cgx: the hierarchical allreduce could not be set up: "
+                           + "; ".join(failed))  # fmt: skip

@@ -60,6 +60,17 @@ ShmNode::ShmNode(const std::string& name, int local_rank, int local_size, size_t
       shm_unlink(name.c_str());
       fail("cannot size", name);
     }
+    // Reserve the pages now: on a full or small /dev/shm (containers default to 64 MiB) a write
+    // into an unreserved page would kill the process with SIGBUS instead of raising here.
+    if (const int rc = posix_fallocate(fd, 0, off_t(bytes_)); rc != 0) {
+      close(fd);
+      shm_unlink(name.c_str());
+      errno = rc;
+      fail("cannot reserve " + std::to_string(bytes_) +
+               " bytes (is /dev/shm too small? containers: --shm-size; or "
+               "CGX_INNER_COMMUNICATOR_TYPE=GLOO)",
+           name);
+    }
   } else {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while ((fd = shm_open(name.c_str(), O_RDWR, 0600)) < 0) {
