@@ -119,6 +119,21 @@ def body_tail_pipeline_stochastic(rank, world):
         rank, world, 700_001, torch.float32, dist.ReduceOp.SUM, 4, 512, "sra", gloo, 3, 2
     )
     assert torch_cgx.cgx_backend().last_bytes_sent() > 0
+    # CaSync for ring, tree and allgather (two lanes, lanes.cc) over real Gloo: within the bound,
+    # and bit for bit what sequential 1 MiB pieces give (same chunks, buckets and streams).
+    x = rank_input(rank, 700_001, torch.float32, 9)
+    for algorithm in ("ring", "tree", "allgather"):
+        torch_cgx.set_config(algorithm=algorithm, pipeline_segment_mb=1, fusion_buffer_mb=2)
+        check_allreduce(
+            rank, world, 700_001, torch.float32, dist.ReduceOp.SUM, 4, 512, algorithm, gloo, 3, 2
+        )
+        laned = x.clone()
+        dist.all_reduce(laned)
+        torch_cgx.set_config(pipeline_segment_mb=0, fusion_buffer_mb=1)
+        pieces = x.clone()
+        dist.all_reduce(pieces)
+        assert torch.equal(laned, pieces), algorithm
+    torch_cgx.set_config(pipeline_segment_mb=4)
     # Stochastic rounding through the allreduce: its own (doubled) bound, the RMS of its noise.
     torch_cgx.set_config(bits=4, bucket_size=128, stochastic=True, seed=7, fusion_buffer_mb=64)
     for algorithm in ("sra", "ring", "tree"):

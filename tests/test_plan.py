@@ -79,6 +79,51 @@ def test_pipeline_segments_pay_when_codec_and_wire_are_comparable():
     assert piped < 0.75 * one
 
 
+def test_every_dense_path_pipelines_and_sparse_ones_only_when_asked():
+    """CaSync in the model as in the backend (lanes.cc): ring, tree and dense allgather run the
+    default pipeline above one segment; a sparse compressor's allgather only with explicit
+    segments; the plan file's partitions follow."""
+    link = LinkCosts(parse_rate("1gbit"), 20e-6)
+    host = synthetic(2e-6, 4e-9)
+    params = (("bits", 4), ("bucket_size", 512))
+    n = 1 << 24
+    for alg in ("ring", "tree", "allgather"):
+        piped = P.predict(P.Option("maxmin", params, alg, 0), n, 2, link, host)
+        one = P.predict(P.Option("maxmin", params, alg, 1), n, 2, link, host)
+        assert piped < 0.8 * one, alg
+    topk = codec_key("topk", {})
+    host.encode[topk] = host.decode[topk] = Linear(2e-6, 4e-9)
+    default = P.predict(P.Option("topk", (), "sra", 0), n, 2, link, host)
+    assert default == P.predict(P.Option("topk", (), "sra", 1), n, 2, link, host)
+    assert P.predict(P.Option("topk", (), "sra", 16), n, 2, link, host) < default
+    ring = planner.Decision("g", n, P.Option("maxmin", params, "ring", 0), 0.0, 0.0)
+    sparse = planner.Decision("g", n, P.Option("topk", (), "sra", 0), 0.0, 0.0)
+    assert (ring.partitions, sparse.partitions) == (16, 1)
+
+
+def test_probe_correction_interpolates_in_log_size():
+    """The probe's measured / predicted ratios: exact at the probed sizes, linear in log2(n)
+    between them, held beyond; bad points are refused; JSON round trip."""
+    from torch_cgx.plan.costs import Correction
+
+    c = Correction(((1 << 10, 2.0), (1 << 14, 1.0), (1 << 20, 1.6)))
+    assert (c(1 << 10), c(1 << 14), c(1 << 20)) == (2.0, 1.0, 1.6)
+    assert c(1 << 12) == pytest.approx(1.5) and c(1 << 17) == pytest.approx(1.3)
+    assert c(1) == 2.0 and c(1 << 30) == 1.6
+    for bad in ((), ((8, 1.0), (8, 2.0)), ((8, 0.0),), ((8, float("nan")),), ((0, 1.0),)):
+        with pytest.raises(ValueError, match="correction"):
+            Correction(bad)
+    host = synthetic()
+    host.paths = {"sra": c, "exact": Correction(((4, 1.25),))}
+    back = CodecCosts.from_json(json.loads(json.dumps(host.to_json())))
+    assert back.paths == host.paths
+    opt = P.Option("maxmin", (("bits", 4), ("bucket_size", 512)), "sra", 0)
+    link = LinkCosts(parse_rate("1gbit"), 50e-6)
+    bare = P.predict(opt, 1 << 12, 2, link, synthetic())
+    call = synthetic().call
+    assert P.predict(opt, 1 << 12, 2, link, back) - call == pytest.approx((bare - call) * 1.5)
+
+
 def test_budget_parsing():
     assert P.Budget.parse("bits>=2").min_bits == 2
     assert [b for _, p in P.Budget.parse("6").codecs() for b in [p.get("bits")]][:3] == [6, 7, 8]

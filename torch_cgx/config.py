@@ -14,9 +14,9 @@ variable                                       default    meaning
                                                           messages) or ``allgather``; when unset,
                                                           CGX's ``CGX_INNER_REDUCTION_TYPE``
                                                           (SRA|Ring|Tree)
-``CGX_PIPELINE_SEGMENT_MB``                    4          SRA pipelines segments of this size
-                                                          (encode one while another is sent);
-                                                          0 = no pipeline
+``CGX_PIPELINE_SEGMENT_MB``                    4          every algorithm pipelines segments of
+                                                          this size (encode one while another
+                                                          is sent); 0 = no pipeline
 ``CGX_COMPRESSION_STOCHASTIC``                 0          stochastic rounding (unbiased)
 ``CGX_COMPRESSION_ROTATION``                   off        seeded rotation of each bucket before
                                                           max-min (docs/accuracy.md); auto: at

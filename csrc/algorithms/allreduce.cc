@@ -87,17 +87,26 @@ void CompressedAllreduce::run(Transport& t, void* data, DType dtype, int64_t cou
     const int64_t n = std::min(piece_elems, count - begin);
     uint8_t* p = bytes + begin * int64_t(elem_size(dtype));
     residual_ = o.residual ? o.residual + begin : nullptr;
-    if (o.algorithm != Algorithm::kAllgather && sum_in_transit(o)) {
-      sum_reduce(t, p, dtype, n, o, piece);
-    } else if (o.algorithm == Algorithm::kAllgather || gather_only(o)) {
-      allgather(t, p, dtype, n, o, piece);
-    } else if (o.algorithm == Algorithm::kTree) {
-      tree(t, p, dtype, n, o, piece);
-    } else if (o.algorithm == Algorithm::kRing) {
-      ring(t, p, dtype, n, o, piece);
+    if (lanes_apply(o, dtype, n)) {
+      pipelined(t, p, dtype, n, o, piece);
     } else {
-      sra(t, p, dtype, n, o, piece);
+      reduce_piece(t, p, dtype, n, o, piece);
     }
+  }
+}
+
+void CompressedAllreduce::reduce_piece(Transport& t, uint8_t* data, DType dtype, int64_t count,
+                                       const AllreduceOptions& o, uint64_t piece) {
+  if (o.algorithm != Algorithm::kAllgather && sum_in_transit(o)) {
+    sum_reduce(t, data, dtype, count, o, piece);
+  } else if (o.algorithm == Algorithm::kAllgather || gather_only(o)) {
+    allgather(t, data, dtype, count, o, piece);
+  } else if (o.algorithm == Algorithm::kTree) {
+    tree(t, data, dtype, count, o, piece);
+  } else if (o.algorithm == Algorithm::kRing) {
+    ring(t, data, dtype, count, o, piece);
+  } else {
+    sra(t, data, dtype, count, o, piece);
   }
 }
 

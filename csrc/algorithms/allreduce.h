@@ -38,9 +38,15 @@ struct AllreduceOptions {
   Algorithm algorithm = Algorithm::kScatterReduceAllgather;
   bool average = false;                    // divide the sum by the group size
   size_t fusion_bytes = size_t(64) << 20;  // largest piece, in bytes of the buffer's dtype
-  // SRA pipeline: segments of about this many bytes are encoded while the previous one is on
-  // the wire; 0 or >= the piece: one segment, no pipeline.
+  // Pipeline (CaSync): segments of about this many bytes are encoded while the previous one is
+  // on the wire (SRA: allreduce.cc; the other algorithms: two lanes, lanes.cc); 0 or >= the
+  // piece: one segment, no pipeline.
   size_t segment_bytes = size_t(4) << 20;
+  // Sparse paths (allgather-reduce of sparse or data-sized payloads, sum-reduce) pipeline only
+  // when this is set too: their encode dominates their wire time, and pipelining them by
+  // default measured 15-100 % slower (docs/benchmarks.md, "CaSync"). The planner sets it where
+  // its model says a pipeline pays.
+  bool pipeline_sparse = false;
   uint64_t call_index = 0;  // makes each call's random streams distinct
   // Error feedback: when set (count fp32 values), receives what this rank's compressions left
   // out: x - decode(encode(x)) of its own values as it sent them (SRA's first stage, ring's
@@ -81,6 +87,13 @@ class CompressedAllreduce {
 
  private:
   struct Segment;
+  // One piece with the algorithm `o` asks for (the choice between them).
+  void reduce_piece(Transport& t, uint8_t* data, DType dtype, int64_t count,
+                    const AllreduceOptions& o, uint64_t piece);
+  // CaSync for the algorithms without a pipeline of their own (lanes.cc).
+  static bool lanes_apply(const AllreduceOptions& o, DType dtype, int64_t count);
+  void pipelined(Transport& t, uint8_t* data, DType dtype, int64_t count, const AllreduceOptions& o,
+                 uint64_t piece);
   void sra(Transport& t, uint8_t* data, DType dtype, int64_t count, const AllreduceOptions& o,
            uint64_t piece);
   void sra_encode(const Segment& s, const uint8_t* data);
@@ -106,7 +119,10 @@ class CompressedAllreduce {
   std::vector<SerialExecutor::Ticket> tickets_;  // pipeline: exchange and gather per segment
   size_t bytes_sent_ = 0;
   std::unique_ptr<SerialExecutor> comm_;  // started on the first pipelined call
-  float* residual_ = nullptr;             // of the current piece (AllreduceOptions::residual)
+  // lanes.cc: the second lane's thread and each lane's own buffers.
+  std::unique_ptr<SerialExecutor> lane_exec_;
+  std::unique_ptr<CompressedAllreduce> lanes_[2];
+  float* residual_ = nullptr;  // of the current piece (AllreduceOptions::residual)
 };
 
 }  // namespace cgx

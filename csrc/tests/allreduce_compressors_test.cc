@@ -97,6 +97,47 @@ TEST(AllreduceCompressors, AllgatherSumsExactlyWhatWasSent) {
   EXPECT_EQ(got[0], want);
 }
 
+// Sparse paths pipeline only when asked for (pipeline_sparse): with it, a piece in segments
+// gives the bytes of sequential pieces of the segments' size (same selection, same streams);
+// without it, a segment size alone changes nothing.
+TEST(AllreduceCompressors, SparsePathsPipelineOnlyWhenAsked) {
+  for (const char* name : {"topk", "randomk", "dgc"}) {
+    auto c = make_compressor(name);
+    for (int world : {2, 3}) {
+      const int64_t n = 5 * 1024 + 33;
+      auto base = [&](int) {
+        AllreduceOptions o;
+        o.compressor = c.get();
+        o.codec.seed = 3;
+        return o;
+      };
+      auto whole = normal_inputs(world, n, 21), seq = whole, lanes = whole, ignored = whole;
+      on_ranks(whole, n, [&](int r) { return base(r); });
+      on_ranks(seq, n, [&](int r) {
+        AllreduceOptions o = base(r);
+        o.fusion_bytes = 4096;
+        return o;
+      });
+      on_ranks(lanes, n, [&](int r) {
+        AllreduceOptions o = base(r);
+        o.segment_bytes = 4096;
+        o.pipeline_sparse = true;
+        return o;
+      });
+      on_ranks(ignored, n, [&](int r) {
+        AllreduceOptions o = base(r);
+        o.segment_bytes = 4096;
+        return o;
+      });
+      for (int r = 0; r < world; ++r) {
+        ASSERT_EQ(lanes[size_t(r)], seq[size_t(r)]) << name << " W " << world << " rank " << r;
+        ASSERT_EQ(ignored[size_t(r)], whole[size_t(r)]) << name << " W " << world;
+      }
+      ASSERT_NE(seq[0], whole[0]) << name;  // the segments' selection differs from the whole's
+    }
+  }
+}
+
 // random-k sums in transit: at the indices every rank drew from the shared stream, the fp32 sum
 // of the ranks' values in rank order; 0 elsewhere. The residual is what each rank did not send.
 TEST(AllreduceCompressors, RandomKSumsInTransitExactly) {
@@ -150,7 +191,7 @@ TEST(AllreduceCompressors, ResidualIsWhatTheRankDidNotSend) {
       AllreduceOptions o;
       o.compressor = c.get();
       o.algorithm = alg;
-      o.segment_bytes = 400;  // pipelined SRA
+      o.segment_bytes = 400;  // pipelined: segments of 100 values (SRA's pipeline, ring's lanes)
       o.residual = res[size_t(r)].data();
       return o;
     });
@@ -159,8 +200,8 @@ TEST(AllreduceCompressors, ResidualIsWhatTheRankDidNotSend) {
         const float v = x0[size_t(r)][size_t(i)];
         bool sent = true;
         if (alg != Algorithm::kAllgather) {
-          // Which chunk holds i: SRA segments of 100 values, chunks within each; ring: chunks.
-          const int64_t seg = alg == Algorithm::kRing ? n : 100;
+          // Which chunk holds i: segments of 100 values, chunks within each.
+          const int64_t seg = 100;
           const int64_t b = i / seg * seg, m = std::min(seg, n - b);
           int owner = 0;
           for (int j = 0; j < world; ++j) {

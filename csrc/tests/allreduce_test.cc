@@ -156,30 +156,53 @@ TEST(Allreduce, PipelinedSegments) {
 }
 
 TEST(Allreduce, PipelineEqualsSequentialPiecesOfTheSameBoundaries) {
-  // One 64 KiB piece in two pipelined 32 KiB segments must give the same bytes as two
-  // sequential 32 KiB pieces: same chunks, same buckets (nearest rounding ignores streams).
-  testing::Hub hub;
-  const int world = 3;
-  const int64_t count = 16 * 1024;
-  std::vector<std::vector<float>> x = inputs(world, count, 3), y = x;
-  for (bool pipelined : {false, true}) {
-    auto& data = pipelined ? y : x;
-    std::vector<std::thread> threads;
-    for (int r = 0; r < world; ++r) {
-      threads.emplace_back([&, r] {
-        testing::InMemoryTransport t(hub, r, world);
-        AllreduceOptions o;
-        o.codec.bucket_size = 256;
-        o.fusion_bytes = pipelined ? size_t(64) << 10 : size_t(32) << 10;
-        o.segment_bytes = pipelined ? size_t(32) << 10 : 0;
-        CompressedAllreduce ar;
-        ar.run(t, data[size_t(r)].data(), DType::kFloat32, count, o);
-      });
+  // One piece in pipelined 16 KiB segments (SRA's pipeline; two lanes for the others) must give
+  // the same bytes as sequential 16 KiB pieces: same chunks, same buckets, same random streams
+  // (segment k of piece 0 uses piece k's). 4 segments, the last short; 3 (one lane retires
+  // early) at W = 3. Stochastic rounding for the lanes, so that the streams matter; nearest for
+  // SRA, whose pipeline draws its streams per segment of the piece.
+  for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing, Algorithm::kTree,
+                   Algorithm::kAllgather}) {
+    for (int world : {2, 3, 4}) {
+      testing::Hub hub;
+      const int64_t count = world == 3 ? 2 * 4096 + 7 : 3 * 4096 + 100;
+      std::vector<std::vector<float>> x = inputs(world, count, 3), y = x;
+      for (bool pipelined : {false, true}) {
+        auto& data = pipelined ? y : x;
+        std::vector<std::thread> threads;
+        for (int r = 0; r < world; ++r) {
+          threads.emplace_back([&, r] {
+            testing::InMemoryTransport t(hub, r, world);
+            AllreduceOptions o;
+            o.algorithm = alg;
+            o.codec.bucket_size = 256;
+            o.codec.rounding = alg == Algorithm::kScatterReduceAllgather ? Rounding::kNearest
+                                                                         : Rounding::kStochastic;
+            o.fusion_bytes = pipelined ? size_t(1) << 20 : size_t(16) << 10;
+            o.segment_bytes = pipelined ? size_t(16) << 10 : 0;
+            CompressedAllreduce ar;
+            ar.run(t, data[size_t(r)].data(), DType::kFloat32, count, o);
+          });
+        }
+        for (auto& t : threads) t.join();
+      }
+      EXPECT_EQ(x, y) << "algorithm " << int(alg) << " W " << world;
+      EXPECT_NE(x, inputs(world, count, 3));
     }
-    for (auto& t : threads) t.join();
   }
-  EXPECT_EQ(x, y);
-  EXPECT_NE(x, inputs(world, count, 3));
+}
+
+TEST(Allreduce, PipelinedLanesWithinTheBound) {
+  // Ring and tree in two lanes: many small segments, odd sizes, every dtype, averaging.
+  for (auto alg : {Algorithm::kRing, Algorithm::kTree}) {
+    for (int world : {2, 3, 5}) {
+      for (auto dtype : {DType::kFloat32, DType::kFloat16}) {
+        Case c{world, 20011, alg, 4, 50, 1 << 20, world == 3, dtype};
+        c.segment_bytes = 2000;
+        run_case(c);
+      }
+    }
+  }
 }
 
 // The raw tail of the last chunk can need more bytes than chunk 0's payload: 1000 values on 2

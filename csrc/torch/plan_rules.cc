@@ -21,6 +21,7 @@ BackendConfig planned(const BackendConfig& c, const std::vector<PlanRule>& plan,
     // 0 keeps the group's own segment size.
     if (r.segments == 1) out.pipeline_segment_bytes = 0;
     if (r.segments > 1) out.pipeline_segment_bytes = (4 * numel + r.segments - 1) / r.segments;
+    out.pipeline_sparse = r.segments > 1;
     return out;
   }
   return c;

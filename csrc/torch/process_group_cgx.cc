@@ -45,6 +45,7 @@ AllreduceOptions to_options(const BackendConfig& c, bool average, uint64_t call_
   o.average = average;
   o.fusion_bytes = size_t(c.fusion_buffer_bytes);
   o.segment_bytes = size_t(c.pipeline_segment_bytes);
+  o.pipeline_sparse = c.pipeline_sparse;
   o.call_index = c.stream >= 0 ? uint64_t(c.stream) : call_index;
   return o;
 }

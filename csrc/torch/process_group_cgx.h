@@ -42,7 +42,8 @@ struct BackendConfig {
   int64_t minimal_size = 16;  // elements; smaller tensors are reduced exactly
   int64_t fusion_buffer_bytes = int64_t(64) << 20;
   int64_t pipeline_segment_bytes = int64_t(4) << 20;  // 0: no pipeline
-  int algorithm = 0;                                  // cgx::Algorithm
+  bool pipeline_sparse = false;  // set by a plan rule with segments > 1 (AllreduceOptions)
+  int algorithm = 0;             // cgx::Algorithm
   bool stochastic = false;
   // Seeded rotation of each bucket before max-min (allreduce only): "off" (the default), "auto"
   // (at 1-4 bits when bucket_size is a power of two), "on". See ProcessGroupCGX::reduce_rotated.
@@ -88,7 +89,8 @@ struct PlanRule {
   int bits = 32;
   int64_t bucket_size = 512;
   int algorithm = 0;
-  // SRA's pipeline: 0 the group's own segment size, 1 none, k > 1: k segments of the call.
+  // The pipeline (CaSync): 0 the group's own segment size, 1 none, k > 1: k segments of the
+  // call (sparse paths too: AllreduceOptions::pipeline_sparse).
   int64_t segments = 0;
 };
 
