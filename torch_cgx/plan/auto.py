@@ -13,14 +13,14 @@ import json
 import logging
 import statistics
 import time
-from typing import List
+from typing import Dict, List
 
 import torch
 
 from torch_cgx.config import ALGORITHMS as ALGORITHM_IDS
-from torch_cgx.plan.costs import CodecCosts, Linear, LinkCosts, calibrate
-from torch_cgx.plan.model import Option, predict
-from torch_cgx.plan.planner import Budget, choose, codecs_of
+from torch_cgx.plan.costs import CodecCosts, Correction, LinkCosts, calibrate
+from torch_cgx.plan.model import SEGMENT_BYTES, Option, path_of, predict, traits_and_size
+from torch_cgx.plan.planner import Budget, choose, codecs_of, options
 
 log = logging.getLogger("torch_cgx.plan")
 SIZE_CLASSES = [1 << k for k in range(4, 31)]  # 16 .. 2^30 values; the last rule covers the rest
@@ -58,45 +58,46 @@ def probe_link(backend, exact_native, host: CodecCosts, reps: int = 5) -> LinkCo
     return LinkCosts(moved / wire if wire > 0 else 1e12, latency)
 
 
-PATH_PROBES = {  # path: (compressor, params beyond the budget's bits, algorithm)
-    "sra": ("maxmin", "sra"),
-    "ring": ("maxmin", "ring"),
-    "tree": ("maxmin", "tree"),
-    "allgather": ("maxmin", "allgather"),
-    "sum_reduce": ("fp16", "sra"),
-}
-PATH_SIZES = (1 << 12, 1 << 22)  # 16 KiB and 16 MiB (4 of the default pipeline's segments)
+# Off the benchmark's grid (4 KiB x 4^k), so that its prediction table tests interpolation.
+PATH_SIZES = (1 << 11, 1 << 15, 1 << 19, 1 << 23)  # 8 KiB, 128 KiB, 2 MiB, 32 MiB of fp32
+
+
+def probe_options(budget: Budget) -> Dict[str, Option]:
+    """Per algorithm path the budget's options use, the one the probe measures: the first such
+    option (max-min at the budget's fewest bits for the dense paths)."""
+    out: Dict[str, Option] = {}
+    for opt in options(budget)[1:]:
+        out.setdefault(path_of(opt, traits_and_size(opt)[0]), opt)
+    return out
+
+
+def _native_of(config, opt: Option):
+    base = config.replace(settings_per_call=False, pipeline_segment_mb=4, compressor_params="")
+    params = dict(opt.params)
+    if opt.exact:
+        return base.replace(compressor="maxmin", bits=32).to_native()
+    if opt.compressor == "maxmin":
+        bits, bucket = params["bits"], params["bucket_size"]
+        return base.replace(compressor="maxmin", bits=bits, bucket_size=bucket,
+                            algorithm=opt.algorithm).to_native()  # fmt: skip
+    return base.replace(compressor=opt.compressor, bits=32, compressor_params=params,
+                        algorithm=opt.algorithm).to_native()  # fmt: skip
 
 
 def probe_paths(backend, config, link: LinkCosts, host: CodecCosts, budget: Budget, reps=5):
-    """Fits, per algorithm path, what the group's own calls take beyond the formulas (a fixed
-    part per call and a part per value), from calls at two sizes (collective). Sets host.paths."""
-    base = config.replace(settings_per_call=False, pipeline_segment_mb=4, compressor_params="")
-    residuals = {}
-    for path, (compressor, alg) in PATH_PROBES.items():
-        if compressor == "maxmin":
-            native = base.replace(compressor="maxmin", bits=budget.min_bits, algorithm=alg)
-            opt = Option("maxmin", (("bits", budget.min_bits),
-                                    ("bucket_size", budget.bucket_size)), alg)  # fmt: skip
-        else:
-            native = base.replace(compressor=compressor, bits=32, algorithm=alg)
-            opt = Option(compressor, (), alg)
-        residuals[path] = _residual(backend, native.to_native(), opt, link, host, reps)
-    exact = base.replace(compressor="maxmin", bits=32).to_native()
-    residuals["exact"] = _residual(backend, exact, Option(), link, host, reps)
-    host.paths = residuals
-
-
-def _residual(backend, native, opt: Option, link: LinkCosts, host: CodecCosts, reps: int):
-    """Measured minus predicted at PATH_SIZES, as a Linear (rank 0's; the others only take part
-    in the calls and get zeros)."""
-    points = []
-    for n in PATH_SIZES:
-        measured = _time_exact(backend, native, n, reps)
-        if backend.rank() == 0:
-            measured -= predict(opt, n, backend.size(), link, host)
-        points.append((n, measured if backend.rank() == 0 else 0.0))
-    return Linear.fit(*points, clamp=False)  # the formula may overestimate too
+    """Measures, per algorithm path, the group's own calls against the formulas at PATH_SIZES
+    (collective): host.paths[path] is the ratio measured / predicted, interpolated between
+    the sizes (costs.Correction). Only rank 0's figures are used."""
+    probes = {"exact": Option(), **probe_options(budget)}
+    host.paths, paths = {}, {}  # the predictions below are the bare formulas
+    for path, opt in probes.items():
+        native, points = _native_of(config, opt), []
+        for n in PATH_SIZES:
+            measured = _time_exact(backend, native, n, reps if n < (1 << 21) else 3)
+            predicted = predict(opt, n, backend.size(), link, host) if backend.rank() == 0 else 1
+            points.append((n, max(measured / max(predicted, 1e-9), 1e-3)))
+        paths[path] = Correction(tuple(points))
+    host.paths = paths
 
 
 def rules_for(world: int, link: LinkCosts, host: CodecCosts, budget: Budget) -> List[dict]:
@@ -152,7 +153,7 @@ def describe(rules: List[dict]) -> str:
             if not r["compressor"]
             else f"{r['compressor']}{r['params'] or ''} "
             + (f"{r['algorithm']}" + (f" {r['segments']} segments" if r["segments"] > 1 else ""))
-            + (" pipelined" if r["segments"] == 0 and r["algorithm"] == "sra" else "")
+            + (" pipelined" if r["segments"] == 0 and r["max_numel"] > SEGMENT_BYTES // 4 else "")
         )
         parts.append(f"({low}, {hi}]: {what}")
         low = r["max_numel"]

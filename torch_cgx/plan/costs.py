@@ -8,6 +8,7 @@ sizes; docs/algorithms.md ("Cost model") has the formulas that use them.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import time
@@ -64,31 +65,59 @@ class Linear:
         return cls(t0 - per * n0, per)
 
 
+@dataclass(frozen=True)
+class Correction:
+    """What a path's calls took over what its formula predicts: the ratio measured / predicted
+    at the probe's sizes (``points``: (n, ratio), n increasing), interpolated linearly in
+    log2(n) between them and held beyond the first and the last."""
+
+    points: Tuple[Tuple[int, float], ...]
+
+    def __post_init__(self) -> None:
+        ns = [n for n, _ in self.points]
+        if not ns or ns != sorted(set(ns)) or min(ns) < 1:
+            raise ValueError(f"correction points need distinct increasing sizes >= 1: {self}")
+        if not all(r > 0 and math.isfinite(r) for _, r in self.points):
+            raise ValueError(f"correction ratios must be finite and > 0: {self}")
+
+    def __call__(self, n: float) -> float:
+        pts = self.points
+        if n <= pts[0][0]:
+            return pts[0][1]
+        for (n0, r0), (n1, r1) in zip(pts, pts[1:]):
+            if n <= n1:
+                f = (math.log2(n) - math.log2(n0)) / (math.log2(n1) - math.log2(n0))
+                return r0 + f * (r1 - r0)
+        return pts[-1][1]
+
+
 @dataclass
 class CodecCosts:
     """Encode and decode-add time per codec key (``"maxmin:bits=4"``), fp32 summing (``add``),
     the fixed cost of one call of the backend (queue, worker), and per algorithm path what the
-    group's own calls took beyond the formulas (``paths``: fitted by torch_cgx.plan.auto's probe;
-    empty when planning from a laptop)."""
+    group's own calls took against the formulas (``paths``: measured by torch_cgx.plan.auto's
+    probe; empty when planning from a laptop)."""
 
     encode: Dict[str, Linear] = field(default_factory=dict)
     decode: Dict[str, Linear] = field(default_factory=dict)
     add: Linear = Linear(0.0, 0.25e-9)
     call: float = 60e-6
-    paths: Dict[str, Linear] = field(default_factory=dict)
+    paths: Dict[str, Correction] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"encode": {k: asdict(v) for k, v in self.encode.items()},
                 "decode": {k: asdict(v) for k, v in self.decode.items()},
                 "add": asdict(self.add), "call": self.call,
-                "paths": {k: asdict(v) for k, v in self.paths.items()}}  # fmt: skip
+                "paths": {k: [list(p) for p in c.points]
+                          for k, c in self.paths.items()}}  # fmt: skip
 
     @classmethod
     def from_json(cls, d: dict) -> CodecCosts:
         return cls({k: Linear(**v) for k, v in d["encode"].items()},
                    {k: Linear(**v) for k, v in d["decode"].items()},
                    Linear(**d["add"]), float(d["call"]),
-                   {k: Linear(**v) for k, v in d.get("paths", {}).items()})  # fmt: skip
+                   {k: Correction(tuple((int(n), float(r)) for n, r in v))
+                    for k, v in d.get("paths", {}).items()})  # fmt: skip
 
 
 def codec_key(name: str, params: Optional[Dict] = None) -> str:

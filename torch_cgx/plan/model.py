@@ -11,26 +11,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
-from torch_cgx.plan.costs import CodecCosts, Linear, LinkCosts, codec_key
+from torch_cgx.plan.costs import CodecCosts, Correction, Linear, LinkCosts, codec_key
 
 ALGORITHMS = ("sra", "ring", "tree", "allgather")
 SEGMENT_BYTES = 4 << 20  # the backend's CGX_PIPELINE_SEGMENT_MB default
 
 
-def segments_of(option: Option, n: int) -> int:
-    """How many pipeline segments SRA runs for n fp32 values with ``option``."""
-    if option.segments:
-        return option.segments
-    return max(1, math.ceil(4 * n / SEGMENT_BYTES))
-
-
 @dataclass(frozen=True)
 class Option:
     """One way to reduce a tensor: exact (``compressor`` None) or a compressor with its
-    parameters, an algorithm, and SRA's pipeline segments (0: the backend's own pipeline, one
-    segment per ``SEGMENT_BYTES`` of fp32 values; 1: none; k: k segments)."""
+    parameters, an algorithm, and its pipeline segments (0: the backend's own pipeline, one
+    segment per ``SEGMENT_BYTES`` of fp32 values, none on the sparse paths; 1: none; k: k
+    segments, on every path)."""
 
     compressor: Optional[str] = None
     params: tuple = ()  # sorted (name, value) pairs
@@ -49,8 +43,8 @@ class Option:
         if self.exact:
             return "exact"
         extra = f", {self.segments} segments" if self.segments > 1 else ""
-        if self.algorithm == "sra" and self.segments == 0:
-            extra = ", pipelined"
+        if self.segments == 0:
+            extra = ", pipelined above 4 MiB"
         return f"{self.key} {self.algorithm}{extra}"
 
 
@@ -64,12 +58,10 @@ def traits_and_size(option: Option) -> tuple:
 
 def path_of(option: Option, traits: Dict[str, bool]) -> str:
     """The algorithm the backend runs for this option (csrc/algorithms/allreduce.cc's choice)."""
-    if option.algorithm == "allgather":
-        return "allgather"
-    if traits.get("summable"):
+    if traits.get("summable") and option.algorithm != "allgather":
         return "sum_reduce"
     if traits.get("sparse") or not traits.get("fixed_size"):
-        return "allgather"
+        return "sparse"  # allgather-reduce, pipelined only when asked
     return option.algorithm
 
 
@@ -83,46 +75,65 @@ def exact_time(n: int, world: int, link: LinkCosts, host: CodecCosts, elem: int 
     return _corrected(t, host.paths.get("exact"), n)
 
 
-def _corrected(t: float, excess: Optional[Linear], n: int) -> float:
-    """The formula's time plus the probe's excess for its path, never below a tenth of it (an
-    excess fitted at two sizes may go negative far from them)."""
-    return t if excess is None else max(t + excess(n), 0.1 * t)
+def _corrected(t: float, ratio: Optional[Correction], n: int) -> float:
+    """The formula's time times what the group's probe measured against it at this size."""
+    return t if ratio is None else t * ratio(n)
 
 
-def _sra(n, w, link, enc: Linear, dec: Linear, size: Callable, segments: int) -> float:
-    k = max(1, min(segments, math.ceil(n / 4096)))
-    m = n / k / w  # values per chunk of one segment
-    codec = enc(w * m, calls=w) + dec((2 * w - 1) * m, calls=2 * w - 1)
-    wire = 2 * (w - 1) * link.message(size(m))
-    if k == 1:
+def segments_of(option: Option, n: int) -> int:
+    """How many pipeline segments the backend runs for n fp32 values with ``option``."""
+    if option.segments:
+        return option.segments
+    return max(1, math.ceil(4 * n / SEGMENT_BYTES))
+
+
+def pipelined(parts: Tuple[float, float], k: int) -> float:
+    """k segments of (codec, wire) seconds each through a two-stage pipeline (codec on the
+    calling threads, transfers on the communication thread): the slower stage sets the pace,
+    the other adds one segment's worth at the start. k = 1: no overlap."""
+    codec, wire = parts
+    if k <= 1:
         return codec + wire
-    # A two-stage pipeline (codec on this thread, transfers on the comm thread): the slower stage
-    # sets the pace, the other adds one segment's worth at the start.
     return k * max(codec, wire) + min(codec, wire)
 
 
-def _ring(n, w, link, enc: Linear, dec: Linear, size: Callable) -> float:
+# Each returns (codec, wire) seconds of one allreduce of n values.
+def _sra(n, w, link, enc: Linear, dec: Linear, size: Callable):
+    m = n / w  # values per chunk
+    codec = enc(w * m, calls=w) + dec((2 * w - 1) * m, calls=2 * w - 1)
+    return codec, 2 * (w - 1) * link.message(size(m))
+
+
+def _ring(n, w, link, enc: Linear, dec: Linear, size: Callable):
     m = n / w
-    hops = (w - 1) * (link.message(size(m)) + enc(m) + dec(m))
-    return hops + enc(m) + (w - 1) * link.message(size(m)) + dec(w * m, calls=w)
+    codec = (w - 1) * (enc(m) + dec(m)) + enc(m) + dec(w * m, calls=w)
+    return codec, 2 * (w - 1) * link.message(size(m))
 
 
-def _tree(n, w, link, enc: Linear, dec: Linear, size: Callable) -> float:
+def _tree(n, w, link, enc: Linear, dec: Linear, size: Callable):
     levels = math.ceil(math.log2(w))
-    up = levels * (link.message(size(n)) + dec(n))
-    return up + 2 * enc(n) + levels * link.message(size(n)) + dec(n)
+    return levels * dec(n) + 2 * enc(n) + dec(n), 2 * levels * link.message(size(n))
 
 
-def _allgather(n, w, link, enc: Linear, dec: Linear, size: Callable) -> float:
-    return (w - 1) * (link.message(8) + link.message(size(n))) + enc(n) + dec(w * n, calls=w)
+def _allgather(n, w, link, enc: Linear, dec: Linear, size: Callable):
+    return enc(n) + dec(w * n, calls=w), (w - 1) * (link.message(8) + link.message(size(n)))
 
 
-def _sum_reduce(n, w, link, enc: Linear, dec: Linear, size: Callable, host: CodecCosts) -> float:
+def _sum_reduce(n, w, link, enc: Linear, dec: Linear, size: Callable, host: CodecCosts):
     """Summable payloads: an allgather of the headers, then the values reduced like an exact
     allreduce of (payload - header) bytes."""
     body = max(size(n) - 32, 0)
-    reduce = 2 * (w - 1) * link.message(body / w) + host.add((w - 1) * body / 4 / w)
-    return enc(n) + (w - 1) * link.message(32) + reduce + dec(n)
+    codec = enc(n) + dec(n) + host.add((w - 1) * body / 4 / w)
+    return codec, (w - 1) * link.message(32) + 2 * (w - 1) * link.message(body / w)
+
+
+def pipeline_applies(option: Option, path: str, n: int) -> bool:
+    """Whether the backend pipelines this call: every dense path when the call spans more
+    than one segment; the sparse ones (allgather of a sparse compressor, sum-reduce) only when
+    the option names its segments (csrc/algorithms/lanes.cc)."""
+    if segments_of(option, n) <= 1:
+        return False
+    return path not in ("sum_reduce", "sparse") or option.segments > 1
 
 
 def predict(
@@ -145,15 +156,17 @@ def predict(
         raise KeyError(f"no codec costs for {key}: calibrate it first")
     enc, dec = host.encode[key], host.decode[key]
     path = path_of(option, traits)
+    k = segments_of(option, n) if pipeline_applies(option, path, n) else 1
+    m = n / k  # values per segment
     if path == "sra":
-        t = _sra(n, world, link, enc, dec, size, segments_of(option, n))
+        parts = _sra(m, world, link, enc, dec, size)
     elif path == "ring":
-        t = _ring(n, world, link, enc, dec, size)
+        parts = _ring(m, world, link, enc, dec, size)
     elif path == "tree":
-        t = _tree(n, world, link, enc, dec, size)
+        parts = _tree(m, world, link, enc, dec, size)
     elif path == "sum_reduce":
-        t = _sum_reduce(n, world, link, enc, dec, size, host)
+        parts = _sum_reduce(m, world, link, enc, dec, size, host)
     else:
-        t = _allgather(n, world, link, enc, dec, size)
-    t = _corrected(t, host.paths.get(path), n)  # what the group's probe found beyond it
+        parts = _allgather(m, world, link, enc, dec, size)
+    t = _corrected(pipelined(parts, k), host.paths.get(path), n)  # what the group's probe found
     return host.call + t + (world - 1) * link.message(64) * agree

@@ -12,9 +12,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from torch_cgx.plan.costs import CodecCosts, LinkCosts
-from torch_cgx.plan.model import ALGORITHMS, Option, predict, segments_of
+from torch_cgx.plan.model import (
+    ALGORITHMS,
+    Option,
+    path_of,
+    pipeline_applies,
+    predict,
+    segments_of,
+    traits_and_size,
+)
 
-SEGMENTS = (0,)  # SRA with the backend's own pipeline (measured by the probe), nothing else
+SEGMENTS = (0,)  # the backend's own pipeline (CaSync, every dense path; measured by the probe)
 # A compressed choice must beat exact by this factor: within the model's error, exact wins.
 MARGIN = 0.95
 
@@ -80,13 +88,13 @@ def _parse_spec(spec: str) -> Tuple[str, Dict]:
 
 
 def options(budget: Budget) -> List[Option]:
-    """Every option the planner weighs: exact, and each allowed codec with each algorithm (SRA
-    also with pipeline segments)."""
+    """Every option the planner weighs: exact, and each allowed codec with each algorithm and
+    each of SEGMENTS."""
     out = [Option()]
     for name, params in budget.codecs():
         p = tuple(sorted(params.items()))
         for alg in ALGORITHMS:
-            for k in SEGMENTS if alg == "sra" else (1,):
+            for k in SEGMENTS:
                 out.append(Option(name, p, alg, k))
     return out
 
@@ -106,10 +114,14 @@ class Decision:
 
     @property
     def partitions(self) -> int:
-        """HiPress's num_of_partitions: the pipeline segments a compressed SRA call runs."""
-        if self.compress and self.option.algorithm == "sra":
-            return segments_of(self.option, self.numel)
-        return 1
+        """HiPress's num_of_partitions: the pipeline segments a compressed call runs."""
+        if not self.compress:
+            return 1
+        traits = traits_and_size(self.option)[0]
+        path = path_of(self.option, traits)
+        if not pipeline_applies(self.option, path, self.numel):
+            return 1
+        return segments_of(self.option, self.numel)
 
 
 @dataclass
