@@ -55,10 +55,19 @@ def _option(name: str, n: int) -> Option:
     return Option(compressor, tuple(sorted(params.items())), alg, 0)  # the default pipeline
 
 
+def rounds(n: int, reps: int) -> int:
+    """Timed rounds at n values: small calls are cheap and the noisiest (a pause of another
+    process is many times their length), so they get more; the largest fewer."""
+    if n <= 1 << 16:
+        return 6 * reps
+    return reps if n < (1 << 24) else max(2, reps // 3)
+
+
 def measure(sizes: List[int], methods: List[str], reps: int, groups) -> Dict[int, Dict[str, float]]:
-    """Medians per size and method, interleaved: each round runs every method once (a fixed
-    configuration is set with set_config first, untimed), so that the machine's noise hits
-    every method alike. Every method goes through dist.all_reduce, as a user's call does."""
+    """Medians per size and method, interleaved: each round runs every method once, starting
+    with a different one each round (a fixed configuration is set with set_config first,
+    untimed), so that the machine's noise hits every method alike. Every method goes through
+    dist.all_reduce, as a user's call does."""
     import torch_cgx
 
     gloo, planned = groups
@@ -66,8 +75,9 @@ def measure(sizes: List[int], methods: List[str], reps: int, groups) -> Dict[int
     for n in sizes:
         x = torch.randn(n, generator=torch.Generator().manual_seed(dist.get_rank()))
         samples: Dict[str, List[float]] = {m: [] for m in methods}
-        for r in range(1 + (reps if n < (1 << 24) else max(2, reps // 3))):
-            for m in methods:
+        for r in range(1 + rounds(n, reps)):
+            k = r % len(methods)  # each round starts with another method: no order bias
+            for m in methods[k:] + methods[:k]:
                 group = gloo if m == "gloo" else planned if m == "auto" else None
                 if m in FIXED:
                     torch_cgx.set_config(**_settings(m))
@@ -81,18 +91,35 @@ def measure(sizes: List[int], methods: List[str], reps: int, groups) -> Dict[int
     return out
 
 
-def report(results, predicted, plan_rules) -> None:
+def auto_runs(rules, n: int) -> str:
+    """The fixed configuration auto's rule for n values runs, or how the rule reads."""
+    from torch_cgx.plan import auto
+
+    rule = next(r for r in rules if n <= r["max_numel"])
+    for name, (compressor, params, alg) in FIXED.items():
+        if (rule["compressor"] or None) == compressor and rule["params"] == params:
+            if compressor is None or rule["algorithm"] == alg and rule["segments"] == 0:
+                return name
+    return auto.describe([{**rule, "max_numel": 1 << 62}]).split(": ", 1)[1]
+
+
+def report(results, predicted, rules) -> None:
+    from torch_cgx.plan import auto
+
     names = list(next(iter(results.values())))
     fixed = [m for m in names if m in FIXED]
-    print("| bytes | " + " | ".join(names) + " | best fixed | auto / best | auto / gloo |")
-    print("|---:|" + "---:|" * (len(names) + 3))
+    print(
+        "| bytes | " + " | ".join(names) + " | best fixed | auto runs | auto / best | auto / gloo |"
+    )
+    print("|---:|" + "---:|" * (len(names) + 1) + "---|---:|---:|")
     worst_best, worst_gloo, errors = 0.0, 0.0, []
     for n, row in results.items():
         best = min(fixed, key=lambda m: row[m])
         vs_best, vs_gloo = row["auto"] / row[best], row["auto"] / row["gloo"]
         worst_best, worst_gloo = max(worst_best, vs_best), max(worst_gloo, vs_gloo)
         cells = " | ".join(f"{row[m] * 1e3:.3f}" for m in names)
-        print(f"| {4 * n} | {cells} | {best} | {vs_best:.2f} | {vs_gloo:.2f} |")
+        runs = auto_runs(rules, n)
+        print(f"| {4 * n} | {cells} | {best} | {runs} | {vs_best:.2f} | {vs_gloo:.2f} |")
         if n not in PATH_SIZES:  # the probe's own sizes fit by construction
             errors += [abs(predicted[n][m] / row[m] - 1) for m in fixed]
     print(f"\nauto vs best fixed: worst {worst_best:.2f}x (target <= 1.10); auto vs Gloo: worst "
@@ -106,7 +133,7 @@ def report(results, predicted, plan_rules) -> None:
     print(f"\nprediction error: median {statistics.median(errors):.0%} (target <= 20%), "
           f"max {max(errors):.0%} over {len(errors)} cases (the probe's sizes "
           f"{[4 * n for n in PATH_SIZES]} B left out)")  # fmt: skip
-    print(f"plan: {plan_rules}")
+    print(f"plan: {auto.describe(rules)}")
 
 
 def parse_args(argv: Optional[List[str]]):
@@ -132,7 +159,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     dist.init_process_group("cgx")
     gloo = dist.new_group(backend="gloo")
     os.environ.update(CGX_COMPRESSOR="auto", CGX_COMPRESSION_QUANTIZATION_BITS=str(args.bits))
+    t0 = time.perf_counter()
     planned = dist.new_group(backend="cgx")  # plans itself at creation, as a user's would
+    planning = time.perf_counter() - t0
     os.environ.pop("CGX_COMPRESSOR")
     os.environ.pop("CGX_COMPRESSION_QUANTIZATION_BITS")
     backend = torch_cgx.cgx_backend(planned)
@@ -148,8 +177,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if dist.get_rank() == 0:  # rank 0's calibration: the others have no codec figures
         predicted = {n: {m: predict(_option(m, n), n, w, link, host) for m in FIXED} for n in sizes}
         print(f"W = {w}; probed link {link.bandwidth / 1e6:.4g} MB/s, "
-              f"{link.latency * 1e6:.1f} us a message\n")  # fmt: skip
-        report(results, predicted, auto.describe(auto.rules_of(backend)))
+              f"{link.latency * 1e6:.1f} us a message; creating the auto group took "
+              f"{planning:.1f} s (calibration, probes, plan)")  # fmt: skip
+        for path, c in host.paths.items():
+            print(f"  {path}: measured / formula " + ", ".join(
+                f"{r:.2f} at {4 * n >> 10} KiB" for n, r in c.points))  # fmt: skip
+        print()
+        report(results, predicted, auto.rules_of(backend))
     dist.destroy_process_group()
     return 0
 

@@ -32,12 +32,16 @@ def budget_of(config) -> Budget:
     return Budget(min_bits=bits, bucket_size=config.bucket_size)
 
 
-def _time_exact(backend, native, n: int, reps: int) -> float:
-    """The median time of ``reps`` allreduces of n values with ``native`` settings."""
+def _time_exact(backend, native, n: int, reps: int, sync=None) -> float:
+    """The median time of ``reps`` allreduces of n values with ``native`` settings; with
+    ``sync`` (exact settings), each starts after an untimed 1-value allreduce, as a call
+    issued after other work does (not hot on the heels of the previous one)."""
     t = torch.randn(n, generator=torch.Generator().manual_seed(backend.rank()))
     backend.allreduce_with(t, native, False).wait()  # warm
-    times = []
+    times, one = [], torch.zeros(1)
     for _ in range(reps):
+        if sync is not None:
+            backend.allreduce_with(one, sync, False).wait()
         t0 = time.perf_counter()
         backend.allreduce_with(t, native, False).wait()
         times.append(time.perf_counter() - t0)
@@ -59,7 +63,7 @@ def probe_link(backend, exact_native, host: CodecCosts, reps: int = 5) -> LinkCo
 
 
 # Off the benchmark's grid (4 KiB x 4^k), so that its prediction table tests interpolation.
-PATH_SIZES = (1 << 11, 1 << 15, 1 << 19, 1 << 23)  # 8 KiB, 128 KiB, 2 MiB, 32 MiB of fp32
+PATH_SIZES = tuple(1 << k for k in range(11, 24, 2))  # 8 KiB, 32 KiB, ... 32 MiB of fp32
 
 
 def probe_options(budget: Budget) -> Dict[str, Option]:
@@ -84,16 +88,22 @@ def _native_of(config, opt: Option):
                         algorithm=opt.algorithm).to_native()  # fmt: skip
 
 
+def probe_reps(n: int, reps: int) -> int:
+    """More calls where they are short and noisy, fewer where they are long."""
+    return 3 * reps if n <= 1 << 16 else reps if n < 1 << 21 else 3
+
+
 def probe_paths(backend, config, link: LinkCosts, host: CodecCosts, budget: Budget, reps=5):
     """Measures, per algorithm path, the group's own calls against the formulas at PATH_SIZES
     (collective): host.paths[path] is the ratio measured / predicted, interpolated between
     the sizes (costs.Correction). Only rank 0's figures are used."""
     probes = {"exact": Option(), **probe_options(budget)}
     host.paths, paths = {}, {}  # the predictions below are the bare formulas
+    sync = _native_of(config, Option())
     for path, opt in probes.items():
         native, points = _native_of(config, opt), []
         for n in PATH_SIZES:
-            measured = _time_exact(backend, native, n, reps if n < (1 << 21) else 3)
+            measured = _time_exact(backend, native, n, probe_reps(n, reps), sync)
             predicted = predict(opt, n, backend.size(), link, host) if backend.rank() == 0 else 1
             points.append((n, max(measured / max(predicted, 1e-9), 1e-3)))
         paths[path] = Correction(tuple(points))

@@ -58,10 +58,11 @@ def traits_and_size(option: Option) -> tuple:
 
 def path_of(option: Option, traits: Dict[str, bool]) -> str:
     """The algorithm the backend runs for this option (csrc/algorithms/allreduce.cc's choice)."""
-    if traits.get("summable") and option.algorithm != "allgather":
-        return "sum_reduce"
-    if traits.get("sparse") or not traits.get("fixed_size"):
-        return "sparse"  # allgather-reduce, pipelined only when asked
+    sparse, fixed = traits.get("sparse"), traits.get("fixed_size")
+    if traits.get("summable") and sparse and fixed and option.algorithm != "allgather":
+        return "sum_reduce"  # payload.h's sum_in_transit
+    if sparse or not fixed:
+        return "sparse"  # allgather-reduce (gather_only), pipelined only when asked
     return option.algorithm
 
 
