@@ -124,6 +124,34 @@ def test_probe_correction_interpolates_in_log_size():
     assert P.predict(opt, 1 << 12, 2, link, back) - call == pytest.approx((bare - call) * 1.5)
 
 
+def test_contest_takes_the_close_options_of_distinct_paths(monkeypatch):
+    """The contest: per size class, the best option of each path predicted within CONTEST of the
+    fastest (at most CONTEST_MAX, fastest first); none where one path wins clearly, none above
+    CONTEST_NUMEL; its winners override the model's choice in the rules."""
+    from torch_cgx.plan import auto, probe
+
+    link = LinkCosts(parse_rate("1gbit"), 50e-6)
+    host = synthetic(20e-6, 0.3e-9)
+    budget = P.Budget(compressors=("maxmin:bits=4,bucket_size=512",))
+    contests = dict(probe.contested(4, link, host, budget, auto.SIZE_CLASSES))
+    assert contests and max(contests) <= probe.CONTEST_NUMEL
+    for n, opts in contests.items():
+        times = [P.predict(o, n, 4, link, host) for o in opts]
+        assert 2 <= len(opts) <= probe.CONTEST_MAX and times == sorted(times)
+        assert times[-1] <= probe.CONTEST * times[0]
+        assert len({(o.exact, o.algorithm) for o in opts}) == len(opts)  # distinct paths
+    n, opts = next(iter(contests.items()))
+    loser = opts[-1]
+    rules = auto.rules_for(4, link, host, budget, {n: loser})
+    rule = next(r for r in rules if n <= r["max_numel"])
+    assert (rule["compressor"] or None, rule["algorithm"]) == (loser.compressor, loser.algorithm)
+    assert probe.option_from(json.loads(json.dumps(probe.option_to(loser)))) == loser
+    # At W = 8 on a slow link SRA sends 1.75 payloads of the tensor, the tree 6: no contest.
+    monkeypatch.setattr(planner, "ALGORITHMS", ("sra", "tree"))
+    slow = LinkCosts(parse_rate("10mbit"), 50e-6)
+    assert probe.contested(8, slow, host, budget, [1 << 20]) == []
+
+
 def test_budget_parsing():
     assert P.Budget.parse("bits>=2").min_bits == 2
     assert [b for _, p in P.Budget.parse("6").codecs() for b in [p.get("bits")]][:3] == [6, 7, 8]
@@ -222,14 +250,14 @@ def body_auto(rank, world):
     import torch.distributed as dist
 
     import torch_cgx
-    from torch_cgx.plan import auto
+    from torch_cgx.plan import probe
 
     if rank == 0 and os.environ.get("BREAK_CALIBRATION"):
 
         def broken(*a, **k):
             raise OSError("no codec today")
 
-        auto.calibrate = broken
+        probe.calibrate = broken
     dist.init_process_group("cgx")
     gloo = dist.new_group(backend="gloo")
     backend = torch_cgx.cgx_backend()

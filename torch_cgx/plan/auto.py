@@ -1,30 +1,26 @@
 """``CGX_COMPRESSOR=auto``: the group plans its own allreduces. At creation (or
 ``set_config(compressor="auto")``) rank 0 measures the codec (cached per host) and, with every
-rank, the group's exact allreduce at two sizes (the link's latency and bandwidth as the group
-sees them); it then decides for every size class (powers of two) exact or compressed, how and in
-how many segments, and hands the rules to every rank through the store, so that every rank
-applies the same decision to the same call. The budget is ``CGX_COMPRESSION_QUANTIZATION_BITS``
-when it is 1..8 (at least that many bits), else 4.
+rank, the group's link and each algorithm path (torch_cgx.plan.probe); it then decides for every
+size class (powers of two) exact or compressed, how and in how many segments, times the options
+the model cannot tell apart (the contest), and hands the rules to every rank through the store,
+so that every rank applies the same decision to the same call. The budget is
+``CGX_COMPRESSION_QUANTIZATION_BITS`` when it is 1..8 (at least that many bits), else 4.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import statistics
-import time
-from typing import Dict, List
-
-import torch
+from typing import Dict, List, Optional
 
 from torch_cgx.config import ALGORITHMS as ALGORITHM_IDS
-from torch_cgx.plan.costs import CodecCosts, Correction, LinkCosts, calibrate
-from torch_cgx.plan.model import SEGMENT_BYTES, Option, path_of, predict, traits_and_size
-from torch_cgx.plan.planner import Budget, choose, codecs_of, options
+from torch_cgx.plan.costs import CodecCosts, LinkCosts
+from torch_cgx.plan.model import SEGMENT_BYTES, Option
+from torch_cgx.plan.planner import Budget, choose
+from torch_cgx.plan.probe import contested, measure, option_from, option_to, tournament
 
 log = logging.getLogger("torch_cgx.plan")
 SIZE_CLASSES = [1 << k for k in range(4, 31)]  # 16 .. 2^30 values; the last rule covers the rest
-PROBE_SIZES = (1, 1 << 20)
 
 
 def budget_of(config) -> Budget:
@@ -32,90 +28,20 @@ def budget_of(config) -> Budget:
     return Budget(min_bits=bits, bucket_size=config.bucket_size)
 
 
-def _time_exact(backend, native, n: int, reps: int, sync=None) -> float:
-    """The median time of ``reps`` allreduces of n values with ``native`` settings; with
-    ``sync`` (exact settings), each starts after an untimed 1-value allreduce, as a call
-    issued after other work does (not hot on the heels of the previous one)."""
-    t = torch.randn(n, generator=torch.Generator().manual_seed(backend.rank()))
-    backend.allreduce_with(t, native, False).wait()  # warm
-    times, one = [], torch.zeros(1)
-    for _ in range(reps):
-        if sync is not None:
-            backend.allreduce_with(one, sync, False).wait()
-        t0 = time.perf_counter()
-        backend.allreduce_with(t, native, False).wait()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def probe_link(backend, exact_native, host: CodecCosts, reps: int = 5) -> LinkCosts:
-    """The link as the group's exact allreduce sees it (collective: every rank calls it). The
-    small call gives the per-message latency (2 (W - 1) messages); the 4 MiB one the bandwidth
-    (2 (W - 1) / W of it on each rank's link, less the summing)."""
-    w = backend.size()
-    small = _time_exact(backend, exact_native, PROBE_SIZES[0], reps)
-    big = _time_exact(backend, exact_native, PROBE_SIZES[1], reps)
-    n = PROBE_SIZES[1]
-    latency = max(small - host.call, 1e-7) / (2 * (w - 1))
-    wire = big - small - host.add((w - 1) * n / w)
-    moved = 2 * (w - 1) / w * 4 * n
-    return LinkCosts(moved / wire if wire > 0 else 1e12, latency)
-
-
-# Off the benchmark's grid (4 KiB x 4^k), so that its prediction table tests interpolation.
-PATH_SIZES = tuple(1 << k for k in range(11, 24, 2))  # 8 KiB, 32 KiB, ... 32 MiB of fp32
-
-
-def probe_options(budget: Budget) -> Dict[str, Option]:
-    """Per algorithm path the budget's options use, the one the probe measures: the first such
-    option (max-min at the budget's fewest bits for the dense paths)."""
-    out: Dict[str, Option] = {}
-    for opt in options(budget)[1:]:
-        out.setdefault(path_of(opt, traits_and_size(opt)[0]), opt)
-    return out
-
-
-def _native_of(config, opt: Option):
-    base = config.replace(settings_per_call=False, pipeline_segment_mb=4, compressor_params="")
-    params = dict(opt.params)
-    if opt.exact:
-        return base.replace(compressor="maxmin", bits=32).to_native()
-    if opt.compressor == "maxmin":
-        bits, bucket = params["bits"], params["bucket_size"]
-        return base.replace(compressor="maxmin", bits=bits, bucket_size=bucket,
-                            algorithm=opt.algorithm).to_native()  # fmt: skip
-    return base.replace(compressor=opt.compressor, bits=32, compressor_params=params,
-                        algorithm=opt.algorithm).to_native()  # fmt: skip
-
-
-def probe_reps(n: int, reps: int) -> int:
-    """More calls where they are short and noisy, fewer where they are long."""
-    return 3 * reps if n <= 1 << 16 else reps if n < 1 << 21 else 3
-
-
-def probe_paths(backend, config, link: LinkCosts, host: CodecCosts, budget: Budget, reps=5):
-    """Measures, per algorithm path, the group's own calls against the formulas at PATH_SIZES
-    (collective): host.paths[path] is the ratio measured / predicted, interpolated between
-    the sizes (costs.Correction). Only rank 0's figures are used."""
-    probes = {"exact": Option(), **probe_options(budget)}
-    host.paths, paths = {}, {}  # the predictions below are the bare formulas
-    sync = _native_of(config, Option())
-    for path, opt in probes.items():
-        native, points = _native_of(config, opt), []
-        for n in PATH_SIZES:
-            measured = _time_exact(backend, native, n, probe_reps(n, reps), sync)
-            predicted = predict(opt, n, backend.size(), link, host) if backend.rank() == 0 else 1
-            points.append((n, max(measured / max(predicted, 1e-9), 1e-3)))
-        paths[path] = Correction(tuple(points))
-    host.paths = paths
-
-
-def rules_for(world: int, link: LinkCosts, host: CodecCosts, budget: Budget) -> List[dict]:
-    """The decision at each size class, merged where neighbours agree: dicts with max_numel and
-    the option's fields (plain data, for the store)."""
+def rules_for(
+    world: int,
+    link: LinkCosts,
+    host: CodecCosts,
+    budget: Budget,
+    measured: Optional[Dict[int, Option]] = None,
+) -> List[dict]:
+    """The decision at each size class (the contest's winner where it timed one, the model's
+    choice elsewhere), merged where neighbours agree: dicts with max_numel and the option's
+    fields (plain data, for the store)."""
     rules: List[dict] = []
+    measured = measured or {}
     for n in SIZE_CLASSES:
-        o = choose(n, world, link, host, budget)[0]
+        o = measured.get(n) or choose(n, world, link, host, budget)[0]
         rule = {"compressor": o.compressor or "", "params": dict(o.params),
                 "algorithm": o.algorithm, "segments": o.segments}  # fmt: skip
         if rules and {k: v for k, v in rules[-1].items() if k != "max_numel"} == rule:
@@ -170,12 +96,12 @@ def describe(rules: List[dict]) -> str:
     return "; ".join(parts)
 
 
-def _plan_on_rank0(backend, link: LinkCosts, host, budget: Budget) -> List[dict]:
+def _plan_on_rank0(backend, link: LinkCosts, host, budget: Budget, measured) -> List[dict]:
     """Rank 0's rules; [] (exact everywhere, with a warning) when planning fails."""
     if host is None:
         return []
     try:
-        rules = rules_for(backend.size(), link, host, budget)
+        rules = rules_for(backend.size(), link, host, budget, measured)
         [to_native(r) for r in rules]  # noqa: B018 - checked before the other ranks see them
     except Exception as e:  # noqa: BLE001 - a failed plan must not fail the group
         log.warning("cgx auto plan failed (%s); every allreduce runs exactly", e)
@@ -184,26 +110,6 @@ def _plan_on_rank0(backend, link: LinkCosts, host, budget: Budget) -> List[dict]
              backend.size(), link.bandwidth / 1e6, link.latency * 1e6, budget.min_bits,
              describe(rules))  # fmt: skip
     return rules
-
-
-def measure(backend, config, budget: Budget):
-    """(link, host costs) of the group (collective): rank 0's codec calibration (None when it
-    fails), the exact allreduce's link probe, and, when the codec is known, the paths' probe.
-    Only rank 0's figures are used; the others take part in the calls."""
-    host = CodecCosts()
-    if backend.rank() == 0:
-        try:
-            host = calibrate(codecs_of(budget))
-        except Exception as e:  # noqa: BLE001 - a failed calibration must not fail the group
-            log.warning("cgx auto plan: codec calibration failed (%s); compressing nothing", e)
-            host = None
-    ok = torch.tensor([float(backend.rank() == 0 and host is not None)])
-    exact = config.replace(compressor="maxmin", bits=32, compressor_params="").to_native()
-    backend.allreduce_with(ok, exact, False).wait()  # every rank learns whether rank 0 has it
-    link = probe_link(backend, exact, host or CodecCosts())
-    if ok.item() > 0:
-        probe_paths(backend, config, link, host or CodecCosts(), budget)
-    return link, host
 
 
 def install(backend, config, key: str) -> List[dict]:
@@ -215,8 +121,15 @@ def install(backend, config, key: str) -> List[dict]:
         return []
     budget = budget_of(config)
     link, host = measure(backend, config, budget)
+    if backend.rank() == 0:  # the size classes whose best options the model cannot tell apart
+        contests = contested(backend.size(), link, host, budget, SIZE_CLASSES) if host else []
+        backend.store().set(f"{key}/contests", json.dumps(
+            [[n, [option_to(o) for o in opts]] for n, opts in contests]))  # fmt: skip
+    contests = json.loads(backend.store().get(f"{key}/contests").decode())
+    contests = [(n, [option_from(o) for o in opts]) for n, opts in contests]
+    measured = tournament(backend, config, contests)  # collective; rank 0's verdicts
     if backend.rank() == 0:
-        rules = _plan_on_rank0(backend, link, host, budget)
+        rules = _plan_on_rank0(backend, link, host, budget, measured)
         backend.store().set(key, json.dumps({"rules": rules}))
     rules = json.loads(backend.store().get(key).decode())["rules"]
     backend.set_plan([to_native(r) for r in rules])

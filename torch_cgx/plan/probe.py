@@ -1,0 +1,180 @@
+"""The planner's collective measurements (every rank of the group calls them in the same order;
+only rank 0's figures are used): the link, each algorithm path against its formula, and the
+contest that times the options the model cannot tell apart.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from typing import Dict, List, Tuple
+
+import torch
+
+from torch_cgx.plan.costs import CodecCosts, Correction, LinkCosts, calibrate
+from torch_cgx.plan.model import Option, path_of, predict, traits_and_size
+from torch_cgx.plan.planner import MARGIN, Budget, codecs_of, options
+
+log = logging.getLogger("torch_cgx.plan")
+PROBE_SIZES = (1, 1 << 20)
+# Options predicted within this factor of the best are timed against each other (the model's
+# error: median 12-14 % on emulated links, tails above 30 %), the best of each path, at most
+# CONTEST_MAX of them, at size classes up to CONTEST_NUMEL values (above, a contest costs
+# seconds and the model is within a few per cent).
+CONTEST = 1.3
+CONTEST_MAX = 3
+CONTEST_NUMEL = 1 << 23
+
+
+def _time_exact(backend, native, n: int, reps: int, sync=None) -> float:
+    """The median time of ``reps`` allreduces of n values with ``native`` settings; with
+    ``sync`` (exact settings), each starts after an untimed 1-value allreduce, as a call
+    issued after other work does (not hot on the heels of the previous one)."""
+    t = torch.randn(n, generator=torch.Generator().manual_seed(backend.rank()))
+    backend.allreduce_with(t, native, False).wait()  # warm
+    times, one = [], torch.zeros(1)
+    for _ in range(reps):
+        if sync is not None:
+            backend.allreduce_with(one, sync, False).wait()
+        t0 = time.perf_counter()
+        backend.allreduce_with(t, native, False).wait()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def probe_link(backend, exact_native, host: CodecCosts, reps: int = 5) -> LinkCosts:
+    """The link as the group's exact allreduce sees it (collective: every rank calls it). The
+    small call gives the per-message latency (2 (W - 1) messages); the 4 MiB one the bandwidth
+    (2 (W - 1) / W of it on each rank's link, less the summing)."""
+    w = backend.size()
+    small = _time_exact(backend, exact_native, PROBE_SIZES[0], reps)
+    big = _time_exact(backend, exact_native, PROBE_SIZES[1], reps)
+    n = PROBE_SIZES[1]
+    latency = max(small - host.call, 1e-7) / (2 * (w - 1))
+    wire = big - small - host.add((w - 1) * n / w)
+    moved = 2 * (w - 1) / w * 4 * n
+    return LinkCosts(moved / wire if wire > 0 else 1e12, latency)
+
+
+# Off the benchmark's grid (4 KiB x 4^k), so that its prediction table tests interpolation.
+PATH_SIZES = tuple(1 << k for k in range(11, 24, 2))  # 8 KiB, 32 KiB, ... 32 MiB of fp32
+
+
+def probe_options(budget: Budget) -> Dict[str, Option]:
+    """Per algorithm path the budget's options use, the one the probe measures: the first such
+    option (max-min at the budget's fewest bits for the dense paths)."""
+    out: Dict[str, Option] = {}
+    for opt in options(budget)[1:]:
+        out.setdefault(path_of(opt, traits_and_size(opt)[0]), opt)
+    return out
+
+
+def _native_of(config, opt: Option):
+    base = config.replace(settings_per_call=False, pipeline_segment_mb=4, compressor_params="")
+    params = dict(opt.params)
+    if opt.exact:
+        return base.replace(compressor="maxmin", bits=32).to_native()
+    if opt.compressor == "maxmin":
+        bits, bucket = params["bits"], params["bucket_size"]
+        return base.replace(compressor="maxmin", bits=bits, bucket_size=bucket,
+                            algorithm=opt.algorithm).to_native()  # fmt: skip
+    return base.replace(compressor=opt.compressor, bits=32, compressor_params=params,
+                        algorithm=opt.algorithm).to_native()  # fmt: skip
+
+
+def probe_reps(n: int, reps: int) -> int:
+    """More calls where they are short and noisy, fewer where they are long."""
+    return 3 * reps if n <= 1 << 16 else reps if n < 1 << 21 else 3
+
+
+def probe_paths(backend, config, link: LinkCosts, host: CodecCosts, budget: Budget, reps=5):
+    """Measures, per algorithm path, the group's own calls against the formulas at PATH_SIZES
+    (collective): host.paths[path] is the ratio measured / predicted, interpolated between
+    the sizes (costs.Correction). Only rank 0's figures are used."""
+    probes = {"exact": Option(), **probe_options(budget)}
+    host.paths, paths = {}, {}  # the predictions below are the bare formulas
+    sync = _native_of(config, Option())
+    for path, opt in probes.items():
+        native, points = _native_of(config, opt), []
+        for n in PATH_SIZES:
+            measured = _time_exact(backend, native, n, probe_reps(n, reps), sync)
+            predicted = predict(opt, n, backend.size(), link, host) if backend.rank() == 0 else 1
+            points.append((n, max(measured / max(predicted, 1e-9), 1e-3)))
+        paths[path] = Correction(tuple(points))
+    host.paths = paths
+
+
+def measure(backend, config, budget: Budget):
+    """(link, host costs) of the group (collective): rank 0's codec calibration (None when it
+    fails), the exact allreduce's link probe, and, when the codec is known, the paths' probe.
+    Only rank 0's figures are used; the others take part in the calls."""
+    host = CodecCosts()
+    if backend.rank() == 0:
+        try:
+            host = calibrate(codecs_of(budget))
+        except Exception as e:  # noqa: BLE001 - a failed calibration must not fail the group
+            log.warning("cgx auto plan: codec calibration failed (%s); compressing nothing", e)
+            host = None
+    ok = torch.tensor([float(backend.rank() == 0 and host is not None)])
+    exact = config.replace(compressor="maxmin", bits=32, compressor_params="").to_native()
+    backend.allreduce_with(ok, exact, False).wait()  # every rank learns whether rank 0 has it
+    link = probe_link(backend, exact, host or CodecCosts())
+    if ok.item() > 0:
+        probe_paths(backend, config, link, host or CodecCosts(), budget)
+    return link, host
+
+
+def option_to(o: Option) -> dict:
+    return {"compressor": o.compressor, "params": [list(p) for p in o.params],
+            "algorithm": o.algorithm, "segments": o.segments}  # fmt: skip
+
+
+def option_from(d: dict) -> Option:
+    return Option(d["compressor"], tuple(tuple(p) for p in d["params"]), d["algorithm"],
+                  int(d["segments"]))  # fmt: skip
+
+
+def contested(world, link, host, budget: Budget, size_classes) -> List[Tuple[int, List[Option]]]:
+    """Per size class (up to CONTEST_NUMEL values), the best option of each path predicted
+    within CONTEST of the fastest, fastest first, where there are two or more (rank 0)."""
+    out = []
+    for n in size_classes:
+        if n > CONTEST_NUMEL:
+            break
+        best: Dict[str, Tuple[float, Option]] = {}
+        for o in options(budget):
+            path = "exact" if o.exact else path_of(o, traits_and_size(o)[0])
+            t = predict(o, n, world, link, host)
+            if path not in best or t < best[path][0]:
+                best[path] = (t, o)
+        ranked = sorted(best.values(), key=lambda p: p[0])
+        close = [o for t, o in ranked if t <= CONTEST * ranked[0][0]][:CONTEST_MAX]
+        if len(close) > 1:
+            out.append((n, close))
+    return out
+
+
+def tournament(backend, config, contests, reps: int = 5) -> Dict[int, Option]:
+    """Times every contested option at its size class (collective), in rounds that rotate the
+    order, each call after an untimed sync call; returns rank 0's winners (the fastest median;
+    exact unless a compressed option beats it by the planner's MARGIN), {} on the other ranks."""
+    sync = _native_of(config, Option())
+    one, winners = torch.zeros(1), {}
+    for n, opts in contests:
+        natives = [_native_of(config, o) for o in opts]
+        x = torch.randn(n, generator=torch.Generator().manual_seed(backend.rank()))
+        t, times = x.clone(), [[] for _ in opts]
+        for r in range(1 + probe_reps(n, reps)):
+            for i in [(r + j) % len(opts) for j in range(len(opts))]:
+                t.copy_(x)
+                backend.allreduce_with(one, sync, False).wait()
+                t0 = time.perf_counter()
+                backend.allreduce_with(t, natives[i], False).wait()
+                if r:  # the first round warms up
+                    times[i].append(time.perf_counter() - t0)
+        med = [statistics.median(s) for s in times]
+        if backend.rank() == 0:
+            scored = [m * (MARGIN if o.exact else 1.0) for m, o in zip(med, opts)]
+            winners[n] = opts[min(range(len(opts)), key=scored.__getitem__)]
+    return winners
