@@ -177,6 +177,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     for m in FIXED:
         own[m] = dist.new_group(backend="cgx")
         torch_cgx.set_config(group=own[m], **_settings(m))
+        # The same traffic as the auto group's probe (32 MiB calls) before any timing: a TCP
+        # connection that has carried it (and met the shaper's drops) paces mid-sized messages
+        # differently from a fresh one (measured: 14 % at 1 MiB without this).
+        dist.all_reduce(torch.zeros(PATH_SIZES[-1]), group=own[m])
+    dist.all_reduce(torch.zeros(PATH_SIZES[-1]), group=gloo)
     results = measure(sizes, methods, args.reps, (gloo, planned, own))
     w = dist.get_world_size()
     if dist.get_rank() == 0:  # rank 0's calibration: the others have no codec figures
