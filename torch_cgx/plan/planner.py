@@ -25,6 +25,17 @@ from torch_cgx.plan.model import (
 SEGMENTS = (0,)  # the backend's own pipeline (CaSync, every dense path; measured by the probe)
 # A compressed choice must beat exact by this factor: within the model's error, exact wins.
 MARGIN = 0.95
+# And an algorithm other than SRA (the default, with the finest pipeline) must beat it by this
+# factor: where two paths tie within the model's noise, the plan does not flip between them.
+ALGORITHM_MARGIN = 0.97
+
+
+def score(option: Option, t: float) -> float:
+    """What choosing ranks: the time, handicapped off the default path (exact: by MARGIN's
+    inverse, applied where exact is compared; other algorithms than SRA: ALGORITHM_MARGIN)."""
+    if option.exact or option.algorithm == "sra":
+        return t
+    return t / ALGORITHM_MARGIN
 
 
 @dataclass(frozen=True)
@@ -162,11 +173,11 @@ def choose(
 ) -> Tuple[Option, float, float]:
     """(the fastest option, its predicted time, exact's) for one tensor of ``n`` values."""
     exact = predict(Option(), n, world, link, host, elem)
-    best, best_t = Option(), exact
+    best, best_t, best_score = Option(), exact, float("inf")
     for opt in options(budget)[1:]:
         t = predict(opt, n, world, link, host, elem)
-        if t < best_t and t < MARGIN * exact:
-            best, best_t = opt, t
+        if t < MARGIN * exact and score(opt, t) < best_score:
+            best, best_t, best_score = opt, t, score(opt, t)
     return best, best_t, exact
 
 

@@ -14,7 +14,7 @@ import torch
 
 from torch_cgx.plan.costs import CodecCosts, Correction, LinkCosts, calibrate
 from torch_cgx.plan.model import Option, path_of, predict, traits_and_size
-from torch_cgx.plan.planner import MARGIN, Budget, codecs_of, options
+from torch_cgx.plan.planner import MARGIN, Budget, codecs_of, options, score
 
 log = logging.getLogger("torch_cgx.plan")
 PROBE_SIZES = (1, 1 << 20)
@@ -157,8 +157,9 @@ def contested(world, link, host, budget: Budget, size_classes) -> List[Tuple[int
 
 def tournament(backend, config, contests, reps: int = 5) -> Dict[int, Option]:
     """Times every contested option at its size class (collective), in rounds that rotate the
-    order, each call after an untimed sync call; returns rank 0's winners (the fastest median;
-    exact unless a compressed option beats it by the planner's MARGIN), {} on the other ranks."""
+    order, each call after an untimed sync call; returns rank 0's winners (the fastest median,
+    with the planner's handicaps: exact unless a compressed option beats it by MARGIN, SRA
+    unless another algorithm beats it by ALGORITHM_MARGIN), {} on the other ranks."""
     sync = _native_of(config, Option())
     one, winners = torch.zeros(1), {}
     for n, opts in contests:
@@ -175,6 +176,6 @@ def tournament(backend, config, contests, reps: int = 5) -> Dict[int, Option]:
                     times[i].append(time.perf_counter() - t0)
         med = [statistics.median(s) for s in times]
         if backend.rank() == 0:
-            scored = [m * (MARGIN if o.exact else 1.0) for m, o in zip(med, opts)]
+            scored = [m * MARGIN if o.exact else score(o, m) for m, o in zip(med, opts)]
             winners[n] = opts[min(range(len(opts)), key=scored.__getitem__)]
     return winners
