@@ -139,7 +139,7 @@ def test_contest_takes_the_close_options_of_distinct_paths(monkeypatch):
         times = [P.predict(o, n, 4, link, host) for o in opts]
         assert 2 <= len(opts) <= probe.CONTEST_MAX and times == sorted(times)
         assert times[-1] <= probe.CONTEST * times[0]
-        assert len({(o.exact, o.algorithm) for o in opts}) == len(opts)  # distinct paths
+        assert len({(o.exact, o.algorithm, o.segments) for o in opts}) == len(opts)
     n, opts = next(iter(contests.items()))
     loser = opts[-1]
     rules = auto.rules_for(4, link, host, budget, {n: loser})

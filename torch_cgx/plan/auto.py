@@ -80,6 +80,10 @@ def rules_of(backend) -> List[dict]:
     return out
 
 
+def _pipeline_note(rule: dict) -> str:
+    return {0: " pipelined", 1: " unpipelined"}.get(rule["segments"], "")
+
+
 def describe(rules: List[dict]) -> str:
     parts, low = [], 0
     for r in rules:
@@ -89,7 +93,7 @@ def describe(rules: List[dict]) -> str:
             if not r["compressor"]
             else f"{r['compressor']}{r['params'] or ''} "
             + (f"{r['algorithm']}" + (f" {r['segments']} segments" if r["segments"] > 1 else ""))
-            + (" pipelined" if r["segments"] == 0 and r["max_numel"] > SEGMENT_BYTES // 4 else "")
+            + (_pipeline_note(r) if r["max_numel"] > SEGMENT_BYTES // 4 else "")
         )
         parts.append(f"({low}, {hi}]: {what}")
         low = r["max_numel"]

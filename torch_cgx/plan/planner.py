@@ -22,7 +22,12 @@ from torch_cgx.plan.model import (
     traits_and_size,
 )
 
-SEGMENTS = (0,)  # the backend's own pipeline (CaSync, every dense path; measured by the probe)
+# Pipeline segments weighed: 0, the backend's own pipeline (CaSync), for every algorithm; 1, none,
+# for the lanes (ring, tree, allgather), which cost more than they save where the cores are
+# oversubscribed (measured: ring 0.77x at 16 MiB with 4 ranks on 2 cores). Told apart by the
+# contest (the probe measures the pipelined paths).
+SEGMENTS = (0,)
+LANE_SEGMENTS = (0, 1)
 # A compressed choice must beat exact by this factor: within the model's error, exact wins.
 MARGIN = 0.95
 # And an algorithm other than SRA (the default, with the finest pipeline) must beat it by this
@@ -100,12 +105,12 @@ def _parse_spec(spec: str) -> Tuple[str, Dict]:
 
 def options(budget: Budget) -> List[Option]:
     """Every option the planner weighs: exact, and each allowed codec with each algorithm and
-    each of SEGMENTS."""
+    each of SEGMENTS (SRA) or LANE_SEGMENTS (the others)."""
     out = [Option()]
     for name, params in budget.codecs():
         p = tuple(sorted(params.items()))
         for alg in ALGORITHMS:
-            for k in SEGMENTS:
+            for k in SEGMENTS if alg == "sra" else LANE_SEGMENTS:
                 out.append(Option(name, p, alg, k))
     return out
 

@@ -13,7 +13,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from torch_cgx.plan.costs import CodecCosts, Correction, LinkCosts, calibrate
-from torch_cgx.plan.model import Option, path_of, predict, traits_and_size
+from torch_cgx.plan.model import Option, path_of, pipeline_applies, predict, traits_and_size
 from torch_cgx.plan.planner import MARGIN, Budget, codecs_of, options, score
 
 log = logging.getLogger("torch_cgx.plan")
@@ -23,7 +23,7 @@ PROBE_SIZES = (1, 1 << 20)
 # CONTEST_MAX of them, at size classes up to CONTEST_NUMEL values (above, a contest costs
 # seconds and the model is within a few per cent).
 CONTEST = 1.3
-CONTEST_MAX = 3
+CONTEST_MAX = 4
 CONTEST_NUMEL = 1 << 23
 # Timed rounds at least (3 were too few at 16 MiB on 4 ranks sharing 2 cores: the contest kept
 # ring where SRA was 1.28x faster).
@@ -139,15 +139,17 @@ def option_from(d: dict) -> Option:
 
 
 def contested(world, link, host, budget: Budget, size_classes) -> List[Tuple[int, List[Option]]]:
-    """Per size class (up to CONTEST_NUMEL values), the best option of each path predicted
-    within CONTEST of the fastest, fastest first, where there are two or more (rank 0)."""
+    """Per size class (up to CONTEST_NUMEL values), the best option of each path (pipelined or
+    not) predicted within CONTEST of the fastest, fastest first, where there are two or more
+    (rank 0)."""
     out = []
     for n in size_classes:
         if n > CONTEST_NUMEL:
             break
-        best: Dict[str, Tuple[float, Option]] = {}
+        best: Dict[Tuple[str, bool], Tuple[float, Option]] = {}
         for o in options(budget):
             path = "exact" if o.exact else path_of(o, traits_and_size(o)[0])
+            path = (path, not o.exact and pipeline_applies(o, path, n))
             t = predict(o, n, world, link, host)
             if path not in best or t < best[path][0]:
                 best[path] = (t, o)
