@@ -152,6 +152,34 @@ def test_contest_takes_the_close_options_of_distinct_paths(monkeypatch):
     assert probe.contested(8, slow, host, budget, [1 << 20]) == []
 
 
+def test_codec_and_wire_factors_from_two_settings():
+    """solve_split recovers the codec and wire factors from two settings of different mix, in
+    either pipeline regime, refuses mixes too alike to tell apart; predictions then scale each
+    term by its own factor (and JSON keeps the split)."""
+    from torch_cgx.plan.costs import Correction
+    from torch_cgx.plan.model import formula_parts
+    from torch_cgx.plan.probe import solve_split
+
+    def time_of(a, b, c, m, k):
+        return k * max(a * c, b * m) + min(a * c, b * m) if k > 1 else a * c + b * m
+
+    for a, b in ((2.0, 0.8), (0.5, 1.5), (1.2, 1.2)):
+        for k in (1, 4):
+            obs = [(time_of(a, b, c, m, k), (c, m), k) for c, m in ((3e-3, 1e-3), (1e-3, 4e-3))]
+            assert solve_split(obs) == pytest.approx((a, b), rel=1e-6), (a, b, k)
+    same_mix = [(time_of(2, 1, c, m, 1), (c, m), 1) for c, m in ((1e-3, 2e-3), (2e-3, 4e-3))]
+    assert solve_split(same_mix) is None
+    corr = Correction(((1 << 10, 1.5), (1 << 20, 1.0)), ((1 << 10, 3.0, 1.0), (1 << 20, 1.0, 1.0)))
+    assert corr.factors(1 << 15) == pytest.approx((2.0, 1.0)) and corr(1 << 15) == 1.25
+    assert Correction(((8, 2.0),)).factors(100) == (2.0, 2.0)
+    assert Correction.from_json(json.loads(json.dumps(corr.to_json()))) == corr
+    link, host = LinkCosts(parse_rate("1gbit"), 50e-6), synthetic(2e-6, 4e-9)
+    opt = P.Option("maxmin", (("bits", 4), ("bucket_size", 512)), "sra", 1)
+    _, (c, m), _ = formula_parts(opt, 1 << 15, 2, link, host)
+    host.paths = {"sra": corr}
+    assert P.predict(opt, 1 << 15, 2, link, host) == pytest.approx(host.call + 2 * c + m)
+
+
 def test_budget_parsing():
     assert P.Budget.parse("bits>=2").min_bits == 2
     assert [b for _, p in P.Budget.parse("6").codecs() for b in [p.get("bits")]][:3] == [6, 7, 8]

@@ -65,30 +65,62 @@ class Linear:
         return cls(t0 - per * n0, per)
 
 
+def _interpolate(points, n: float) -> tuple:
+    """The values of ``points`` ((n, v...), n increasing) at n: linear in log2(n) between two
+    points, held beyond the first and the last."""
+    if n <= points[0][0]:
+        return tuple(points[0][1:])
+    for p0, p1 in zip(points, points[1:]):
+        if n <= p1[0]:
+            f = (math.log2(n) - math.log2(p0[0])) / (math.log2(p1[0]) - math.log2(p0[0]))
+            return tuple(v0 + f * (v1 - v0) for v0, v1 in zip(p0[1:], p1[1:]))
+    return tuple(points[-1][1:])
+
+
+def _check_points(points, what: str) -> None:
+    ns = [p[0] for p in points]
+    if ns != sorted(set(ns)) or (ns and min(ns) < 1):
+        raise ValueError(f"correction {what} need distinct increasing sizes >= 1: {points}")
+    if not all(v > 0 and math.isfinite(v) for p in points for v in p[1:]):
+        raise ValueError(f"correction {what} must be finite and > 0: {points}")
+
+
 @dataclass(frozen=True)
 class Correction:
-    """What a path's calls took over what its formula predicts: the ratio measured / predicted
-    at the probe's sizes (``points``: (n, ratio), n increasing), interpolated linearly in
-    log2(n) between them and held beyond the first and the last."""
+    """What a path's calls took against what its formula predicts, at the probe's sizes: the
+    ratio measured / predicted (``points``: (n, ratio)), and, where two settings of different
+    codec / wire mix were probed, separate factors for the codec and the wire terms (``split``:
+    (n, codec factor, wire factor)). Both interpolated linearly in log2(n) between the sizes and
+    held beyond the first and the last."""
 
     points: Tuple[Tuple[int, float], ...]
+    split: Tuple[Tuple[int, float, float], ...] = ()
 
     def __post_init__(self) -> None:
-        ns = [n for n, _ in self.points]
-        if not ns or ns != sorted(set(ns)) or min(ns) < 1:
-            raise ValueError(f"correction points need distinct increasing sizes >= 1: {self}")
-        if not all(r > 0 and math.isfinite(r) for _, r in self.points):
-            raise ValueError(f"correction ratios must be finite and > 0: {self}")
+        if not self.points:
+            raise ValueError("correction points need at least one size")
+        _check_points(self.points, "points")
+        _check_points(self.split, "split")
 
     def __call__(self, n: float) -> float:
-        pts = self.points
-        if n <= pts[0][0]:
-            return pts[0][1]
-        for (n0, r0), (n1, r1) in zip(pts, pts[1:]):
-            if n <= n1:
-                f = (math.log2(n) - math.log2(n0)) / (math.log2(n1) - math.log2(n0))
-                return r0 + f * (r1 - r0)
-        return pts[-1][1]
+        return _interpolate(self.points, n)[0]
+
+    def factors(self, n: float) -> Tuple[float, float]:
+        """(codec factor, wire factor) at n; the plain ratio for both without a split."""
+        if not self.split:
+            r = self(n)
+            return r, r
+        a, b = _interpolate(self.split, n)
+        return a, b
+
+    def to_json(self) -> dict:
+        return {"points": [list(p) for p in self.points], "split": [list(p) for p in self.split]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Correction:
+        points = tuple((int(p[0]), float(p[1])) for p in d["points"])
+        split = tuple((int(p[0]), float(p[1]), float(p[2])) for p in d.get("split", ()))
+        return cls(points, split)
 
 
 @dataclass
@@ -108,16 +140,14 @@ class CodecCosts:
         return {"encode": {k: asdict(v) for k, v in self.encode.items()},
                 "decode": {k: asdict(v) for k, v in self.decode.items()},
                 "add": asdict(self.add), "call": self.call,
-                "paths": {k: [list(p) for p in c.points]
-                          for k, c in self.paths.items()}}  # fmt: skip
+                "paths": {k: c.to_json() for k, c in self.paths.items()}}  # fmt: skip
 
     @classmethod
     def from_json(cls, d: dict) -> CodecCosts:
         return cls({k: Linear(**v) for k, v in d["encode"].items()},
                    {k: Linear(**v) for k, v in d["decode"].items()},
                    Linear(**d["add"]), float(d["call"]),
-                   {k: Correction(tuple((int(n), float(r)) for n, r in v))
-                    for k, v in d.get("paths", {}).items()})  # fmt: skip
+                   {k: Correction.from_json(v) for k, v in d.get("paths", {}).items()})  # fmt: skip
 
 
 def codec_key(name: str, params: Optional[Dict] = None) -> str:

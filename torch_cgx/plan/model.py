@@ -42,9 +42,8 @@ class Option:
     def describe(self) -> str:
         if self.exact:
             return "exact"
-        extra = f", {self.segments} segments" if self.segments > 1 else ""
-        if self.segments == 0:
-            extra = ", pipelined above 4 MiB"
+        # 0, the backend's own pipeline, says nothing: it only applies above one segment.
+        extra = {0: "", 1: ", no pipeline"}.get(self.segments, f", {self.segments} segments")
         return f"{self.key} {self.algorithm}{extra}"
 
 
@@ -151,6 +150,14 @@ def predict(
     one small allgather, W - 1 messages; planned calls do not."""
     if option.exact or world <= 1 or n == 0:
         return exact_time(n, world, link, host, elem)
+    path, parts, k = formula_parts(option, n, world, link, host)
+    a, b = host.paths[path].factors(n) if path in host.paths else (1.0, 1.0)
+    t = pipelined((a * parts[0], b * parts[1]), k)  # scaled by what the group's probe found
+    return host.call + t + (world - 1) * link.message(64) * agree
+
+
+def formula_parts(option: Option, n: int, world: int, link: LinkCosts, host: CodecCosts):
+    """(path, (codec, wire) seconds of one segment, segments) of a compressed option."""
     traits, size = traits_and_size(option)
     key = option.key
     if key not in host.encode or key not in host.decode:
@@ -169,5 +176,4 @@ def predict(
         parts = _sum_reduce(m, world, link, enc, dec, size, host)
     else:
         parts = _allgather(m, world, link, enc, dec, size)
-    t = _corrected(pipelined(parts, k), host.paths.get(path), n)  # what the group's probe found
-    return host.call + t + (world - 1) * link.message(64) * agree
+    return path, parts, k

@@ -103,14 +103,16 @@ def _parse_spec(spec: str) -> Tuple[str, Dict]:
     return name, params
 
 
-def options(budget: Budget) -> List[Option]:
+def options(budget: Budget, measured: bool = False) -> List[Option]:
     """Every option the planner weighs: exact, and each allowed codec with each algorithm and
-    each of SEGMENTS (SRA) or LANE_SEGMENTS (the others)."""
+    each of SEGMENTS; ``measured`` (the contest, which times what it compares): the lanes'
+    algorithms also with LANE_SEGMENTS (the probe measures only their pipelined form, so the
+    model alone does not pick the other)."""
     out = [Option()]
     for name, params in budget.codecs():
         p = tuple(sorted(params.items()))
         for alg in ALGORITHMS:
-            for k in SEGMENTS if alg == "sra" else LANE_SEGMENTS:
+            for k in LANE_SEGMENTS if measured and alg != "sra" else SEGMENTS:
                 out.append(Option(name, p, alg, k))
     return out
 

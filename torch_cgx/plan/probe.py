@@ -5,15 +5,23 @@ contest that times the options the model cannot tell apart.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import statistics
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from torch_cgx.plan.costs import CodecCosts, Correction, LinkCosts, calibrate
-from torch_cgx.plan.model import Option, path_of, pipeline_applies, predict, traits_and_size
+from torch_cgx.plan.model import (
+    Option,
+    formula_parts,
+    path_of,
+    pipeline_applies,
+    predict,
+    traits_and_size,
+)
 from torch_cgx.plan.planner import MARGIN, Budget, codecs_of, options, score
 
 log = logging.getLogger("torch_cgx.plan")
@@ -94,18 +102,67 @@ def probe_reps(n: int, reps: int) -> int:
 def probe_paths(backend, config, link: LinkCosts, host: CodecCosts, budget: Budget, reps=5):
     """Measures, per algorithm path, the group's own calls against the formulas at PATH_SIZES
     (collective): host.paths[path] is the ratio measured / predicted, interpolated between
-    the sizes (costs.Correction). Only rank 0's figures are used."""
+    the sizes (costs.Correction). SRA is also probed with fp16, whose wire term is 4x max-min
+    4-bit's and whose codec is cheaper: the two give separate factors for the codec and the
+    wire terms (solve_split), so that settings of another mix are predicted too. Only rank 0
+    computes (the others take part in the calls)."""
     probes = {"exact": Option(), **probe_options(budget)}
-    host.paths, paths = {}, {}  # the predictions below are the bare formulas
+    second = Option("fp16", (), "sra", 0)
+    if "sra" not in probes or ("fp16", {}) not in budget.codecs():
+        second = None
+    host.paths = {}  # the predictions below are the bare formulas
     sync = _native_of(config, Option())
+    timed = {}
+    for path, opt in [*probes.items(), *([("sra/fp16", second)] if second else [])]:
+        native = _native_of(config, opt)
+        timed[path] = [_time_exact(backend, native, n, probe_reps(n, reps), sync)
+                       for n in PATH_SIZES]  # fmt: skip
+    if backend.rank() != 0:
+        return
+    w, paths = backend.size(), {}
     for path, opt in probes.items():
-        native, points = _native_of(config, opt), []
-        for n in PATH_SIZES:
-            measured = _time_exact(backend, native, n, probe_reps(n, reps), sync)
-            predicted = predict(opt, n, backend.size(), link, host) if backend.rank() == 0 else 1
-            points.append((n, max(measured / max(predicted, 1e-9), 1e-3)))
-        paths[path] = Correction(tuple(points))
+        points = tuple((n, max(t / max(predict(opt, n, w, link, host), 1e-9), 1e-3))
+                       for n, t in zip(PATH_SIZES, timed[path]))  # fmt: skip
+        split = ()
+        if path == "sra" and second is not None:
+            split = tuple(_split_at(i, n, (opt, timed[path]), (second, timed["sra/fp16"]),
+                                    w, link, host) or (n, r, r)
+                          for i, (n, r) in enumerate(points))  # fmt: skip
+        paths[path] = Correction(points, split)
     host.paths = paths
+
+
+def _split_at(i, n, first, second, w, link, host):
+    """(n, codec factor, wire factor) from two settings' times at PATH_SIZES[i], or None."""
+    obs = []
+    for opt, times in (first, second):
+        _, parts, k = formula_parts(opt, n, w, link, host)
+        obs.append((times[i] - host.call, parts, k))
+    ab = solve_split(obs)
+    return None if ab is None else (n, *ab)
+
+
+def solve_split(obs) -> Optional[Tuple[float, float]]:
+    """Factors (a, b) of the codec and wire terms such that each observation (measured seconds,
+    (codec, wire) of one segment, segments k) is k max(a C, b M) + min(a C, b M) (C + M when
+    k = 1): linear in (a, b) once it is known which stage is the slower, so each of the four
+    combinations is solved and checked; None where no consistent, well-conditioned, positive
+    solution exists (then the plain ratio serves)."""
+    for slower in itertools.product((0, 1), repeat=len(obs)):
+        rows = []
+        for (t, (c, m), k), s in zip(obs, slower):
+            kc, km = (k, 1) if s == 0 else (1, k)
+            rows.append((kc * c, km * m, t))
+        (a11, a12, t1), (a21, a22, t2) = rows
+        det = a11 * a22 - a12 * a21
+        if abs(det) < 0.05 * (abs(a11 * a22) + abs(a12 * a21)) or det == 0:
+            continue  # the two settings' mixes are too alike to tell the terms apart
+        a, b = (t1 * a22 - a12 * t2) / det, (a11 * t2 - a21 * t1) / det
+        if not (0.05 <= a <= 20 and 0.05 <= b <= 20):
+            continue
+        if all(k == 1 or (a * c >= b * m) == (s == 0) for (_, (c, m), k), s in zip(obs, slower)):
+            return a, b
+    return None
 
 
 def measure(backend, config, budget: Budget):
@@ -147,7 +204,7 @@ def contested(world, link, host, budget: Budget, size_classes) -> List[Tuple[int
         if n > CONTEST_NUMEL:
             break
         best: Dict[Tuple[str, bool], Tuple[float, Option]] = {}
-        for o in options(budget):
+        for o in options(budget, measured=True):
             path = "exact" if o.exact else path_of(o, traits_and_size(o)[0])
             path = (path, not o.exact and pipeline_applies(o, path, n))
             t = predict(o, n, world, link, host)
