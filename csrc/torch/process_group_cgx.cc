@@ -10,7 +10,6 @@
 #include "call_options.h"
 #include "compressors/registry.h"
 #include "core/error.h"
-#include "core/rotation.h"
 #include "dtype_map.h"
 
 namespace cgx::binding {
@@ -20,61 +19,6 @@ std::mutex g_live_mu;
 std::set<ProcessGroupCGX*> g_live;  // every constructed, not yet destroyed group
 
 }  // namespace
-
-// Whether some bits setting would compress t (minimal_size is agreed at creation; bits may
-// change per call).
-bool eligible(const at::Tensor& t, const BackendConfig& c) {
-  return is_codec_dtype(t.scalar_type()) && t.numel() >= std::max<int64_t>(c.minimal_size, 16);
-}
-
-// Compression is on with max-min at 1..8 bits, or with any other compressor.
-bool compressible(const at::Tensor& t, const BackendConfig& c) {
-  if (c.compressor == kAutoCompressor) return false;  // no plan rule for this call: exact
-  const bool on = c.compressor != "maxmin" || (c.bits >= 1 && c.bits <= 8);
-  return on && eligible(t, c);
-}
-
-AllreduceOptions to_options(const BackendConfig& c, bool average, uint64_t call_index) {
-  AllreduceOptions o;
-  o.codec.bits = c.bits;
-  o.codec.bucket_size = c.bucket_size;
-  o.codec.skip_incomplete_buckets = c.skip_incomplete_buckets;
-  o.codec.rounding = c.stochastic ? Rounding::kStochastic : Rounding::kNearest;
-  o.codec.seed = c.seed;
-  o.algorithm = algorithm_from_int(c.algorithm);
-  o.average = average;
-  o.fusion_bytes = size_t(c.fusion_buffer_bytes);
-  o.segment_bytes = size_t(c.pipeline_segment_bytes);
-  o.pipeline_sparse = c.pipeline_sparse;
-  o.call_index = c.stream >= 0 ? uint64_t(c.stream) : call_index;
-  return o;
-}
-
-void validate_config(const BackendConfig& c) {
-  CGX_CHECK_ARG((c.bits >= 1 && c.bits <= 8) || c.bits == 32,
-                "bits must be 1..8, or 32 for no compression, got ", c.bits);
-  CGX_CHECK_ARG(c.bucket_size >= 1 && c.bucket_size < (int64_t(1) << 32),
-                "bucket_size must be in [1, 2^32), got ", c.bucket_size);
-  CGX_CHECK_ARG(c.minimal_size >= 0, "minimal_size must be >= 0, got ", c.minimal_size);
-  CGX_CHECK_ARG(c.fusion_buffer_bytes >= 1 && c.fusion_buffer_bytes <= (int64_t(1) << 40),
-                "fusion_buffer_bytes must be in [1, 2^40], got ", c.fusion_buffer_bytes);
-  CGX_CHECK_ARG(c.pipeline_segment_bytes >= 0 && c.pipeline_segment_bytes <= (int64_t(1) << 40),
-                "pipeline_segment_bytes must be in [0, 2^40], got ", c.pipeline_segment_bytes);
-  algorithm_from_int(c.algorithm);
-  CGX_CHECK_ARG(c.rotation == "auto" || c.rotation == "off" ||
-                    (c.rotation == "on" && rotation::valid_block(c.bucket_size)),
-                "rotation must be auto, off, or on with a bucket_size that is a power of two in "
-                "[2, 2^20], got ",
-                c.rotation, " (bucket_size ", c.bucket_size, ")");
-  CGX_CHECK_ARG(c.compressor != "maxmin" || c.compressor_params.empty(),
-                "maxmin takes its parameters from bits, bucket_size, skip_incomplete_buckets and "
-                "stochastic, not from compressor_params");
-  if (c.compressor == kAutoCompressor) {
-    CGX_CHECK_ARG(c.compressor_params.empty(), "compressor auto takes no compressor_params");
-    return;
-  }
-  make_compressor(c.compressor, c.compressor_params);  // names the bad name or parameter
-}
 
 ProcessGroupCGX::ProcessGroupCGX(int rank, int size, c10::intrusive_ptr<c10d::Backend> inner,
                                  c10::intrusive_ptr<c10d::Backend> wire, BackendConfig config,
