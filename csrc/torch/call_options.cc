@@ -23,6 +23,13 @@ bool compressible(const at::Tensor& t, const BackendConfig& c) {
   return on && eligible(t, c);
 }
 
+Fp32Work fp32_work(const at::Tensor& t) {
+  if (t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous()) {
+    return {t.view({-1}), true};
+  }
+  return {t.to(at::kCPU, at::kFloat, false, true).contiguous().view({-1}), false};
+}
+
 AllreduceOptions to_options(const BackendConfig& c, bool average, uint64_t call_index) {
   AllreduceOptions o;
   o.codec.bits = c.bits;

@@ -18,4 +18,15 @@ bool eligible(const at::Tensor& t, const BackendConfig& c);
 bool compressible(const at::Tensor& t, const BackendConfig& c);
 AllreduceOptions to_options(const BackendConfig& c, bool average, uint64_t call_index);
 
+// The buffer a reduction works on in fp32: t itself, flattened, when it is contiguous fp32 on
+// the CPU (the result replaces it anyway), else an fp32 copy; finish() writes a copy back to t.
+struct Fp32Work {
+  at::Tensor flat;
+  bool in_place = false;
+  void finish(at::Tensor& t) const {
+    if (!in_place) t.copy_(flat.view(t.sizes()));
+  }
+};
+Fp32Work fp32_work(const at::Tensor& t);
+
 }  // namespace cgx::binding

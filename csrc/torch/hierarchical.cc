@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "call_options.h"
 #include "core/error.h"
 #include "process_group_cgx.h"
 
@@ -49,14 +50,11 @@ void ProcessGroupCGX::reduce_hierarchical(at::Tensor& t, const BackendConfig& c,
                                           float* residual) {
   const Hierarchy& h = *hierarchy_;
   if (h.shm) {
-    // In place on t when it is contiguous fp32 on the CPU (the result replaces it anyway, as in
-    // the flat path); otherwise on an fp32 copy: the node sum is exact in fp32 whatever the dtype.
-    const bool direct = t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
-    at::Tensor work =
-        direct ? t.view({-1}) : t.to(at::kCPU, at::kFloat, false, true).contiguous().view({-1});
-    shm_allreduce(work.data_ptr<float>(), work.numel(), c, average ? float(getSize()) : 0.0f,
-                  residual);
-    if (!direct) t.copy_(work.view(t.sizes()));
+    // In fp32, in place where t allows: the node sum is exact in fp32 whatever the dtype.
+    const Fp32Work work = fp32_work(t);
+    shm_allreduce(work.flat.data_ptr<float>(), work.flat.numel(), c,
+                  average ? float(getSize()) : 0.0f, residual);
+    work.finish(t);
     return;
   }
   // A private fp32 copy: the node sum is exact in fp32 whatever t's dtype.

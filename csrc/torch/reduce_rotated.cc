@@ -1,6 +1,7 @@
 // The backend's rotation lever (CGX_COMPRESSION_ROTATION, docs/accuracy.md section 4): every
 // full bucket of the buffer rotated (core/rotation.h) before the compressed allreduce and rotated
 // back after, the residual too.
+#include "call_options.h"
 #include "core/rotation.h"
 #include "process_group_cgx.h"
 
@@ -26,15 +27,13 @@ uint64_t rotation_seed(const BackendConfig& c, uint64_t call) {
 void ProcessGroupCGX::reduce_rotated(at::Tensor& t, const BackendConfig& c, bool average,
                                      float* residual) {
   const uint64_t seed = rotation_seed(c, rotated_calls_++);
-  const bool direct = t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
-  at::Tensor work =
-      direct ? t.view({-1}) : t.to(at::kCPU, at::kFloat, false, true).contiguous().view({-1});
-  const int64_t full = work.numel() / c.bucket_size * c.bucket_size;
-  rotation::rotate(work.data_ptr<float>(), full, c.bucket_size, seed, true);
-  reduce_unrotated(work, c, average, residual);
-  rotation::rotate(work.data_ptr<float>(), full, c.bucket_size, seed, false);
+  Fp32Work work = fp32_work(t);
+  const int64_t full = work.flat.numel() / c.bucket_size * c.bucket_size;
+  rotation::rotate(work.flat.data_ptr<float>(), full, c.bucket_size, seed, true);
+  reduce_unrotated(work.flat, c, average, residual);
+  rotation::rotate(work.flat.data_ptr<float>(), full, c.bucket_size, seed, false);
   if (residual) rotation::rotate(residual, full, c.bucket_size, seed, false);
-  if (!direct) t.copy_(work.view(t.sizes()));
+  work.finish(t);
 }
 
 }  // namespace cgx::binding
