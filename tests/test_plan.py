@@ -145,6 +145,15 @@ def test_contest_takes_the_close_options_of_distinct_paths(monkeypatch):
     rule = next(r for r in rules if n <= r["max_numel"])
     assert (rule["compressor"] or None, rule["algorithm"]) == (loser.compressor, loser.algorithm)
     assert probe.option_from(json.loads(json.dumps(probe.option_to(loser)))) == loser
+    # What the contest times is what it names: an unpipelined candidate runs with no pipeline.
+    from torch_cgx.config import CGXConfig
+
+    params = (("bits", 4), ("bucket_size", 512))
+    for segments, want in ((0, 4 << 20), (1, 0)):
+        native = probe._native_of(CGXConfig(), P.Option("maxmin", params, "ring", segments))
+        assert (native.pipeline_segment_bytes, native.bits, native.algorithm) == (want, 4, 1)
+    native = probe._native_of(CGXConfig(), P.Option("topk", (("ratio", 0.05),), "allgather"))
+    assert (native.compressor, dict(native.compressor_params)) == ("topk", {"ratio": 0.05})
     # At W = 8 on a slow link SRA sends 1.75 payloads of the tensor, the tree 6: no contest.
     monkeypatch.setattr(planner, "ALGORITHMS", ("sra", "tree"))
     slow = LinkCosts(parse_rate("10mbit"), 50e-6)

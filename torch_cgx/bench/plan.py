@@ -26,39 +26,21 @@ import torch
 import torch.distributed as dist
 
 from torch_cgx.plan.model import Option, predict
-from torch_cgx.plan.probe import PATH_SIZES
+from torch_cgx.plan.probe import PATH_SIZES, settings_of
 
-FIXED = {  # name: (compressor or None, params, algorithm)
-    "cgx-exact": (None, {}, "sra"),
-    "maxmin4-sra": ("maxmin", {"bits": 4, "bucket_size": 512}, "sra"),
-    "maxmin4-ring": ("maxmin", {"bits": 4, "bucket_size": 512}, "ring"),
-    "maxmin4-tree": ("maxmin", {"bits": 4, "bucket_size": 512}, "tree"),
-    "maxmin8-sra": ("maxmin", {"bits": 8, "bucket_size": 512}, "sra"),
-    "fp16": ("fp16", {}, "sra"),
+MAXMIN4 = (("bits", 4), ("bucket_size", 512))
+FIXED = {  # name: the option, run with the default pipeline and no per-call agreement
+    "cgx-exact": Option(),
+    "maxmin4-sra": Option("maxmin", MAXMIN4, "sra"),
+    "maxmin4-ring": Option("maxmin", MAXMIN4, "ring"),
+    "maxmin4-tree": Option("maxmin", MAXMIN4, "tree"),
+    "maxmin8-sra": Option("maxmin", (("bits", 8), ("bucket_size", 512)), "sra"),
+    "fp16": Option("fp16", (), "sra"),
     # An A/A control: 4-bit SRA again, on a group of its own. Its ratio to maxmin4-sra is the
     # benchmark's own noise between two identical configurations.
-    "maxmin4-sra-twin": ("maxmin", {"bits": 4, "bucket_size": 512}, "sra"),
+    "maxmin4-sra-twin": Option("maxmin", MAXMIN4, "sra"),
 }
-
-
 TWIN = "maxmin4-sra-twin"
-
-
-def _settings(name: str) -> dict:
-    """set_config's arguments for a fixed configuration (no per-call agreement, as planned
-    calls: the fixed ones are not handicapped)."""
-    compressor, params, alg = FIXED[name]
-    base = {"algorithm": alg, "settings_per_call": False, "compressor_params": ""}
-    if compressor is None:
-        return {**base, "compressor": "maxmin", "bits": 32}
-    if compressor == "maxmin":
-        return {**base, "compressor": "maxmin", **params}
-    return {**base, "compressor": compressor, "bits": 32, "compressor_params": params}
-
-
-def _option(name: str, n: int) -> Option:
-    compressor, params, alg = FIXED[name]
-    return Option(compressor, tuple(sorted(params.items())), alg, 0)  # the default pipeline
 
 
 def rounds(n: int, reps: int) -> int:
@@ -103,9 +85,9 @@ def auto_runs(rules, n: int) -> str:
     from torch_cgx.plan import auto
 
     rule = next(r for r in rules if n <= r["max_numel"])
-    for name, (compressor, params, alg) in FIXED.items():
-        if (rule["compressor"] or None) == compressor and rule["params"] == params:
-            if compressor is None or rule["algorithm"] == alg and rule["segments"] == 0:
+    for name, opt in FIXED.items():
+        if (rule["compressor"] or None) == opt.compressor and rule["params"] == dict(opt.params):
+            if opt.exact or rule["algorithm"] == opt.algorithm and rule["segments"] == 0:
                 return name
     return auto.describe([{**rule, "max_numel": 1 << 62}]).split(": ", 1)[1]
 
@@ -194,7 +176,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     own = {}  # a group per fixed configuration: one call per round each, as auto's group
     for m in FIXED:
         own[m] = dist.new_group(backend="cgx")
-        torch_cgx.set_config(group=own[m], **_settings(m))
+        torch_cgx.set_config(group=own[m], pipeline_segment_mb=4, **settings_of(FIXED[m]))
         # The same traffic as the auto group's probe (32 MiB calls) before any timing: a TCP
         # connection that has carried it (and met the shaper's drops) paces mid-sized messages
         # differently from a fresh one (measured: 14 % at 1 MiB without this).
@@ -203,7 +185,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     results = measure(sizes, methods, args.reps, (gloo, planned, own))
     w = dist.get_world_size()
     if dist.get_rank() == 0:  # rank 0's calibration: the others have no codec figures
-        predicted = {n: {m: predict(_option(m, n), n, w, link, host) for m in FIXED} for n in sizes}
+        predicted = {n: {m: predict(FIXED[m], n, w, link, host) for m in FIXED} for n in sizes}
         print(f"W = {w}; probed link {link.bandwidth / 1e6:.4g} MB/s, "
               f"{link.latency * 1e6:.1f} us a message; creating the auto group took "
               f"{planning:.1f} s (calibration, probes, plan)")  # fmt: skip

@@ -81,17 +81,25 @@ def probe_options(budget: Budget) -> Dict[str, Option]:
     return out
 
 
-def _native_of(config, opt: Option):
-    base = config.replace(settings_per_call=False, pipeline_segment_mb=4, compressor_params="")
+def settings_of(opt: Option) -> dict:
+    """The settings (CGXConfig fields) that run ``opt`` with no per-call agreement; with its
+    pipeline unless it has none (segments 1; k > 1 segments are for plan rules only)."""
+    if opt.segments > 1:
+        raise ValueError(f"{opt.describe()}: k segments exist only as plan rules")
+    out = {"settings_per_call": False, "compressor_params": "", "algorithm": opt.algorithm}
+    if opt.segments == 1:
+        out["pipeline_segment_mb"] = 0
     params = dict(opt.params)
     if opt.exact:
-        return base.replace(compressor="maxmin", bits=32).to_native()
+        return {**out, "compressor": "maxmin", "bits": 32}
     if opt.compressor == "maxmin":
-        bits, bucket = params["bits"], params["bucket_size"]
-        return base.replace(compressor="maxmin", bits=bits, bucket_size=bucket,
-                            algorithm=opt.algorithm).to_native()  # fmt: skip
-    return base.replace(compressor=opt.compressor, bits=32, compressor_params=params,
-                        algorithm=opt.algorithm).to_native()  # fmt: skip
+        return {**out, "compressor": "maxmin", **params}
+    return {**out, "compressor": opt.compressor, "bits": 32, "compressor_params": params}
+
+
+def _native_of(config, opt: Option):
+    """``config`` running ``opt`` (the default 4 MiB pipeline unless opt has none)."""
+    return config.replace(**{"pipeline_segment_mb": 4, **settings_of(opt)}).to_native()
 
 
 def probe_reps(n: int, reps: int) -> int:
