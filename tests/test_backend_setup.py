@@ -89,8 +89,9 @@ def body_peer_fails(rank, world, marker, how):
     x = torch.ones(100_000)
     dist.all_reduce(x)
     if rank == 1:
-        if how == "stalled":
-            time.sleep(30)  # alive but silent
+        deadline = time.monotonic() + 30
+        while how == "stalled" and time.monotonic() < deadline and not os.path.exists(marker):
+            time.sleep(0.1)  # alive but silent until rank 0 has its verdict (at most 30 s)
         os._exit(0)  # dies without a word
     start = time.monotonic()
     with pytest.raises(RuntimeError):
