@@ -22,6 +22,9 @@ DTYPE_NAMES = {v: k for k, v in DTYPE_CODES.items()}
 ELEM_SIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 FLAG_RAW_TAIL = 1
 FLAG_STOCHASTIC = 2
+FLAG_CLIPPED = 4
+# FORMAT.md "Clipped range": the clipped width per bit width, in standard deviations.
+CLIP_SIGMAS = [0.0, 1.5958, 2.9872, 4.1024, 5.0278, 5.8326, 6.5559, 7.2247, 7.8412]
 FLT_MAX = float(np.finfo(np.float32).max)
 NAN_BITS = 0x7FC00000
 
@@ -146,8 +149,43 @@ def _buckets(x: np.ndarray, bucket: int) -> np.ndarray:
     return x.reshape(nb, bucket)
 
 
+def _lane_sums(v: np.ndarray) -> np.ndarray:
+    """FORMAT.md's fp64 sum per bucket (row of ``v``, padding already 0): lane j adds elements
+    j, j + 8, ... in order (cumsum is sequential), then lanes 0..7 are added in order."""
+    nb, width = v.shape
+    padded = np.zeros((nb, -(-width // 8) * 8))
+    padded[:, :width] = v
+    lanes = np.cumsum(padded.reshape(nb, -1, 8), axis=1)[:, -1, :]
+    total = np.zeros(nb)
+    for j in range(8):
+        total = total + lanes[:, j]
+    return total
+
+
+def _clip(X, n, bucket, bits, finite, mn, mx, rng):
+    """FORMAT.md "Clipped range": (mn, range) per bucket after narrowing."""
+    count = np.minimum(X.shape[1], n - np.arange(X.shape[0]) * X.shape[1]).astype(np.float64)
+    real = np.arange(X.shape[1])[None, :] < count[:, None]  # not the padding of _buckets
+    ok = finite & (rng > 0) & (count == bucket)  # full buckets only
+    X64 = np.where(real & ok[:, None], X.astype(np.float64), 0.0)
+    mean = _lane_sums(X64) / count
+    dev = np.where(real & ok[:, None], X64 - mean[:, None], 0.0)
+    want = CLIP_SIGMAS[bits] * np.sqrt(_lane_sums(dev * dev) / count)
+    use = ok & (want > 0) & (want < rng)
+    lo = np.maximum(
+        mn.astype(np.float64), np.minimum(mean - want / 2, mx.astype(np.float64) - want)
+    )
+    return np.where(use, lo.astype(np.float32), mn), np.where(use, want, rng)
+
+
 def quantize(
-    x: np.ndarray, bits: int, bucket: int, stochastic: bool = False, seed: int = 0, stream: int = 0
+    x: np.ndarray,
+    bits: int,
+    bucket: int,
+    stochastic: bool = False,
+    seed: int = 0,
+    stream: int = 0,
+    clip: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """FORMAT.md "Encoding one bucket" for the quantized elements ``x`` (float32).
 
@@ -161,7 +199,9 @@ def quantize(
         finite = np.isfinite(X).all(axis=1)
         mn = X.min(axis=1)
         mx = X.max(axis=1)
-        rng = mx.astype(np.float64) - mn.astype(np.float64)
+        rng = full = mx.astype(np.float64) - mn.astype(np.float64)
+        if clip:
+            mn, rng = _clip(X, n, bucket, bits, finite, mn, mx, rng)
         # A step that overflows fp32 (bits=1, range > FLT_MAX) makes the bucket non-finite.
         finite &= ~(np.where(finite, rng, 0.0) / L > FLT_MAX)
         mn = np.where(mn == 0, np.float32(0), mn).astype(np.float32)  # +0 minimum
@@ -169,7 +209,7 @@ def quantize(
         safe = np.where(regular, rng, 1.0)
         unit = (safe / L).astype(np.float32)
         inv = L / safe  # fp64
-        f32_path = (safe <= FLT_MAX) & (inv <= FLT_MAX)
+        f32_path = (np.where(regular, full, 1.0) <= FLT_MAX) & (inv <= FLT_MAX)
 
         if stochastic:
             r32 = uniform_array(seed, stream, np.arange(X.size, dtype=np.uint64)).reshape(X.shape)
@@ -201,13 +241,15 @@ def encode(
     seed: int = 0,
     stream: int = 0,
     raw_tail: bool = False,
+    clip: bool = False,
 ) -> bytes:
     """The payload of FORMAT.md for the raw input values ``raw`` (1-D) of dtype ``dtype``."""
     n = raw.size
     nq = n - n % bucket if raw_tail else n
     x = to_f32(raw, dtype)
-    meta, q = quantize(x[:nq], bits, bucket, stochastic, seed, stream)
+    meta, q = quantize(x[:nq], bits, bucket, stochastic, seed, stream, clip)
     flags = (FLAG_RAW_TAIL if raw_tail else 0) | (FLAG_STOCHASTIC if stochastic else 0)
+    flags |= FLAG_CLIPPED if clip else 0
     return (
         header(dtype, bits, flags, bucket, n)
         + meta.astype("<u4").tobytes()

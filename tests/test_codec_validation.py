@@ -111,7 +111,7 @@ CORRUPTIONS = {
     "bits_9": (_set(6, 9), r"bits 9 not in \[1, 8\]"),
     "bits_4": (_set(6, 4), "truncated"),  # valid bits, but more bytes than there are
     "bits_2": (_set(6, 2), "trailing bytes"),
-    "flags_4": (_set(7, 4), "unknown flags 0x4"),
+    "flags_8": (_set(7, 8), "unknown flags 0x8"),
     "flags_80": (_set(7, 0x80), "unknown flags 0x80"),
     "bucket_0": (_set(8, 0, 0, 0, 0), "bucket size 0"),
     "bucket_5": (_set(8, 5), "truncated"),
@@ -237,6 +237,7 @@ def test_inspect_returns_the_header(dtype, skip, stochastic):
             bucket,
             stochastic=stochastic,
             skip_incomplete_buckets=skip,
+            clip=bits == 3,
         )
         info = codec.inspect(p)
         assert info == {
@@ -245,10 +246,13 @@ def test_inspect_returns_the_header(dtype, skip, stochastic):
             "bucket_size": bucket,
             "skip_incomplete_buckets": skip,
             "stochastic": stochastic,
+            "clipped": bits == 3,
             "count": n,
         }
         parsed = oracle.parse_header(as_bytes(p))
-        assert parsed["flags"] == (1 if skip else 0) | (2 if stochastic else 0)
+        assert parsed["flags"] == (1 if skip else 0) | (2 if stochastic else 0) | (
+            4 if bits == 3 else 0
+        )
         assert parsed["bucket_size"] == bucket and parsed["count"] == n
 
 

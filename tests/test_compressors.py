@@ -192,7 +192,7 @@ def test_api_errors_are_clear():
     with pytest.raises(ValueError, match="1-D uint8"):
         c.decode(torch.ones(4))
     assert [p["name"] for p in compressors.params("maxmin")] == [
-        "bits", "bucket_size", "skip_incomplete_buckets", "stochastic",
+        "bits", "bucket_size", "skip_incomplete_buckets", "stochastic", "clip",
     ]  # fmt: skip
     assert repr(c) == "compressors.get('maxmin', bits=2)"
 
@@ -202,6 +202,8 @@ def test_maxmin_compressor_is_the_codec_byte_for_byte():
     for bits, bucket in ((4, 512), (2, 128), (8, 1000)):
         c = compressors.get("maxmin", bits=bits, bucket_size=bucket)
         assert torch.equal(c.encode(x), codec.encode(x, bits=bits, bucket_size=bucket))
+    clipped = compressors.get("maxmin", bits=2, bucket_size=128, clip=1)
+    assert torch.equal(clipped.encode(x), codec.encode(x, bits=2, bucket_size=128, clip=True))
 
 
 # Sparse compressors send some values exactly and drop the rest: the error is 0 or |x|.

@@ -69,6 +69,7 @@ def encode(
     seed: int = 0,
     stream: int = 0,
     skip_incomplete_buckets: bool = False,
+    clip: bool = False,
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Quantizes ``tensor`` (any shape, read in row-major order) to a uint8 payload.
@@ -79,6 +80,11 @@ def encode(
     ``stochastic=True`` rounds up with probability equal to the fractional part (unbiased),
     drawing from a counter-based generator keyed by ``(seed, stream, element index)``: the same
     arguments give the same bytes; give each rank and call its own ``stream``.
+
+    ``clip=True`` narrows each bucket's range to the Gaussian-optimal one for ``bits`` (the
+    bucket's mean +- a multiple of its standard deviation, docs/FORMAT.md "Clipped range") where
+    that is narrower than max - min: values beyond decode to the nearest end. It lowers the mean
+    squared error of near-Gaussian buckets (rotated ones, docs/accuracy.md), not the worst case.
     """
     _check_float(tensor, "tensor")
     if not 0 <= seed < 2**64 or not 0 <= stream < 2**64:
@@ -91,6 +97,7 @@ def encode(
         int(bucket_size),
         bool(skip_incomplete_buckets),
         bool(stochastic),
+        bool(clip),
         int(seed),
         int(stream),
         out,

@@ -14,6 +14,7 @@ class MaxMin final : public Compressor {
     params_.bucket_size = p.get_int("bucket_size");
     params_.skip_incomplete_buckets = p.get_bool("skip_incomplete_buckets");
     params_.rounding = p.get_bool("stochastic") ? Rounding::kStochastic : Rounding::kNearest;
+    params_.clip = p.get_bool("clip");
   }
   const char* name() const override { return "maxmin"; }
   CompressorTraits traits() const override {
@@ -58,7 +59,8 @@ std::vector<ParamSpec> specs_maxmin() {
   return {{"bits", 4, 1, 8, true, "bits per value"},
           {"bucket_size", 512, 1, 4294967295.0, true, "values per (min, step) pair"},
           {"skip_incomplete_buckets", 0, 0, 1, true, "send the incomplete last bucket raw"},
-          {"stochastic", 0, 0, 1, true, "stochastic (unbiased) rounding"}};
+          {"stochastic", 0, 0, 1, true, "stochastic (unbiased) rounding"},
+          {"clip", 0, 0, 1, true, "Gaussian-optimal range per bucket (for rotated values)"}};
 }
 
 std::unique_ptr<Compressor> make_maxmin(const ParamValues& p, uint8_t /*id*/) {

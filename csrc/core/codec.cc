@@ -17,6 +17,7 @@ constexpr uint8_t kMagic[4] = {'C', 'G', 'X', 'Q'};
 constexpr uint8_t kVersion = 1;
 constexpr uint8_t kFlagRawTail = 1;
 constexpr uint8_t kFlagStochastic = 2;
+constexpr uint8_t kFlagClipped = 4;
 constexpr int64_t kSpanTarget = int64_t(1) << 18;  // elements per parallel task
 
 template <typename T>
@@ -101,7 +102,7 @@ void encode(const void* in, DType dtype, int64_t count, const CodecParams& param
   out[5] = uint8_t(dtype);
   out[6] = uint8_t(params.bits);
   out[7] = uint8_t((params.skip_incomplete_buckets ? kFlagRawTail : 0) |
-                   (stochastic ? kFlagStochastic : 0));
+                   (stochastic ? kFlagStochastic : 0) | (params.clip ? kFlagClipped : 0));
   put<uint32_t>(out + 8, uint32_t(params.bucket_size));
   put<uint32_t>(out + 12, 0);
   put<uint64_t>(out + 16, uint64_t(count));
@@ -120,6 +121,7 @@ void encode(const void* in, DType dtype, int64_t count, const CodecParams& param
     a.bucket_size = params.bucket_size;
     a.bits = params.bits;
     a.stochastic = stochastic;
+    a.clip = params.clip;
     a.key = key;
     a.meta = out + l.meta_offset + size_t(a.begin / params.bucket_size) * 8;
     a.codes = out + l.codes_offset + size_t(a.begin / 8 * params.bits);
@@ -144,7 +146,7 @@ PayloadInfo inspect(const uint8_t* payload, size_t size) {
   CGX_CHECK_ARG(payload[5] < kNumDTypes, "payload corrupt: unknown dtype code ", int(payload[5]));
   CGX_CHECK_ARG(payload[6] >= 1 && payload[6] <= 8, "payload corrupt: bits ", int(payload[6]),
                 " not in [1, 8]");
-  CGX_CHECK_ARG((payload[7] & ~(kFlagRawTail | kFlagStochastic)) == 0,
+  CGX_CHECK_ARG((payload[7] & ~(kFlagRawTail | kFlagStochastic | kFlagClipped)) == 0,
                 "payload corrupt: unknown flags 0x", std::hex, int(payload[7]));
   CGX_CHECK_ARG(get<uint32_t>(payload + 12) == 0, "payload corrupt: reserved field is not 0");
   PayloadInfo info;
@@ -152,6 +154,7 @@ PayloadInfo inspect(const uint8_t* payload, size_t size) {
   info.bits = payload[6];
   info.raw_tail = payload[7] & kFlagRawTail;
   info.stochastic = payload[7] & kFlagStochastic;
+  info.clipped = payload[7] & kFlagClipped;
   info.bucket_size = get<uint32_t>(payload + 8);
   CGX_CHECK_ARG(info.bucket_size >= 1, "payload corrupt: bucket size 0");
   const uint64_t count = get<uint64_t>(payload + 16);

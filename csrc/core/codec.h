@@ -18,6 +18,10 @@ struct CodecParams {
   Rounding rounding = Rounding::kNearest;
   uint64_t seed = 0;    // stochastic rounding only
   uint64_t stream = 0;  // stochastic rounding only: give every rank / call its own stream
+  // Narrow each bucket's range to the Gaussian-optimal one for `bits` (mean +- a multiple of the
+  // bucket's standard deviation, docs/FORMAT.md "Clipped range") where that is narrower than
+  // max - min; values outside decode to the nearest end. For rotated (Gaussian-like) buckets.
+  bool clip = false;
 };
 
 constexpr size_t kHeaderBytes = 24;
@@ -41,6 +45,7 @@ struct PayloadInfo {
   int64_t bucket_size = 0;
   bool raw_tail = false;
   bool stochastic = false;
+  bool clipped = false;
   int64_t count = 0;
 };
 

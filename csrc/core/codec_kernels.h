@@ -18,6 +18,7 @@ struct EncodeArgs {
   int64_t bucket_size = 0;
   int bits = 0;
   bool stochastic = false;
+  bool clip = false;  // CodecParams::clip
   RngKey key;
   uint8_t* meta = nullptr;   // metadata of the bucket holding `begin`
   uint8_t* codes = nullptr;  // code byte holding element `begin`

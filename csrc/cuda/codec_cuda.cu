@@ -505,6 +505,7 @@ void encode(const void* in, DType dtype, int64_t count, const CodecParams& param
                   out_size);
     CGX_CHECK_ARG(in != nullptr || count == 0, "input buffer is null");
     CGX_CHECK_ARG(out != nullptr, "output buffer is null");
+    CGX_CHECK_ARG(!params.clip, "the CUDA codec has no clipped range (clip): encode on the CPU");
     const bool stochastic = params.rounding == Rounding::kStochastic;
     const Layout l =
         make_layout(count, dtype, params.bits, params.bucket_size, params.skip_incomplete_buckets);

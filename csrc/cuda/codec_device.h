@@ -198,6 +198,7 @@ CGX_HD float load_tail(const uint8_t* tail, DType dt, int64_t j) {
 
 constexpr uint8_t kFlagRawTail = 1;
 constexpr uint8_t kFlagStochastic = 2;
+constexpr uint8_t kFlagClipped = 4;  // informational, like kFlagStochastic
 
 struct Header {
   uint8_t bytes[24];
@@ -220,8 +221,8 @@ inline Header make_header(DType dtype, int bits, int64_t bucket_size, bool raw_t
   return h;
 }
 
-// Which fields of the header at `p` differ from `want` (0: none). The stochastic flag is
-// informational (docs/FORMAT.md) and not compared.
+// Which fields of the header at `p` differ from `want` (0: none). The stochastic and clipped
+// flags are informational (docs/FORMAT.md) and not compared.
 CGX_HD uint32_t header_mismatch(const uint8_t* p, const Header& want) {
   const uint8_t* w = want.bytes;
   uint32_t bad = 0;
@@ -229,7 +230,8 @@ CGX_HD uint32_t header_mismatch(const uint8_t* p, const Header& want) {
   bad |= p[4] != w[4] ? kErrVersion : 0u;
   bad |= p[5] != w[5] ? kErrDType : 0u;
   bad |= p[6] != w[6] ? kErrBits : 0u;
-  bad |= (p[7] | kFlagStochastic) != (w[7] | kFlagStochastic) ? kErrFlags : 0u;
+  constexpr uint8_t kInfo = kFlagStochastic | kFlagClipped;
+  bad |= (p[7] | kInfo) != (w[7] | kInfo) ? kErrFlags : 0u;
   for (int k = 8; k < 12; ++k) bad |= p[k] != w[k] ? kErrBucketSize : 0u;
   for (int k = 12; k < 16; ++k) bad |= p[k] != 0 ? kErrReserved : 0u;
   for (int k = 16; k < 24; ++k) bad |= p[k] != w[k] ? kErrCount : 0u;

@@ -15,7 +15,8 @@ namespace cgx::binding {
 namespace {
 
 at::Tensor encode(const at::Tensor& input, int bits, int64_t bucket_size, bool skip_incomplete,
-                  bool stochastic, uint64_t seed, uint64_t stream, std::optional<at::Tensor> out) {
+                  bool stochastic, bool clip, uint64_t seed, uint64_t stream,
+                  std::optional<at::Tensor> out) {
   TORCH_CHECK(input.device().is_cpu() && input.is_contiguous(),
               "encode takes a contiguous CPU tensor");
   CodecParams p;
@@ -23,6 +24,7 @@ at::Tensor encode(const at::Tensor& input, int bits, int64_t bucket_size, bool s
   p.bucket_size = bucket_size;
   p.skip_incomplete_buckets = skip_incomplete;
   p.rounding = stochastic ? Rounding::kStochastic : Rounding::kNearest;
+  p.clip = clip;
   p.seed = seed;
   p.stream = stream;
   const DType dtype = to_cgx_dtype(input.scalar_type());
@@ -72,6 +74,7 @@ pybind11::dict inspect(const at::Tensor& payload) {
   d["bucket_size"] = info.bucket_size;
   d["skip_incomplete_buckets"] = info.raw_tail;
   d["stochastic"] = info.stochastic;
+  d["clipped"] = info.clipped;
   d["count"] = info.count;
   return d;
 }
