@@ -49,12 +49,14 @@ def body_rotation(rank, world):
     dist.all_reduce(y)  # the group's first rotated call: seed 0 * 1000003 + 0 + 1
     _same_everywhere(y, gloo)
     # Bit for bit what rotating by hand around an unrotated allreduce gives.
-    torch_cgx.set_config(rotation="off")
+    # (clip "auto" clips where the call rotates: by hand, it is "on").
+    torch_cgx.set_config(rotation="off", clip="on")
     z = x.clone()
     _rotate(z, 1, True)
     dist.all_reduce(z)
     _rotate(z, 1, False)
     assert torch.equal(y, z)
+    torch_cgx.set_config(clip="auto")
     plain = x.clone()
     dist.all_reduce(plain)
     err_rot, err_plain = (y.double() - exact).abs(), (plain.double() - exact).abs()

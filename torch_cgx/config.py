@@ -22,6 +22,10 @@ variable                                       default    meaning
                                                           max-min (docs/accuracy.md); auto: at
                                                           1-4 bits when the bucket size is a
                                                           power of two; on / off (1 / 0)
+``CGX_COMPRESSION_CLIP``                       auto       narrow each max-min bucket's range to the
+                                                          Gaussian-optimal one (mean +- c(bits)
+                                                          standard deviations) where narrower;
+                                                          auto: where the call rotates; on / off
 ``CGX_COMPRESSION_SEED``                       0          seed of the stochastic rounding
 ``CGX_COMPRESSOR``                             maxmin     a registered compressor
                                                           (``torch_cgx.compressors.names()``),
@@ -92,6 +96,7 @@ _ENV = {
     "pipeline_segment_mb": "CGX_PIPELINE_SEGMENT_MB",
     "stochastic": "CGX_COMPRESSION_STOCHASTIC",
     "rotation": "CGX_COMPRESSION_ROTATION",
+    "clip": "CGX_COMPRESSION_CLIP",
     "seed": "CGX_COMPRESSION_SEED",
     "compressor": "CGX_COMPRESSOR",
     "compressor_params": "CGX_COMPRESSOR_PARAMS",
@@ -106,8 +111,8 @@ _ENV = {
 CREATION_ONLY = ("hierarchical", "intra_broadcast", "inner_communicator", "cross_communicator",
                  "intra_compress")  # fmt: skip
 _HIERARCHICAL = {"auto": "auto", "on": "on", "off": "off", "1": "on", "0": "off"}
-_ROTATION = {"auto": "auto", "on": "on", "off": "off", "1": "on", "0": "off", "true": "on",
-             "false": "off"}  # fmt: skip
+_AUTO_ON_OFF = {"auto": "auto", "on": "on", "off": "off", "1": "on", "0": "off", "true": "on",
+                "false": "off"}  # fmt: skip
 
 
 def _power_of_two_block(bucket) -> bool:
@@ -135,6 +140,7 @@ class CGXConfig:
     pipeline_segment_mb: int = 4
     stochastic: bool = False
     rotation: str = "off"
+    clip: str = "auto"
     seed: int = 0
     compressor: str = "maxmin"
     compressor_params: str = ""  # canonical "name=value,..." (set_config also takes a dict)
@@ -176,10 +182,14 @@ class CGXConfig:
         if self.hierarchical not in _HIERARCHICAL:
             raise bad("hierarchical", "must be auto, on or off (1 / 0)", self.hierarchical)
         object.__setattr__(self, "hierarchical", _HIERARCHICAL[self.hierarchical])
-        rotation = _ROTATION.get(str(self.rotation).lower())
+        rotation = _AUTO_ON_OFF.get(str(self.rotation).lower())
         if rotation is None:
             raise bad("rotation", "must be auto, on or off (1 / 0)", self.rotation)
         object.__setattr__(self, "rotation", rotation)
+        clip = _AUTO_ON_OFF.get(str(self.clip).lower())
+        if clip is None:
+            raise bad("clip", "must be auto, on or off (1 / 0)", self.clip)
+        object.__setattr__(self, "clip", clip)
         if rotation == "on" and not _power_of_two_block(self.bucket_size):
             raise bad("rotation", "on needs a bucket_size that is a power of two in [2, 2^20] "
                       f"(bucket_size {self.bucket_size})", self.rotation)  # fmt: skip
@@ -259,6 +269,7 @@ class CGXConfig:
             pipeline_segment_mb=native.pipeline_segment_bytes >> 20,
             stochastic=native.stochastic,
             rotation=native.rotation,
+            clip=native.clip,
             seed=native.seed,
             compressor=native.compressor,
             compressor_params=_format_params(native.compressor_params),
@@ -281,6 +292,7 @@ class CGXConfig:
         native.pipeline_segment_bytes = self.pipeline_segment_mb << 20
         native.stochastic = self.stochastic
         native.rotation = self.rotation
+        native.clip = self.clip
         native.seed = self.seed
         native.compressor = self.compressor
         native.compressor_params = _parse_params("compressor_params", self.compressor_params)

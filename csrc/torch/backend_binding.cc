@@ -54,6 +54,7 @@ void bind_backend(pybind11::module& m) {
       .def_readwrite("algorithm", &BackendConfig::algorithm)
       .def_readwrite("stochastic", &BackendConfig::stochastic)
       .def_readwrite("rotation", &BackendConfig::rotation)
+      .def_readwrite("clip", &BackendConfig::clip)
       .def_readwrite("seed", &BackendConfig::seed)
       .def_readwrite("stream", &BackendConfig::stream)
       .def_readwrite("compressor", &BackendConfig::compressor)

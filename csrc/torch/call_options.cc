@@ -37,6 +37,7 @@ AllreduceOptions to_options(const BackendConfig& c, bool average, uint64_t call_
   o.codec.skip_incomplete_buckets = c.skip_incomplete_buckets;
   o.codec.rounding = c.stochastic ? Rounding::kStochastic : Rounding::kNearest;
   o.codec.seed = c.seed;
+  o.codec.clip = c.compressor == "maxmin" && (c.clip == "on" || (c.clip == "auto" && rotates(c)));
   o.algorithm = algorithm_from_int(c.algorithm);
   o.average = average;
   o.fusion_bytes = size_t(c.fusion_buffer_bytes);
@@ -62,6 +63,8 @@ void validate_config(const BackendConfig& c) {
                 "rotation must be auto, off, or on with a bucket_size that is a power of two in "
                 "[2, 2^20], got ",
                 c.rotation, " (bucket_size ", c.bucket_size, ")");
+  CGX_CHECK_ARG(c.clip == "auto" || c.clip == "on" || c.clip == "off",
+                "clip must be auto, on or off, got ", c.clip);
   CGX_CHECK_ARG(c.compressor != "maxmin" || c.compressor_params.empty(),
                 "maxmin takes its parameters from bits, bucket_size, skip_incomplete_buckets and "
                 "stochastic, not from compressor_params");

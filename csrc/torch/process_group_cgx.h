@@ -48,6 +48,9 @@ struct BackendConfig {
   // Seeded rotation of each bucket before max-min (allreduce only): "off" (the default), "auto"
   // (at 1-4 bits when bucket_size is a power of two), "on". See ProcessGroupCGX::reduce_rotated.
   std::string rotation = "off";
+  // Gaussian-optimal range per max-min bucket (CodecParams::clip): "auto" (where the call
+  // rotates), "on", "off".
+  std::string clip = "auto";
   uint64_t seed = 0;
   // >= 0: the index of this call's random streams, given by a caller that counts its own calls
   // (a DDP hook's state: a resumed run then draws what an uninterrupted one would); -1: the

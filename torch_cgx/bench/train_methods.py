@@ -12,7 +12,7 @@ policy8         torch_cgx.compression's SizeAdaptiveCompression(65536, NoCompres
                 Uniform8BitQuantization()) as the DDP policy on the cgx group (hivemind's names)
 cgxN            torch_cgx's cgx_hook on the cgx group, N bits (1..8), the default levers
 cgxN:legacy     CGX's own hook (layers concatenated, no error feedback, no rotation)
-cgxN:+L / :-L   a lever on / off (L: layer, ef, sr, rot, mean), e.g. cgx4:legacy:+ef
+cgxN:+L / :-L   a lever on / off (L: layer, ef, sr, rot, mean, clip), e.g. cgx4:legacy:+ef
 cgx-adaptiveX   cgx_hook with adaptive bits per layer, an average of X code bits per value
 ddp-cgxN        no hook: DDP's own allreduce per bucket on the cgx group at N bits, the group's
                 defaults (CGX_* variables alone: rotation at 1-4 bits); ddp-cgxN:norot without
@@ -58,7 +58,7 @@ def cgx_bits(method: str) -> Optional[int]:
 
 
 _LEVER_FLAGS = {"layer": "split_layers", "ef": "error_feedback", "sr": "stochastic",
-                "rot": "rotation", "mean": "mean_levels"}  # fmt: skip
+                "rot": "rotation", "mean": "mean_levels", "clip": "clip"}  # fmt: skip
 
 
 def backend_variant(method: str) -> Optional[tuple]:
@@ -145,7 +145,7 @@ def parse_methods(text: str) -> List[str]:
         if m not in METHODS + EXTRA_METHODS and not on_cgx_group(m):
             raise argparse.ArgumentTypeError(
                 f"unknown method {m!r} (choose from {', '.join(METHODS + EXTRA_METHODS)}, "
-                "cgx1..cgx8[:legacy][:+L|:-L] (L: layer, ef, sr, rot, mean), cgx-adaptiveX, "
+                "cgx1..cgx8[:legacy][:+L|:-L] (L: layer, ef, sr, rot, mean, clip), cgx-adaptiveX, "
                 "ddp-cgx1..ddp-cgx8[:norot], "
                 f"c:<compressor>[:ef|:noef] with one of {', '.join(compressors.names())}, "
                 f"{ALL_COMPRESSORS} or {ALL_NOEF})"

@@ -44,7 +44,8 @@ DEFAULT_LEVERS = {
     }  # fmt: skip
     for b in range(1, 9)
 }
-_LEVERS = ("split_layers", "error_feedback", "rotation", "mean_levels")
+# Clipping follows the rotation unless given: it suits rotated (near-Gaussian) buckets only.
+_LEVERS = ("split_layers", "error_feedback", "rotation", "mean_levels", "clip")
 
 
 class CGXState:
@@ -62,6 +63,10 @@ class CGXState:
             size must then be a power of two).
         mean_levels: at 1 bit, a bucket's two levels are the means of its negative and of its
             non-negative values (onebit's payload, the same size) instead of its min and max.
+        clip: each bucket's range narrowed to the Gaussian-optimal one for its bits (mean +- a
+            multiple of its standard deviation; values beyond decode to the nearest end), in both
+            quantizations of SRA. None: on where ``rotation`` is (rotated buckets are
+            near-Gaussian).
         stochastic: stochastic rounding (also ``compression_params["stochastic"]``; None and
             absent there: the group's setting).
         adaptive_bits: an average number of code bits per compressed value (1..8): every
@@ -88,6 +93,7 @@ class CGXState:
         error_feedback: Optional[bool] = None,
         rotation: Optional[bool] = None,
         mean_levels: Optional[bool] = None,
+        clip: Optional[bool] = None,
         stochastic: Optional[bool] = None,
         adaptive_bits: Optional[float] = None,
         adapt_every: int = 50,
@@ -106,7 +112,7 @@ class CGXState:
         elif stochastic is not None and params.get("stochastic", stochastic) != stochastic:
             raise ValueError("stochastic and compression_params['stochastic'] differ")
         given = {"split_layers": split_layers, "error_feedback": error_feedback,
-                 "rotation": rotation, "mean_levels": mean_levels,
+                 "rotation": rotation, "mean_levels": mean_levels, "clip": clip,
                  "stochastic": stochastic}  # fmt: skip
         for name, value in given.items():
             if value is not None and not isinstance(value, bool):
@@ -145,6 +151,7 @@ class CGXState:
         base = dict.fromkeys(_LEVERS, False) if self.legacy else dict(DEFAULT_LEVERS[bits])
         base["stochastic"] = stochastic
         base.update(self.levers)
+        base.setdefault("clip", base["rotation"])
         if self.adaptive_bits is not None:
             base["split_layers"] = True
         return base
@@ -244,7 +251,8 @@ def _compress(state, backend, base: CGXConfig, buf, comp, use, stream, whole, me
             one = {"compressor": "onebit", "compressor_params": {"bucket_size": bucket}}
             config = base.replace(**one).to_native()
         else:
-            config = base.replace(bits=bits, stochastic=use["stochastic"]).to_native()
+            clip = "on" if use["clip"] else "off"
+            config = base.replace(bits=bits, stochastic=use["stochastic"], clip=clip).to_native()
         config.stream = stream
         calls.append((backend.allreduce_with(staged.tensor, config, True, staged.residual), staged))
     return calls
