@@ -103,3 +103,13 @@ def test_rotation_setting_values():
         CGXConfig.from_env({"CGX_COMPRESSION_ROTATION": "maybe"})
     with pytest.raises(ValueError, match="rotation on needs a bucket_size that is a power of two"):
         CGXConfig(rotation="on", bucket_size=500)
+
+
+def test_clip_setting_values():
+    from torch_cgx.config import CGXConfig
+
+    for raw, mode in (("1", "on"), ("off", "off"), ("0", "off"), ("auto", "auto")):
+        assert CGXConfig.from_env({"CGX_COMPRESSION_CLIP": raw}).clip == mode
+    assert CGXConfig().clip == "auto" and CGXConfig(clip="on").to_native().clip == "on"
+    with pytest.raises(ValueError, match="CGX_COMPRESSION_CLIP must be auto, on or off"):
+        CGXConfig.from_env({"CGX_COMPRESSION_CLIP": "sometimes"})
