@@ -185,6 +185,8 @@ def test_method_and_workload_flags():
     assert cgx_variant("cgx2:+rot:-ef") == (2, {"rotation": True, "error_feedback": False})
     assert cgx_variant("cgx1:legacy:+sr") == (1, {"legacy": True, "stochastic": True})
     assert cgx_variant("cgx-adaptive2.5") == (2, {"adaptive_bits": 2.5})
+    assert cgx_variant("cgx-adaptive3:-clip") == (3, {"adaptive_bits": 3.0, "clip": False})
+    assert cgx_variant("cgx2:-clip:+rot") == (2, {"clip": False, "rotation": True})
     assert nominal_bits("cgx-adaptive2.5") == 2.5 and nominal_bits("cgx4:legacy") == 4
     from torch_cgx.bench.train_methods import backend_variant
 
@@ -208,6 +210,7 @@ def test_method_and_workload_flags():
         "cgx4:legacy:ef",
         "cgx-adaptive9",
         "cgx-adaptivex",
+        "cgx-adaptive3:legacy",
         "ddp-cgx9",
         "ddp-cgx4:rot",
     ):

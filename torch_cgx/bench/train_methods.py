@@ -14,6 +14,7 @@ cgxN            torch_cgx's cgx_hook on the cgx group, N bits (1..8), the defaul
 cgxN:legacy     CGX's own hook (layers concatenated, no error feedback, no rotation)
 cgxN:+L / :-L   a lever on / off (L: layer, ef, sr, rot, mean, clip), e.g. cgx4:legacy:+ef
 cgx-adaptiveX   cgx_hook with adaptive bits per layer, an average of X code bits per value
+                (levers as for cgxN: cgx-adaptive3:-clip)
 ddp-cgxN        no hook: DDP's own allreduce per bucket on the cgx group at N bits, the group's
                 defaults (CGX_* variables alone: rotation at 1-4 bits); ddp-cgxN:norot without
 c:<name>        torch_cgx's compression_hook with CompressionState(compressor=<name>), default
@@ -70,23 +71,23 @@ def backend_variant(method: str) -> Optional[tuple]:
 
 
 def cgx_variant(method: str) -> Optional[tuple]:
-    """``cgxN[:legacy][:+L|:-L...]`` or ``cgx-adaptiveX`` -> (bits, CGXState keyword
-    arguments); None for the other methods."""
-    if method.startswith("cgx-adaptive"):
+    """``cgxN[:legacy][:+L|:-L...]`` or ``cgx-adaptiveX[:+L|:-L...]`` -> (bits, CGXState
+    keyword arguments); None for the other methods."""
+    head, _, tail = method.partition(":")
+    if head.startswith("cgx-adaptive"):
         try:
-            budget = float(method[len("cgx-adaptive") :])
+            budget = float(head[len("cgx-adaptive") :])
         except ValueError:
             return None
         if not 1 <= budget <= 8:
             return None
-        return max(1, int(budget)), {"adaptive_bits": budget}
-    head, _, tail = method.partition(":")
-    bits = cgx_bits(head)
+        bits, kwargs = max(1, int(budget)), {"adaptive_bits": budget}
+    else:
+        bits, kwargs = cgx_bits(head), {}
     if bits is None:
         return None
-    kwargs = {}
     for part in tail.split(":") if tail else []:
-        if part == "legacy":
+        if part == "legacy" and "adaptive_bits" not in kwargs:
             kwargs["legacy"] = True
         elif part[:1] in ("+", "-") and part[1:] in _LEVER_FLAGS:
             kwargs[_LEVER_FLAGS[part[1:]]] = part[0] == "+"
