@@ -1,9 +1,11 @@
-"""Cost of the CGX hook's rotation (csrc/core/rotation.h) next to the codec, in one run.
+"""Cost of the CGX hook's rotation (csrc/core/rotation.h) and clipped range next to the codec,
+in one run.
 
     python -m torch_cgx.bench.rotation [--mib 64] [--bucket 512] [--threads 1]
 
-Best of 5 per row: a copy of the buffer, max-min 4-bit encode and decode, the rotation forward
-and inverse; the ratios are to the 4-bit encode measured in the same run.
+Best of 5 per row: a copy of the buffer, max-min 4-bit encode (plain and clipped, also at 2 bits)
+and decode, the rotation forward and inverse; the ratios are to the 4-bit encode measured in the
+same run.
 """
 
 from __future__ import annotations
@@ -38,10 +40,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     codec.set_num_threads(args.threads)
     n = args.mib << 18
     x, y = torch.randn(n), torch.empty(n)
-    payload = codec.encode(x, 4, args.bucket)
+    payload, small = codec.encode(x, 4, args.bucket), codec.encode(x, 2, args.bucket)
     rows = {
         "copy": best_of(lambda: y.copy_(x)),
         "encode 4-bit": best_of(lambda: codec.encode(x, 4, args.bucket, out=payload)),
+        "encode 4-bit, clip": best_of(
+            lambda: codec.encode(x, 4, args.bucket, clip=True, out=payload)
+        ),
+        "encode 2-bit": best_of(lambda: codec.encode(x, 2, args.bucket, out=small)),
+        "encode 2-bit, clip": best_of(
+            lambda: codec.encode(x, 2, args.bucket, clip=True, out=small)
+        ),
         "decode 4-bit": best_of(lambda: codec.decode(payload, out=y)),
         "rotate forward": best_of(lambda: _C.rotate_(y, args.bucket, 1, True)),
         "rotate inverse": best_of(lambda: _C.rotate_(y, args.bucket, 1, False)),

@@ -243,7 +243,8 @@ def _compress(state, backend, base: CGXConfig, buf, comp, use, stream, whole, me
         staged = _stage(buf, spans, one_call, bucket, split, dtype, residuals, seeds)
         if measure:
             for (_, n, p), start, size in zip(spans, staged.starts, staged.sizes):
-                energy = levers.range_energy(staged.tensor, start, size, bucket)
+                measure_fn = levers.spread_energy if use["clip"] else levers.range_energy
+                energy = measure_fn(staged.tensor, start, size, bucket)
                 state._energy[state.key(p)] = (energy, n)
         if use["error_feedback"]:
             staged.residual = torch.empty(staged.tensor.numel(), dtype=torch.float32)
@@ -264,11 +265,11 @@ def _residual(state: CGXState, param, numel: int):
     return r if r is not None and r.numel() == numel else None
 
 
-def _adapt(state: CGXState, keys: List[str], energies: torch.Tensor, sizes: List[int]) -> None:
+def _adapt(state: CGXState, keys: List[str], energies, sizes: List[int], clipped: bool) -> None:
     """Every rank: bits per layer from the summed energies (identical on every rank)."""
     if not torch.isfinite(energies).all():
         return  # a non-finite step (AMP's skipped steps): keep the current choice
-    bits = levers.choose_bits(energies.tolist(), sizes, state.adaptive_bits)
+    bits = levers.choose_bits(energies.tolist(), sizes, state.adaptive_bits, clipped)
     state.layer_bits = dict(zip(keys, bits))
 
 
@@ -300,7 +301,8 @@ def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[t
     if measure and bucket.is_last():
         keys = sorted(state._energy)
         energies = torch.tensor([state._energy[k][0] for k in keys], dtype=torch.float64)
-        adapt = (keys, energies, [state._energy[k][1] for k in keys])
+        clipped = state.resolved(base.bits, base.stochastic)["clip"]
+        adapt = (keys, energies, [state._energy[k][1] for k in keys], clipped)
         state._energy = {}
         futures.append(exact_allreduce(state.process_group, energies))
     if bucket.is_last():

@@ -11,7 +11,9 @@
 - **Adaptive bits** (L-GreCo's idea): a layer whose buckets have ranges ``r_k`` loses
   ``E(b) = B * sum_k r_k^2 / (12 (2^b - 1)^2)`` (squared error of round-to-nearest with step
   ``r / (2^b - 1)``) at ``b`` bits; :func:`choose_bits` spends a budget of code bits on the
-  layers where a bit buys the largest drop of the summed error.
+  layers where a bit buys the largest drop of the summed error. With the clipped range the
+  codec is Max's optimal uniform quantizer of each (near-Gaussian) bucket instead, whose error is
+  ``GAUSSIAN_MSE[b] * sum_k n_k sd_k^2``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ import torch
 from torch_cgx import _C
 
 MIN_BITS, MAX_BITS = 1, 8
+# Max (1960): squared error of the optimal uniform quantizer of a unit Gaussian at 1..8 bits
+# (the clipped range of docs/FORMAT.md).
+GAUSSIAN_MSE = (0.0, 0.3634, 0.1188, 0.03744, 0.01154, 0.003495, 0.001040, 0.0003043, 0.00008769)
 
 
 def padded(numel: int, bucket: int, split: bool) -> int:
@@ -123,14 +128,30 @@ def range_energy(tensor: torch.Tensor, start: int, size: int, bucket: int) -> fl
     return energy
 
 
-def error_at(energy: float, bits: int) -> float:
-    """Squared error of round-to-nearest max-min at ``bits`` of a layer of range energy
-    ``energy`` (uniform error over a step of r / (2^b - 1): variance step^2 / 12)."""
+def spread_energy(tensor: torch.Tensor, start: int, size: int, bucket: int) -> float:
+    """``sum_k n_k sd_k^2`` over the buckets of a staged layer, in fp64: with the clipped range,
+    the numerator of the layer's error at any bit width."""
+    span = tensor[start : start + size].double()
+    full = size - size % bucket
+    energy = bucket * float(span[:full].view(-1, bucket).var(dim=1, correction=0).sum())
+    if full < size:
+        energy += (size - full) * float(span[full:].var(correction=0))
+    return energy
+
+
+def error_at(energy: float, bits: int, clipped: bool = False) -> float:
+    """Squared error at ``bits`` of a layer: round-to-nearest max-min for a range energy
+    (uniform error over a step of r / (2^b - 1): variance step^2 / 12), or, ``clipped``, Max's
+    optimum for a spread energy (``spread_energy``)."""
+    if clipped:
+        return energy * GAUSSIAN_MSE[bits]
     return energy / (12.0 * float((1 << bits) - 1) ** 2)
 
 
-def choose_bits(energies: Sequence[float], sizes: Sequence[int], budget: float) -> List[int]:
-    """Bits per layer (1..8) minimising ``sum error_at(energy_l, b_l)`` under
+def choose_bits(
+    energies: Sequence[float], sizes: Sequence[int], budget: float, clipped: bool = False
+) -> List[int]:
+    """Bits per layer (1..8) minimising ``sum error_at(energy_l, b_l, clipped)`` under
     ``sum size_l * b_l <= budget * sum size_l``: every layer starts at 1 bit, then the bit that
     removes the most error per value it costs goes next, while it fits (greedy on convex
     per-layer curves; ties go to the earlier layer). Deterministic: the same inputs give the same
@@ -143,7 +164,8 @@ def choose_bits(energies: Sequence[float], sizes: Sequence[int], budget: float) 
 
     def gain(i: int) -> float:
         b = bits[i]
-        return (error_at(energies[i], b) - error_at(energies[i], b + 1)) / max(1, sizes[i])
+        gain = error_at(energies[i], b, clipped) - error_at(energies[i], b + 1, clipped)
+        return gain / max(1, sizes[i])
 
     # A bit that removes no error (a constant layer) is not worth its bytes.
     heap = [(-gain(i), i) for i in range(len(sizes)) if sizes[i] > 0 and gain(i) > 0]
