@@ -87,6 +87,11 @@ inline std::vector<Case> make_cases() {
   out.push_back({"codec", nullptr, CodecParams{}});
   out.push_back({"codec:bits=1:bucket_size=7", nullptr, one_bit});
   out.push_back({"codec:bits=8:bucket_size=64:raw_tail=1:stochastic=1", nullptr, raw_tail});
+  CodecParams clipped;  // the clipped range (FORMAT.md): codes beyond it clamp to 0 or L
+  clipped.bits = 2;
+  clipped.bucket_size = 16;
+  clipped.clip = true;
+  out.push_back({"codec:bits=2:bucket_size=16:clip=1", nullptr, clipped});
   return out;
 }
 
