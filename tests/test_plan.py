@@ -145,6 +145,20 @@ def test_contest_takes_the_close_options_of_distinct_paths(monkeypatch):
     rule = next(r for r in rules if n <= r["max_numel"])
     assert (rule["compressor"] or None, rule["algorithm"]) == (loser.compressor, loser.algorithm)
     assert probe.option_from(json.loads(json.dumps(probe.option_to(loser)))) == loser
+    # Above CONTEST_NUMEL the winner timed at CONTEST_NUMEL stays where the model predicts it
+    # within CONTEST of its own choice (and only there); below, the model's choices stand.
+    kept = set()
+    for w in planner.options(budget, measured=True):
+        rules = auto.rules_for(4, link, host, budget, {probe.CONTEST_NUMEL: w})
+        for m in (probe.CONTEST_NUMEL * 4, 1 << 30):
+            rule = next(r for r in rules if m <= r["max_numel"])
+            got = (rule["compressor"] or None, rule["algorithm"], rule["segments"])
+            best, t, _ = planner.choose(m, 4, link, host, budget)
+            close = P.predict(w, m, 4, link, host) <= probe.CONTEST * t
+            want = w if close else best
+            assert got == (want.compressor, want.algorithm, want.segments), (w, m)
+            kept.add(close)
+    assert kept == {True, False}  # both cases occurred
     # What the contest times is what it names: an unpipelined candidate runs with no pipeline.
     from torch_cgx.config import CGXConfig
 

@@ -15,9 +15,17 @@ from typing import Dict, List, Optional
 
 from torch_cgx.config import ALGORITHMS as ALGORITHM_IDS
 from torch_cgx.plan.costs import CodecCosts, LinkCosts
-from torch_cgx.plan.model import SEGMENT_BYTES, Option
+from torch_cgx.plan.model import SEGMENT_BYTES, Option, predict
 from torch_cgx.plan.planner import Budget, choose
-from torch_cgx.plan.probe import contested, measure, option_from, option_to, tournament
+from torch_cgx.plan.probe import (
+    CONTEST,
+    CONTEST_NUMEL,
+    contested,
+    measure,
+    option_from,
+    option_to,
+    tournament,
+)
 
 log = logging.getLogger("torch_cgx.plan")
 SIZE_CLASSES = [1 << k for k in range(4, 31)]  # 16 .. 2^30 values; the last rule covers the rest
@@ -37,11 +45,21 @@ def rules_for(
 ) -> List[dict]:
     """The decision at each size class (the contest's winner where it timed one, the model's
     choice elsewhere), merged where neighbours agree: dicts with max_numel and the option's
-    fields (plain data, for the store)."""
+    fields (plain data, for the store).
+
+    Above the contest's largest class (CONTEST_NUMEL values), where calls are bandwidth-bound
+    and the options' ratios stay put, the winner timed there is kept while the model predicts
+    it within CONTEST of its own choice: the model alone misjudged exactly such near-ties
+    (loopback, 4 ranks on 2 cores: 8-bit SRA at 256 MiB, 1.44x the tree that won below)."""
     rules: List[dict] = []
     measured = measured or {}
+    last = measured.get(CONTEST_NUMEL)
     for n in SIZE_CLASSES:
-        o = measured.get(n) or choose(n, world, link, host, budget)[0]
+        o = measured.get(n)
+        if o is None:
+            o, t, _ = choose(n, world, link, host, budget)
+            if last is not None and n > CONTEST_NUMEL:
+                o = last if predict(last, n, world, link, host) <= CONTEST * t else o
         rule = {"compressor": o.compressor or "", "params": dict(o.params),
                 "algorithm": o.algorithm, "segments": o.segments}  # fmt: skip
         if rules and {k: v for k, v in rules[-1].items() if k != "max_numel"} == rule:
