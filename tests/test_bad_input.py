@@ -34,6 +34,7 @@ MALFORMED = {
     "CGX_CROSS_COMMUNICATOR_TYPE": "x",
     "CGX_INTRA_COMPRESS": "int3",
     "CGX_COMPRESSION_ROTATION": "sideways",
+    "CGX_COMPRESSION_CLIP": "half",
 }
 
 
@@ -70,6 +71,7 @@ DIFFERING = {
     "compressor_params": ("ratio=0.1", "ratio=0.2"),  # with compressor="topk" on both
     "settings_per_call": (True, False),
     "rotation": ("off", "auto"),
+    "clip": ("auto", "on"),
 }
 
 
