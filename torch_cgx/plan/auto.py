@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from torch_cgx.config import ALGORITHMS as ALGORITHM_IDS
 from torch_cgx.plan.costs import CodecCosts, LinkCosts
 from torch_cgx.plan.model import SEGMENT_BYTES, Option, predict
-from torch_cgx.plan.planner import Budget, choose
+from torch_cgx.plan.planner import Budget, choose, options
 from torch_cgx.plan.probe import (
     CONTEST,
     CONTEST_NUMEL,
@@ -48,9 +48,10 @@ def rules_for(
     fields (plain data, for the store).
 
     Above the contest's largest class (CONTEST_NUMEL values), where calls are bandwidth-bound
-    and the options' ratios stay put, the winner timed there is kept while the model predicts
-    it within CONTEST of its own choice: the model alone misjudged exactly such near-ties
-    (loopback, 4 ranks on 2 cores: 8-bit SRA at 256 MiB, 1.44x the tree that won below)."""
+    and the paths' ratios stay put, the codec and algorithm that won there are kept (with the
+    model's best segments for them) while the model predicts them within CONTEST of its own
+    choice: the model alone misjudged exactly such near-ties (loopback, 4 ranks on 2 cores:
+    8-bit SRA at 256 MiB, 1.44x the tree that won below)."""
     rules: List[dict] = []
     measured = measured or {}
     last = measured.get(CONTEST_NUMEL)
@@ -59,7 +60,8 @@ def rules_for(
         if o is None:
             o, t, _ = choose(n, world, link, host, budget)
             if last is not None and n > CONTEST_NUMEL:
-                o = last if predict(last, n, world, link, host) <= CONTEST * t else o
+                kept, kept_t = _same_path(last, n, world, link, host, budget)
+                o = kept if kept_t <= CONTEST * t else o
         rule = {"compressor": o.compressor or "", "params": dict(o.params),
                 "algorithm": o.algorithm, "segments": o.segments}  # fmt: skip
         if rules and {k: v for k, v in rules[-1].items() if k != "max_numel"} == rule:
@@ -68,6 +70,17 @@ def rules_for(
             rules.append({"max_numel": n, **rule})
     rules[-1]["max_numel"] = 1 << 62  # the largest class's decision covers the rest
     return rules
+
+
+def _same_path(won: Option, n: int, world, link, host, budget: Budget) -> Tuple[Option, float]:
+    """The option with ``won``'s codec and algorithm the model predicts fastest at n, and its
+    predicted time."""
+    same = [
+        o
+        for o in options(budget, measured=True)
+        if (o.compressor, o.params, o.algorithm) == (won.compressor, won.params, won.algorithm)
+    ]
+    return min(((o, predict(o, n, world, link, host)) for o in same), key=lambda p: p[1])
 
 
 def to_native(rule: dict):
