@@ -81,7 +81,7 @@ def encode(
     drawing from a counter-based generator keyed by ``(seed, stream, element index)``: the same
     arguments give the same bytes; give each rank and call its own ``stream``.
 
-    ``clip=True`` narrows each bucket's range to the Gaussian-optimal one for ``bits`` (the
+    ``clip=True`` narrows each full bucket's range to the Gaussian-optimal one for ``bits`` (the
     bucket's mean +- a multiple of its standard deviation, docs/FORMAT.md "Clipped range") where
     that is narrower than max - min: values beyond decode to the nearest end. It lowers the mean
     squared error of near-Gaussian buckets (rotated ones, docs/accuracy.md), not the worst case.

@@ -51,7 +51,7 @@ def rules_for(
     and the paths' ratios stay put, the codec and algorithm that won there are kept (with the
     model's best segments for them) while the model predicts them within CONTEST of its own
     choice: the model alone misjudged exactly such near-ties (loopback, 4 ranks on 2 cores:
-    8-bit SRA at 256 MiB, 1.44x the tree that won below)."""
+    8-bit SRA at 256 MiB, 1.44x the 4-bit tree)."""
     rules: List[dict] = []
     measured = measured or {}
     last = measured.get(CONTEST_NUMEL)
