@@ -360,3 +360,32 @@ def body_clip(rank, world):
 
 def test_clip_lowers_the_error_of_rotated_2_bit_buckets():
     run_ranks(body_clip, 2)
+
+
+def body_adaptive_last_bucket_exact(rank, world):
+    """Adaptive bits where DDP's last bucket holds only an exactly reduced layer (a bias first
+    in the model, every layer its own bucket): the choice is still made, the same everywhere."""
+    from torch_cgx import CGXState, cgx_hook
+
+    dist.init_process_group("cgx")
+    gloo = dist.new_group(backend="gloo")
+    shapes = [(64,), (600, 600), (300, 600)]  # each over DDP's 1 MiB first bucket
+    model = Probe(shapes)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
+    state = CGXState(None, 1024, {"bits": 3}, adaptive_bits=3.0, adapt_every=2, module=model)
+    ddp.register_comm_hook(state, cgx_hook)
+    g = torch.Generator().manual_seed(rank)
+    for step in range(5):  # adapts at steps 0, 2, 4; DDP splits the buckets after step 0
+        big = 2 if step < 3 else 1  # the layer with 10x the scale: w.2, then w.1 from step 3
+        ddp.zero_grad()
+        ddp([torch.randn(s, generator=g) * (10 if i == big else 1)
+             for i, s in enumerate(shapes)]).backward()  # fmt: skip
+        if step in (2, 4):
+            mine = torch.tensor([state.layer_bits["w.1"], state.layer_bits["w.2"]])
+            assert all(torch.equal(o, mine) for o in gather(mine, gloo)), "ranks differ"
+            assert (mine[1] > mine[0]) == (step == 2), (step, mine)  # more bits to the large one
+    dist.destroy_process_group()
+
+
+def test_adaptive_bits_when_the_last_bucket_is_exact():
+    run_ranks(body_adaptive_last_bucket_exact, 2)

@@ -286,8 +286,8 @@ def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[t
     if base.bits > 8:  # bits 32: everything exact
         comp, exact = [], comp + exact
     calls = []
-    measure = bool(comp) and state.adaptive_bits is not None
-    measure = measure and state.steps % state.adapt_every == 0
+    adapt_step = state.adaptive_bits is not None and state.steps % state.adapt_every == 0
+    measure = bool(comp) and adapt_step
     if comp:
         use = state.resolved(base.bits, base.stochastic)  # CGX_COMPRESSION_STOCHASTIC
         stream = call_stream(state, bucket, comp[0][2])
@@ -298,7 +298,8 @@ def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[t
         calls.append((work, staged))
     futures = [work.get_future() for work, _ in calls]
     adapt = None
-    if measure and bucket.is_last():
+    # The last bucket sums what every bucket measured, compressed layers of its own or not.
+    if adapt_step and bucket.is_last() and state._energy:
         keys = sorted(state._energy)
         energies = torch.tensor([state._energy[k][0] for k in keys], dtype=torch.float64)
         clipped = state.resolved(base.bits, base.stochastic)["clip"]
