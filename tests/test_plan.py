@@ -180,6 +180,21 @@ def test_contest_takes_the_close_options_of_distinct_paths(monkeypatch):
     assert probe.contested(8, slow, host, budget, [1 << 20]) == []
 
 
+def test_budget_rounds():
+    """The probe and the contest time at least their floor of rounds, more where a round is
+    short: as many as fit the budget, never more than the cap."""
+    from torch_cgx.plan import probe
+
+    assert probe.budget_rounds(7, 10_000, 0.25, 61) == 25  # 10 ms rounds in 0.25 s
+    assert probe.budget_rounds(7, 100_000, 0.25, 61) == 7  # long rounds: the floor
+    assert probe.budget_rounds(7, 1_000, 0.25, 61) == 61  # short rounds: the cap
+    assert probe.budget_rounds(15, 0, 0.25, 61) == 61  # an immeasurably short round
+    assert probe.budget_rounds(15, 1_000, 0.0, 61) == 15  # no budget: the floor
+    for us in range(1, 300_000, 997):
+        r = probe.budget_rounds(7, us, 0.25, 61)
+        assert 7 <= r <= 61 and (r in (7, 61) or r * us <= 250_000 < (r + 1) * us)
+
+
 def test_codec_and_wire_factors_from_two_settings():
     """solve_split recovers the codec and wire factors from two settings of different mix, in
     either pipeline regime, refuses mixes too alike to tell apart; predictions then scale each

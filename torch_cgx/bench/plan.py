@@ -8,8 +8,9 @@ Methods (all in one job, interleaved per size, every one through ``dist.all_redu
 (a Gloo group), the fixed configurations of the budget (exact through cgx, max-min 4 and 8 bits
 with SRA, ring and tree, fp16), each on a cgx group of its own set once with ``set_config``
 (without per-call agreement), and ``auto`` (a cgx group created with
-``CGX_COMPRESSOR=auto``, which plans itself). Times are medians over ``--reps`` rounds after
-one warm-up round; rank 0 prints. Predictions use a second probe of the planned group (rank 0's
+``CGX_COMPRESSOR=auto``, which plans itself). Times are medians over the rounds after one
+warm-up round (at least ``rounds()``, more where rounds are short: ``more_rounds()``); rank 0
+prints. Predictions use a second probe of the planned group (rank 0's
 codec calibration), taken before the measurements.
 """
 
@@ -43,14 +44,29 @@ FIXED = {  # name: the option, run with the default pipeline and no per-call agr
 TWIN = "maxmin4-sra-twin"
 
 
+# Where rounds are short, more of them: up to this many seconds of timed rounds a size (the
+# warm-up round's length decides, rank 0's, sent to all), at most MAX_ROUNDS. With a fixed 3
+# rounds at 64 and 256 MiB on loopback, two identical groups measured up to 1.32x apart.
+ROUND_SECONDS = 8.0
+MAX_ROUNDS = 60
+
+
 def rounds(n: int, reps: int) -> int:
-    """Timed rounds at n values: small calls are cheap and the noisiest (a pause of another
-    process is many times their length), so they get more; the largest fewer."""
+    """Timed rounds at n values at least: small calls are cheap and the noisiest (a pause of
+    another process is many times their length), so they get more; the largest fewer."""
     if n <= 1 << 16:
         return 6 * reps
     if n <= 1 << 20:
         return 3 * reps
     return reps if n < (1 << 24) else max(2, reps // 3)
+
+
+def more_rounds(least: int, warm_seconds: float, gloo) -> int:
+    """Rounds to time: ``least``, or as many as fit ROUND_SECONDS at rank 0's warm-up round's
+    length (up to MAX_ROUNDS); the same on every rank (rank 0's figure is broadcast)."""
+    t = torch.tensor([warm_seconds], dtype=torch.float64)
+    dist.broadcast(t, 0, group=gloo)
+    return max(least, min(MAX_ROUNDS, int(ROUND_SECONDS / max(t.item(), 1e-6))))
 
 
 def measure(sizes: List[int], methods: List[str], reps: int, groups) -> Dict[int, Dict[str, float]]:
@@ -66,7 +82,8 @@ def measure(sizes: List[int], methods: List[str], reps: int, groups) -> Dict[int
     for n in sizes:
         x = torch.randn(n, generator=torch.Generator().manual_seed(dist.get_rank()))
         samples: Dict[str, List[float]] = {m: [] for m in methods}
-        for r in range(1 + rounds(n, reps)):
+        start, total, r = time.perf_counter(), 1, 0
+        while r <= total:
             k = r % len(methods)  # each round starts with another method: no order bias
             for m in methods[k:] + methods[:k]:
                 group = gloo if m == "gloo" else planned if m == "auto" else own[m]
@@ -76,6 +93,9 @@ def measure(sizes: List[int], methods: List[str], reps: int, groups) -> Dict[int
                 dist.all_reduce(t, group=group)
                 if r:  # the first round warms up
                     samples[m].append(time.perf_counter() - t0)
+            if r == 0:
+                total = more_rounds(rounds(n, reps), time.perf_counter() - start, gloo)
+            r += 1
         out[n] = {m: statistics.median(s) for m, s in samples.items()}
     return out
 

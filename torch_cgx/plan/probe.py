@@ -34,33 +34,26 @@ CONTEST = 1.3
 CONTEST_MAX = 4
 CONTEST_NUMEL = 1 << 23
 # Timed rounds at least (3 were too few at 16 MiB on 4 ranks sharing 2 cores: the contest kept
-# ring where SRA was 1.28x faster).
+# ring where SRA was 1.28x faster), and more where rounds are short (budget_rounds): up to
+# CONTEST_SECONDS a size class, CONTEST_MAX_ROUNDS (7 rounds at 1 MiB on 2 ranks sharing 2 cores
+# kept ring where the tree then ran 1.68x faster: there one call in five takes 3-7x the others).
 CONTEST_ROUNDS = 7
-
-
-def _time_exact(backend, native, n: int, reps: int, sync=None) -> float:
-    """The median time of ``reps`` allreduces of n values with ``native`` settings; with
-    ``sync`` (exact settings), each starts after an untimed 1-value allreduce, as a call
-    issued after other work does (not hot on the heels of the previous one)."""
-    t = torch.randn(n, generator=torch.Generator().manual_seed(backend.rank()))
-    backend.allreduce_with(t, native, False).wait()  # warm
-    times, one = [], torch.zeros(1)
-    for _ in range(reps):
-        if sync is not None:
-            backend.allreduce_with(one, sync, False).wait()
-        t0 = time.perf_counter()
-        backend.allreduce_with(t, native, False).wait()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+CONTEST_SECONDS = 0.25
+CONTEST_MAX_ROUNDS = 61
+# The path probe's budget a size, the same way (with 5 rounds, the same path's ratio varied
+# 1.6-10x between four probes on loopback).
+PROBE_SECONDS = 0.3
+PROBE_MAX_ROUNDS = 41
 
 
 def probe_link(backend, exact_native, host: CodecCosts, reps: int = 5) -> LinkCosts:
     """The link as the group's exact allreduce sees it (collective: every rank calls it). The
     small call gives the per-message latency (2 (W - 1) messages); the 4 MiB one the bandwidth
-    (2 (W - 1) / W of it on each rank's link, less the summing)."""
-    w = backend.size()
-    small = _time_exact(backend, exact_native, PROBE_SIZES[0], reps)
-    big = _time_exact(backend, exact_native, PROBE_SIZES[1], reps)
+    (2 (W - 1) / W of it on each rank's link, less the summing). Timed as the paths are
+    (time_interleaved, with its budget of rounds)."""
+    w, ex = backend.size(), [exact_native]
+    small, big = (time_interleaved(backend, ex, n, reps, exact_native, PROBE_SECONDS,
+                                   PROBE_MAX_ROUNDS)[0] for n in PROBE_SIZES)  # fmt: skip
     n = PROBE_SIZES[1]
     latency = max(small - host.call, 1e-7) / (2 * (w - 1))
     wire = big - small - host.add((w - 1) * n / w)
@@ -107,24 +100,62 @@ def probe_reps(n: int, reps: int) -> int:
     return 3 * reps if n <= 1 << 16 else reps if n < 1 << 21 else 3
 
 
+def budget_rounds(least: int, round_us: int, seconds: float, most: int) -> int:
+    """Rounds to time: ``least``, or as many rounds of ``round_us`` microseconds as fit
+    ``seconds``, up to ``most``."""
+    return max(least, min(most, int(seconds * 1e6) // max(round_us, 1)))
+
+
+def _agreed_round_us(backend, elapsed: float, sync) -> int:
+    """The group's mean of each rank's ``elapsed`` seconds, in whole microseconds (collective;
+    integers sum exactly, so every rank gets the same figure)."""
+    t = torch.tensor([float(min(int(elapsed * 1e6), 1 << 20))])
+    backend.allreduce_with(t, sync, False).wait()
+    return int(t.item()) // backend.size()
+
+
+def time_interleaved(backend, natives, n: int, rounds: int, sync, seconds=0.0, most=0):
+    """The median seconds of each of ``natives``' allreduces of n values (collective), over at
+    least ``rounds`` timed rounds after a warm-up round, more where the warm-up round was short
+    (budget_rounds: up to ``seconds`` of rounds, ``most`` rounds; agreed by the group). Each
+    round runs every setting once, starting with another each round, and each call starts
+    after an untimed 1-value call with ``sync`` settings (as a call issued after other work
+    does): a pause of the machine hits every setting alike, not one setting's whole sample."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(backend.rank()))
+    t, one, times = x.clone(), torch.zeros(1), [[] for _ in natives]
+    r, total, start = 0, rounds, time.perf_counter()
+    while r <= total:
+        for i in [(r + j) % len(natives) for j in range(len(natives))]:
+            t.copy_(x)
+            backend.allreduce_with(one, sync, False).wait()
+            t0 = time.perf_counter()
+            backend.allreduce_with(t, natives[i], False).wait()
+            if r:  # the first round warms up
+                times[i].append(time.perf_counter() - t0)
+        if r == 0 and seconds > 0:
+            round_us = _agreed_round_us(backend, time.perf_counter() - start, sync)
+            total = budget_rounds(rounds, round_us, seconds, most)
+        r += 1
+    return [statistics.median(s) for s in times]
+
+
 def probe_paths(backend, config, link: LinkCosts, host: CodecCosts, budget: Budget, reps=5):
     """Measures, per algorithm path, the group's own calls against the formulas at PATH_SIZES
-    (collective): host.paths[path] is the ratio measured / predicted, interpolated between
-    the sizes (costs.Correction). SRA is also probed with fp16, whose wire term is 4x max-min
-    4-bit's and whose codec is cheaper: the two give separate factors for the codec and the
-    wire terms (solve_split), so that settings of another mix are predicted too. Only rank 0
-    computes (the others take part in the calls)."""
+    (collective; the paths interleaved, time_interleaved): host.paths[path] is the ratio
+    measured / predicted, interpolated between the sizes (costs.Correction). SRA is also
+    probed with fp16, whose wire term is 4x max-min 4-bit's and whose codec is cheaper: the two
+    give separate factors for the codec and the wire terms (solve_split), so that settings of
+    another mix are predicted too. Only rank 0 computes (the others take part in the calls)."""
     probes = {"exact": Option(), **probe_options(budget)}
     second = Option("fp16", (), "sra", 0)
     if "sra" not in probes or ("fp16", {}) not in budget.codecs():
         second = None
     host.paths = {}  # the predictions below are the bare formulas
-    sync = _native_of(config, Option())
-    timed = {}
-    for path, opt in [*probes.items(), *([("sra/fp16", second)] if second else [])]:
-        native = _native_of(config, opt)
-        timed[path] = [_time_exact(backend, native, n, probe_reps(n, reps), sync)
-                       for n in PATH_SIZES]  # fmt: skip
+    runs = [*probes.items(), *([("sra/fp16", second)] if second else [])]
+    natives, sync = [_native_of(config, opt) for _, opt in runs], _native_of(config, Option())
+    by_size = [time_interleaved(backend, natives, n, probe_reps(n, reps), sync,
+                                PROBE_SECONDS, PROBE_MAX_ROUNDS) for n in PATH_SIZES]  # fmt: skip
+    timed = {path: [row[i] for row in by_size] for i, (path, _) in enumerate(runs)}
     if backend.rank() != 0:
         return
     w, paths = backend.size(), {}
@@ -226,25 +257,17 @@ def contested(world, link, host, budget: Budget, size_classes) -> List[Tuple[int
 
 
 def tournament(backend, config, contests, reps: int = 5) -> Dict[int, Option]:
-    """Times every contested option at its size class (collective), in rounds that rotate the
-    order, each call after an untimed sync call; returns rank 0's winners (the fastest median,
-    with the planner's handicaps: exact unless a compressed option beats it by MARGIN, SRA
-    unless another algorithm beats it by ALGORITHM_MARGIN), {} on the other ranks."""
-    sync = _native_of(config, Option())
-    one, winners = torch.zeros(1), {}
+    """Times every contested option at its size class (collective; time_interleaved, at least
+    CONTEST_ROUNDS rounds, more within CONTEST_SECONDS); returns rank 0's winners
+    (the fastest median, with the planner's handicaps: exact unless a compressed option beats
+    it by MARGIN, SRA unless another algorithm beats it by ALGORITHM_MARGIN), {} on the other
+    ranks."""
+    sync, winners = _native_of(config, Option()), {}
     for n, opts in contests:
         natives = [_native_of(config, o) for o in opts]
-        x = torch.randn(n, generator=torch.Generator().manual_seed(backend.rank()))
-        t, times = x.clone(), [[] for _ in opts]
-        for r in range(1 + max(probe_reps(n, reps), CONTEST_ROUNDS)):
-            for i in [(r + j) % len(opts) for j in range(len(opts))]:
-                t.copy_(x)
-                backend.allreduce_with(one, sync, False).wait()
-                t0 = time.perf_counter()
-                backend.allreduce_with(t, natives[i], False).wait()
-                if r:  # the first round warms up
-                    times[i].append(time.perf_counter() - t0)
-        med = [statistics.median(s) for s in times]
+        least = max(probe_reps(n, reps), CONTEST_ROUNDS)
+        med = time_interleaved(backend, natives, n, least, sync, CONTEST_SECONDS,
+                               CONTEST_MAX_ROUNDS)  # fmt: skip
         if backend.rank() == 0:
             scored = [m * MARGIN if o.exact else score(o, m) for m, o in zip(med, opts)]
             winners[n] = opts[min(range(len(opts)), key=scored.__getitem__)]
