@@ -38,6 +38,10 @@ CONTEST_NUMEL = 1 << 23
 # CONTEST_SECONDS a size class, CONTEST_MAX_ROUNDS (7 rounds at 1 MiB on 2 ranks sharing 2 cores
 # kept ring where the tree then ran 1.68x faster: there one call in five takes 3-7x the others).
 CONTEST_ROUNDS = 7
+# The class of CONTEST_NUMEL values decides every larger size too (auto.rules_for), where most
+# of a model's bytes are: 7 rounds there kept ring where SRA then ran 1.09-1.23x faster on 4
+# emulated hosts.
+CONTEST_TOP_ROUNDS = 15
 CONTEST_SECONDS = 0.25
 CONTEST_MAX_ROUNDS = 61
 # The path probe's budget a size, the same way (with 5 rounds, the same path's ratio varied
@@ -258,14 +262,15 @@ def contested(world, link, host, budget: Budget, size_classes) -> List[Tuple[int
 
 def tournament(backend, config, contests, reps: int = 5) -> Dict[int, Option]:
     """Times every contested option at its size class (collective; time_interleaved, at least
-    CONTEST_ROUNDS rounds, more within CONTEST_SECONDS); returns rank 0's winners
-    (the fastest median, with the planner's handicaps: exact unless a compressed option beats
-    it by MARGIN, SRA unless another algorithm beats it by ALGORITHM_MARGIN), {} on the other
-    ranks."""
+    CONTEST_ROUNDS rounds, CONTEST_TOP_ROUNDS at CONTEST_NUMEL, more within CONTEST_SECONDS);
+    returns rank 0's winners (the fastest median, with the planner's handicaps: exact unless a
+    compressed option beats it by MARGIN, SRA unless another algorithm beats it by
+    ALGORITHM_MARGIN), {} on the other ranks."""
     sync, winners = _native_of(config, Option()), {}
     for n, opts in contests:
         natives = [_native_of(config, o) for o in opts]
-        least = max(probe_reps(n, reps), CONTEST_ROUNDS)
+        floor = CONTEST_ROUNDS if n < CONTEST_NUMEL else CONTEST_TOP_ROUNDS
+        least = max(probe_reps(n, reps), floor)
         med = time_interleaved(backend, natives, n, least, sync, CONTEST_SECONDS,
                                CONTEST_MAX_ROUNDS)  # fmt: skip
         if backend.rank() == 0:
