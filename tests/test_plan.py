@@ -195,6 +195,33 @@ def test_budget_rounds():
         assert 7 <= r <= 61 and (r in (7, 61) or r * us <= 250_000 < (r + 1) * us)
 
 
+def test_contest_verdict_needs_paired_wins_off_the_default_path():
+    """pick_winner: the best handicapped median, but an option off the default path (exact,
+    then SRA) must also beat the best more-default option in CONTEST_PAIRED of the rounds."""
+    from torch_cgx.plan import probe
+
+    q = (("bits", 4), ("bucket_size", 512))
+    exact, sra = P.Option(), P.Option("maxmin", q, "sra")
+    ring, tree = P.Option("maxmin", q, "ring"), P.Option("maxmin", q, "tree")
+    flat = [1.0] * 15
+    steady = [0.9] * 15  # faster in every round
+    lucky = [0.9] * 8 + [1.2] * 7  # the better median, faster in 8 of 15 rounds only
+    assert 8 < probe.CONTEST_PAIRED * 15 <= 15
+    assert probe.pick_winner([sra, ring], [flat, steady]) == ring
+    assert probe.pick_winner([sra, ring], [flat, lucky]) == sra
+    assert probe.pick_winner([ring, sra], [lucky, flat]) == sra  # order does not matter
+    assert probe.pick_winner([exact, sra], [flat, lucky]) == exact
+    assert probe.pick_winner([exact, sra], [flat, steady]) == sra
+    # A chain: ring falls back to SRA, which beats exact in every round.
+    assert probe.pick_winner([exact, sra, ring], [[1.2] * 15, flat, lucky]) == sra
+    # ... and to exact where SRA does not either.
+    assert probe.pick_winner([exact, sra, ring], [flat, lucky, [0.85] * 8 + [1.3] * 7]) == exact
+    # No default-path option: the best median.
+    assert probe.pick_winner([ring, tree], [flat, lucky]) == tree
+    # The handicaps stay: ring 2 % faster in every round is not enough (ALGORITHM_MARGIN).
+    assert probe.pick_winner([sra, ring], [flat, [0.98] * 15]) == sra
+
+
 def test_codec_and_wire_factors_from_two_settings():
     """solve_split recovers the codec and wire factors from two settings of different mix, in
     either pipeline regime, refuses mixes too alike to tell apart; predictions then scale each
