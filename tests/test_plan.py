@@ -180,6 +180,31 @@ def test_contest_takes_the_close_options_of_distinct_paths(monkeypatch):
     assert probe.contested(8, slow, host, budget, [1 << 20]) == []
 
 
+def test_contest_adds_the_first_codec_where_the_model_prefers_another():
+    """Where the model puts another codec first on a path (8 bits, cheap to encode, before
+    4 bits on a fast link), the budget's first codec on that path joins the contest, within
+    CONTEST_MAX and CONTEST of the fastest."""
+    from torch_cgx.plan import auto, probe
+
+    k8 = codec_key("maxmin", {"bits": 8, "bucket_size": 512})
+    slow, fast = Linear(20e-6, 0.7e-9), Linear(20e-6, 0.6e-9)
+    host = CodecCosts({KEY: slow, k8: fast}, {KEY: slow, k8: fast}, add=Linear(0.0, 0.0), call=0.0)
+    budget = P.Budget(
+        compressors=("maxmin:bits=4,bucket_size=512", "maxmin:bits=8,bucket_size=512")
+    )
+    link = LinkCosts(parse_rate("10gbit"), 20e-6)
+    added = 0
+    for n, opts in probe.contested(2, link, host, budget, auto.SIZE_CLASSES):
+        times = [P.predict(o, n, 2, link, host) for o in opts]
+        assert 2 <= len(opts) <= probe.CONTEST_MAX + 1 and max(times) <= probe.CONTEST * min(times)
+        assert len(set(opts)) == len(opts)
+        for o in opts:
+            if dict(o.params).get("bits") == 8:
+                same = [p for p in opts if (p.algorithm, p.segments) == (o.algorithm, o.segments)]
+                added += any(dict(p.params).get("bits") == 4 for p in same)
+    assert added  # the 4-bit twin of an 8-bit choice was timed somewhere
+
+
 def test_budget_rounds():
     """The probe and the contest time at least their floor of rounds, more where a round is
     short: as many as fit the budget, never more than the cap."""
