@@ -249,11 +249,12 @@ def option_from(d: dict) -> Option:
 
 def contested(world, link, host, budget: Budget, size_classes) -> List[Tuple[int, List[Option]]]:
     """Per size class (up to CONTEST_NUMEL values), the best option of each path (pipelined or
-    not) predicted within CONTEST of the fastest, fastest first (at most CONTEST_MAX), and the
-    budget's first codec (the fewest bits) on the fastest option's path where the model
-    prefers another codec there; where there are two or more (rank 0). The model alone
-    put 8-bit SRA before 4-bit on loopback (W = 2) at 16-256 MiB, where it then ran 1.08-1.18x
-    slower: the codec's share of a call is what the probe's two settings split least well."""
+    not) predicted within CONTEST of the fastest, fastest first (at most CONTEST_MAX), then the
+    budget's first codec (the fewest bits) on those paths where the model prefers another codec
+    there (up to CONTEST_MAX + 1 options in all); where there are two or more (rank 0). The
+    model alone put 8-bit SRA before 4-bit on loopback (W = 2) at 16-256 MiB, where it then ran
+    1.08-1.18x slower: the codec's share of a call is what the probe's two settings split least
+    well."""
     out, first_codec = [], budget.codecs()[0]
     default = (first_codec[0], tuple(sorted(first_codec[1].items())))
     for n in size_classes:
@@ -269,11 +270,13 @@ def contested(world, link, host, budget: Budget, size_classes) -> List[Tuple[int
                 if fits and (path not in table or t < table[path][0]):
                     table[path] = (t, o)
         ranked = sorted(best.items(), key=lambda p: p[1][0])
-        path, (top, fastest) = ranked[0]
-        close = [o for _, (t, o) in ranked if t <= CONTEST * top][:CONTEST_MAX]
-        twin_t, twin = plain.get(path, (0.0, fastest))
-        if twin != fastest and twin_t <= CONTEST * top:
-            close.append(twin)  # one more than CONTEST_MAX
+        top = ranked[0][1][0]
+        close = [(k, o) for k, (t, o) in ranked if t <= CONTEST * top][:CONTEST_MAX]
+        twins = sorted((plain[k] for k, o in close
+                        if k in plain and plain[k][1] != o and plain[k][0] <= CONTEST * top),
+                       key=lambda p: p[0])  # fmt: skip
+        close = [o for _, o in close]
+        close += [o for _, o in twins][: CONTEST_MAX + 1 - len(close)]
         if len(close) > 1:
             out.append((n, close))
     return out
@@ -316,4 +319,8 @@ def tournament(backend, config, contests, reps: int = 5) -> Dict[int, Option]:
                               CONTEST_MAX_ROUNDS)  # fmt: skip
         if backend.rank() == 0:
             winners[n] = pick_winner(opts, samples)
+            log.debug("contest at %d values, %d rounds: %s; kept %s", n, len(samples[0]),
+                      ", ".join(f"{o.describe()} {statistics.median(s) * 1e3:.3f} ms"
+                                for o, s in zip(opts, samples)),
+                      winners[n].describe())  # fmt: skip
     return winners
