@@ -43,10 +43,10 @@ CONTEST_ROUNDS = 7
 # emulated hosts.
 CONTEST_TOP_ROUNDS = 15
 CONTEST_SECONDS = 0.25
+CONTEST_MAX_ROUNDS = 61
 # Off the default path, a contest's winner must also have been faster than the default in this
 # share of the rounds (pick_winner).
 CONTEST_PAIRED = 0.6
-CONTEST_MAX_ROUNDS = 61
 # The path probe's budget a size, the same way (with 5 rounds, the same path's ratio varied
 # 1.6-10x between four probes on loopback).
 PROBE_SECONDS = 0.3
