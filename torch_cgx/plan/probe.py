@@ -39,8 +39,8 @@ CONTEST_NUMEL = 1 << 23
 # kept ring where the tree then ran 1.68x faster: there one call in five takes 3-7x the others).
 CONTEST_ROUNDS = 7
 # The class of CONTEST_NUMEL values decides every larger size too (auto.rules_for), where most
-# of a model's bytes are: 7 rounds there kept ring where SRA then ran 1.09-1.23x faster on 4
-# emulated hosts.
+# of a model's bytes are: 7 rounds there kept ring (unpipelined) on 4 emulated hosts, which then
+# measured 1.04x and 1.23x the best SRA at 64 and 256 MiB.
 CONTEST_TOP_ROUNDS = 15
 CONTEST_SECONDS = 0.25
 CONTEST_MAX_ROUNDS = 61
