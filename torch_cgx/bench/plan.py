@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from torch_cgx.plan.model import Option, predict
-from torch_cgx.plan.probe import PATH_SIZES, settings_of
+from torch_cgx.plan.probe import PATH_SIZES, budget_rounds, settings_of
 
 MAXMIN4 = (("bits", 4), ("bucket_size", 512))
 FIXED = {  # name: the option, run with the default pipeline and no per-call agreement
@@ -66,7 +66,7 @@ def more_rounds(least: int, warm_seconds: float, gloo) -> int:
     length (up to MAX_ROUNDS); the same on every rank (rank 0's figure is broadcast)."""
     t = torch.tensor([warm_seconds], dtype=torch.float64)
     dist.broadcast(t, 0, group=gloo)
-    return max(least, min(MAX_ROUNDS, int(ROUND_SECONDS / max(t.item(), 1e-6))))
+    return budget_rounds(least, int(t.item() * 1e6), ROUND_SECONDS, MAX_ROUNDS)
 
 
 def measure(sizes: List[int], methods: List[str], reps: int, groups) -> Dict[int, Dict[str, float]]:
