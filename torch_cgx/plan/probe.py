@@ -115,8 +115,9 @@ def budget_rounds(least: int, round_us: int, seconds: float, most: int) -> int:
 
 def _agreed_round_us(backend, elapsed: float, sync) -> int:
     """The group's mean of each rank's ``elapsed`` seconds, in whole microseconds (collective;
-    integers sum exactly, so every rank gets the same figure)."""
-    t = torch.tensor([float(min(int(elapsed * 1e6), 1 << 20))])
+    integers below 2^20 sum exactly in fp64 at any world size, so every rank gets the same
+    figure)."""
+    t = torch.tensor([float(min(int(elapsed * 1e6), 1 << 20))], dtype=torch.float64)
     backend.allreduce_with(t, sync, False).wait()
     return int(t.item()) // backend.size()
 
