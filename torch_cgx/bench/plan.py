@@ -21,13 +21,14 @@ import os
 import statistics
 import sys
 import time
+from functools import partial
 from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 
 from torch_cgx.plan.model import Option, predict
-from torch_cgx.plan.probe import PATH_SIZES, budget_rounds, settings_of
+from torch_cgx.plan.probe import PATH_SIZES, budget_rounds, rotating_rounds, settings_of
 
 MAXMIN4 = (("bits", 4), ("bucket_size", 512))
 FIXED = {  # name: the option, run with the default pipeline and no per-call agreement
@@ -78,26 +79,24 @@ def measure(sizes: List[int], methods: List[str], reps: int, groups) -> Dict[int
     (auto measured 13-21 % slower than the same configuration at small sizes; 0-4 % when
     alternated one for one). Every method goes through dist.all_reduce, as a user's call does."""
     gloo, planned, own = groups
+    picked = [gloo if m == "gloo" else planned if m == "auto" else own[m] for m in methods]
     out: Dict[int, Dict[str, float]] = {}
     for n in sizes:
         x = torch.randn(n, generator=torch.Generator().manual_seed(dist.get_rank()))
-        samples: Dict[str, List[float]] = {m: [] for m in methods}
-        start, total, r = time.perf_counter(), 1, 0
-        while r <= total:
-            k = r % len(methods)  # each round starts with another method: no order bias
-            for m in methods[k:] + methods[:k]:
-                group = gloo if m == "gloo" else planned if m == "auto" else own[m]
-                t = x.clone()
-                dist.barrier(group=gloo)
-                t0 = time.perf_counter()
-                dist.all_reduce(t, group=group)
-                if r:  # the first round warms up
-                    samples[m].append(time.perf_counter() - t0)
-            if r == 0:
-                total = more_rounds(rounds(n, reps), time.perf_counter() - start, gloo)
-            r += 1
-        out[n] = {m: statistics.median(s) for m, s in samples.items()}
+        least = rounds(n, reps)
+        samples = rotating_rounds([partial(_one_call, x, g, gloo) for g in picked], least,
+                                  partial(more_rounds, least, gloo=gloo))  # fmt: skip
+        out[n] = {m: statistics.median(s) for m, s in zip(methods, samples)}
     return out
+
+
+def _one_call(x: torch.Tensor, group, gloo) -> float:
+    """Seconds of one all_reduce of a copy of x on ``group``, started after a Gloo barrier."""
+    t = x.clone()
+    dist.barrier(group=gloo)
+    t0 = time.perf_counter()
+    dist.all_reduce(t, group=group)
+    return time.perf_counter() - t0
 
 
 # Where auto measured above this factor of the best fixed configuration, the pair is measured

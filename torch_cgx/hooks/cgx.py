@@ -242,9 +242,9 @@ def _compress(state, backend, base: CGXConfig, buf, comp, use, stream, whole, me
         one_call = whole and len(groups) == 1
         staged = _stage(buf, spans, one_call, bucket, split, dtype, residuals, seeds)
         if measure:
+            energy_of = levers.spread_energy if use["clip"] else levers.range_energy
             for (_, n, p), start, size in zip(spans, staged.starts, staged.sizes):
-                measure_fn = levers.spread_energy if use["clip"] else levers.range_energy
-                energy = measure_fn(staged.tensor, start, size, bucket)
+                energy = energy_of(staged.tensor, start, size, bucket)
                 state._energy[state.key(p)] = (energy, n)
         if use["error_feedback"]:
             staged.residual = torch.empty(staged.tensor.numel(), dtype=torch.float32)
@@ -265,7 +265,9 @@ def _residual(state: CGXState, param, numel: int):
     return r if r is not None and r.numel() == numel else None
 
 
-def _adapt(state: CGXState, keys: List[str], energies, sizes: List[int], clipped: bool) -> None:
+def _adapt(
+    state: CGXState, keys: List[str], energies: torch.Tensor, sizes: List[int], clipped: bool
+) -> None:
     """Every rank: bits per layer from the summed energies (identical on every rank)."""
     if not torch.isfinite(energies).all():
         return  # a non-finite step (AMP's skipped steps): keep the current choice

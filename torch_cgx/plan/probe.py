@@ -128,29 +128,46 @@ def time_interleaved(backend, natives, n: int, rounds: int, sync, seconds=0.0, m
                                                       most)]  # fmt: skip
 
 
-def time_rounds(backend, natives, n: int, rounds: int, sync, seconds=0.0, most=0):
-    """Seconds of each of ``natives``' allreduces of n values per round (collective): at least
-    ``rounds`` timed rounds after a warm-up round, more where the warm-up round was short
-    (budget_rounds: up to ``seconds`` of rounds, ``most`` rounds; agreed by the group). Each
-    round runs every setting once, starting with another each round, and each call starts
-    after an untimed 1-value call with ``sync`` settings (as a call issued after other work
-    does): a pause of the machine hits every setting alike, not one setting's whole sample."""
-    x = torch.randn(n, generator=torch.Generator().manual_seed(backend.rank()))
-    t, one, times = x.clone(), torch.zeros(1), [[] for _ in natives]
-    r, total, start = 0, rounds, time.perf_counter()
+def rotating_rounds(calls, least: int, agree=None) -> List[List[float]]:
+    """Seconds of each of ``calls`` (each returns the seconds of the part it times) per round:
+    a warm-up round, then ``least`` timed rounds, or ``agree(warm-up seconds)`` of them where
+    given (it must return the same count on every rank). Each round runs every call once,
+    starting with another each round, so that a pause of the machine hits every call alike,
+    not one call's whole sample. The probe, the contest and bench.plan time through it."""
+    times: List[List[float]] = [[] for _ in calls]
+    r, total, start = 0, least, time.perf_counter()
     while r <= total:
-        for i in [(r + j) % len(natives) for j in range(len(natives))]:
-            t.copy_(x)
-            backend.allreduce_with(one, sync, False).wait()
-            t0 = time.perf_counter()
-            backend.allreduce_with(t, natives[i], False).wait()
+        for i in [(r + j) % len(calls) for j in range(len(calls))]:
+            seconds = calls[i]()
             if r:  # the first round warms up
-                times[i].append(time.perf_counter() - t0)
-        if r == 0 and seconds > 0:
-            round_us = _agreed_round_us(backend, time.perf_counter() - start, sync)
-            total = budget_rounds(rounds, round_us, seconds, most)
+                times[i].append(seconds)
+        if r == 0 and agree is not None:
+            total = agree(time.perf_counter() - start)
         r += 1
     return times
+
+
+def time_rounds(backend, natives, n: int, rounds: int, sync, seconds=0.0, most=0):
+    """Seconds of each of ``natives``' allreduces of n values per round (collective;
+    rotating_rounds): at least ``rounds`` timed rounds, more where the warm-up round was short
+    (budget_rounds: up to ``seconds`` of rounds, ``most`` rounds; agreed by the group). Each
+    call starts after an untimed 1-value call with ``sync`` settings, as a call issued after
+    other work does."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(backend.rank()))
+    t, one = x.clone(), torch.zeros(1)
+
+    def call(native):
+        t.copy_(x)
+        backend.allreduce_with(one, sync, False).wait()
+        t0 = time.perf_counter()
+        backend.allreduce_with(t, native, False).wait()
+        return time.perf_counter() - t0
+
+    def agree(warm: float) -> int:
+        return budget_rounds(rounds, _agreed_round_us(backend, warm, sync), seconds, most)
+
+    calls = [lambda native=native: call(native) for native in natives]
+    return rotating_rounds(calls, rounds, agree if seconds > 0 else None)
 
 
 def probe_paths(backend, config, link: LinkCosts, host: CodecCosts, budget: Budget, reps=5):
