@@ -147,11 +147,11 @@ def test_maybe_run_on_hosts_parsing(monkeypatch, capsys):
 
 
 def test_rates_and_burst():
-    assert H.parse_rate("100mbit") == 10**8 and H.parse_rate("10Gbit") == 10**10
-    assert H.parse_rate("125mbps") == 10**9 and H.parse_time("1ms") == pytest.approx(1e-3)
+    assert H.parse_rate_bits("100mbit") == 10**8 and H.parse_rate_bits("10Gbit") == 10**10
+    assert H.parse_rate_bits("125mbps") == 10**9 and H.parse_time("1ms") == pytest.approx(1e-3)
     for rate in (10**8, 10**9, 10**10, 10**11):
         p = H.tbf_params(rate)
         assert p["burst"] >= rate / 8 / H.HZ and p["burst"] >= H.MIN_BURST
         assert p["limit"] > p["burst"]
     with pytest.raises(ValueError):
-        H.parse_rate("1gb")
+        H.parse_rate_bits("1gb")

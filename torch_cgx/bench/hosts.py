@@ -38,8 +38,6 @@ from torch_cgx.bench.hosts_net import (  # noqa: F401  (the public names of this
     cleanup_stale,
     emulated_hosts,
     format_rate,
-    parse_rate,
-    parse_time,
     tbf_params,
 )
 from torch_cgx.bench.hosts_probe import measure_link
@@ -53,6 +51,7 @@ from torch_cgx.bench.hosts_run import (  # noqa: F401
     rank_env,
     run_on_hosts,
 )
+from torch_cgx.plan.rates import parse_rate_bits, parse_time  # noqa: F401  (the links' syntax)
 
 
 def maybe_run_on_hosts(argv: Sequence[str], module: str) -> Optional[int]:
@@ -82,7 +81,7 @@ def maybe_run_on_hosts(argv: Sequence[str], module: str) -> Optional[int]:
         raise SystemExit("--hosts given inside an emulated host")
     try:
         world = int(opts["--hosts"])
-        parse_rate(opts["--link"])
+        parse_rate_bits(opts["--link"])
         if "--latency" in opts:
             parse_time(opts["--latency"])
     except ValueError as e:
@@ -135,7 +134,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         cleanup_stale()
         return 0
     try:
-        rate = parse_rate(args.link)
+        rate = parse_rate_bits(args.link)
         if args.latency:
             parse_time(args.latency)
         check_prerequisites(latency=args.latency is not None)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
+from torch_cgx.plan.rates import parse_rate_bits, parse_time
+
 HZ = 250  # tbf needs burst >= rate / HZ; 250 is the common kernel setting (1000 also exists)
 MIN_BURST = 64 * 1024  # bytes; also >= the largest GSO packet, so tbf never has to split one
 # TCP payload per 1500-byte-MTU frame is 1448 B (IP 20 + TCP 20 + timestamps 12); tbf counts the
@@ -48,41 +50,7 @@ class Host:
     ifname: str = "eth0"
 
 
-# ------------------------------------------------------------------------------------ parsing
-
-_RATE_UNITS = {
-    "bit": 1,
-    "kbit": 10**3,
-    "mbit": 10**6,
-    "gbit": 10**9,
-    "tbit": 10**12,
-    "bps": 8,
-    "kbps": 8 * 10**3,
-    "mbps": 8 * 10**6,
-    "gbps": 8 * 10**9,
-}
-_TIME_UNITS = {"us": 1e-6, "usec": 1e-6, "ms": 1e-3, "msec": 1e-3, "s": 1.0, "sec": 1.0}
-
-
-def parse_rate(text: str) -> int:
-    """tc-style rate -> bit/s: "100mbit", "1gbit", "10Gbit", "125mbps" (bytes/s, as in tc)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in _RATE_UNITS:
-        raise ValueError(f"not a rate: {text!r} (examples: 100mbit, 1gbit, 10gbit)")
-    bits = int(float(m.group(1)) * _RATE_UNITS[unit])
-    if bits < 8000:
-        raise ValueError(f"rate too small: {text!r}")
-    return bits
-
-
-def parse_time(text: str) -> float:
-    """tc-style time -> seconds: "1ms", "200us", "0.5s"."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in _TIME_UNITS:
-        raise ValueError(f"not a time: {text!r} (examples: 200us, 1ms, 10ms)")
-    return float(m.group(1)) * _TIME_UNITS[unit]
+# --------------------------------------------------------------------------------- formatting
 
 
 def format_rate(bits: float) -> str:
@@ -240,7 +208,7 @@ def emulated_hosts(
     SIGTERM. Namespaces: `<prefix>-br` (bridge) and `<prefix>-h<i>`; the default prefix is
     `cgx<pid>-<n>`. Addresses: 10.213.<k>.<i+1>/24, k from the pid (each run has its own
     bridge, so concurrent runs cannot collide anyway)."""
-    rate = parse_rate(link)
+    rate = parse_rate_bits(link)
     delay = parse_time(latency) if latency else None
     if not 1 <= world <= 250:
         raise ValueError(f"world must be in 1..250, got {world}")

@@ -15,13 +15,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, Iterable, Optional, Tuple
 
-from torch_cgx.bench.hosts_net import parse_rate as _rate_bits
-from torch_cgx.bench.hosts_net import parse_time
+from torch_cgx.plan.rates import parse_rate_bits, parse_time
 
 
 def parse_rate(text: str) -> float:
-    """'1gbit', '100mbit' -> bytes per second (the emulated hosts' tc-style parser)."""
-    return _rate_bits(text) / 8
+    """'1gbit', '100mbit' -> bytes per second (tc's syntax, torch_cgx/plan/rates.py)."""
+    return parse_rate_bits(text) / 8
 
 
 @dataclass(frozen=True)
