@@ -12,7 +12,10 @@ import torch
 import torch.distributed as dist
 from dist_helpers import run_ranks
 
-from torch_cgx.config import _ENV, CREATION_ONLY, CGXConfig
+from torch_cgx.config import CREATION_ONLY, CGXConfig
+from torch_cgx.settings import GROUP_SETTINGS
+
+_ENV = {s.name: s.env for s in GROUP_SETTINGS}
 
 # One malformed value per variable (the test below checks that every variable has one).
 MALFORMED = {
@@ -61,7 +64,7 @@ DIFFERING = {
     "bits": (4, 8),
     "bucket_size": (128, 512),
     "skip_incomplete_buckets": (False, True),
-    "minimal_size": (16, 32),
+    "min_size": (16, 32),
     "fusion_buffer_mb": (64, 32),
     "algorithm": ("sra", "ring"),
     "pipeline_segment_mb": (0, 4),

@@ -15,7 +15,7 @@ def test_defaults_are_cgx_defaults():
         False,
         64,
     )
-    assert c.algorithm == "sra" and not c.compressed and c.minimal_size == 16
+    assert c.algorithm == "sra" and not c.compressed and c.min_size == 16
 
 
 def test_env_values_are_read():
@@ -33,7 +33,7 @@ def test_env_values_are_read():
         }
     )
     assert c == CGXConfig(
-        bits=4, bucket_size=1024, skip_incomplete_buckets=True, minimal_size=0,
+        bits=4, bucket_size=1024, skip_incomplete_buckets=True, min_size=0,
         fusion_buffer_mb=8, algorithm="ring", stochastic=True, seed=7, pipeline_segment_mb=0,
     )  # fmt: skip
     assert CGXConfig.from_env({"CGX_INNER_REDUCTION_TYPE": "SRA"}).algorithm == "sra"

@@ -101,8 +101,11 @@ def test_layout_and_communicator_values():
 
     assert layout(["a", "b", "a", "c", "b"]) == [[0, 2], [1, 4], [3]]
     for var, value in (("CGX_INNER_COMMUNICATOR_TYPE", "SHM"), ("CGX_CROSS_COMMUNICATOR_TYPE",
-                                                                "NCCL")):  # fmt: skip
-        assert CGXConfig.from_env({var: value})  # accepted (carried by Gloo)
+                                                                "GLOO")):  # fmt: skip
+        assert CGXConfig.from_env({var: value})
+    # CGX's other cross-node transports would do nothing here (Gloo carries it): refused.
+    with pytest.raises(ValueError, match="CGX_CROSS_COMMUNICATOR_TYPE NCCL would do nothing"):
+        CGXConfig.from_env({"CGX_CROSS_COMMUNICATOR_TYPE": "NCCL"})
     with pytest.raises(ValueError, match="CGX_INNER_COMMUNICATOR_TYPE must be one of"):
         CGXConfig.from_env({"CGX_INNER_COMMUNICATOR_TYPE": "RDMA"})
     with pytest.raises(ValueError, match="CGX_HIERARCHICAL must be auto, on or off"):

@@ -11,9 +11,9 @@ from torch_cgx import (
     compressors,  # noqa: F401
 )
 from torch_cgx import backend as _backend
-from torch_cgx import config as _config
+from torch_cgx import settings as _settings
 from torch_cgx.backend import cgx_backend, get_config, is_cgx_group, set_config
-from torch_cgx.config import CGXConfig
+from torch_cgx.config import CGXConfig, Options
 from torch_cgx.hooks import CGXState, CompressionState, cgx_hook, compression_hook
 from torch_cgx.launch import apply_launcher_env
 from torch_cgx.version import __version__
@@ -22,6 +22,7 @@ __all__ = [
     "CGXConfig",
     "CGXState",
     "CompressionState",
+    "Options",
     "__version__",
     "cgx_backend",
     "cgx_hook",
@@ -32,8 +33,8 @@ __all__ = [
 ]
 
 apply_launcher_env()
-_threads, _avx2 = _config.process_settings_from_env()
-codec.set_num_threads(_threads)
-if not _avx2:
+_process = _settings.process_settings()
+codec.set_num_threads(_process.codec_threads)
+if not _process.avx2:
     _native._C.set_isa(False)
 _backend._register()
