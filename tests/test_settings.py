@@ -87,3 +87,36 @@ def test_a_setting_that_does_nothing_is_refused():
         CGXConfig.from_env({"CGX_COMPRESSOR": "topk", "CGX_COMPRESSION_ROTATION": "on"})
     with pytest.raises(ValueError, match="clip=on would do nothing"):
         Options(compressor="fp16", clip="on").config({})
+
+
+def body_pg_options(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    import torch_cgx
+
+    # No CGX_* variable is set: the world's settings come from Options alone.
+    dist.init_process_group("cgx", pg_options=torch_cgx.Options(bits=4, bucket_size=64))
+    c = torch_cgx.get_config()
+    assert (c.bits, c.bucket_size, c.algorithm) == (4, 64, "sra")
+    sub = dist.new_group([0, 1], backend="cgx", pg_options=torch_cgx.Options(bits=8, min_size=0))
+    assert (torch_cgx.get_config(sub).bits, torch_cgx.get_config(sub).min_size) == (8, 0)
+    plain = dist.new_group([0, 1], backend="cgx")  # no options: the environment's (defaults)
+    assert torch_cgx.get_config(plain).bits == 32
+    # Compression happens: 4-bit max-min of 4096 values sends far fewer bytes than fp32.
+    t = torch.full((4096,), float(rank + 1))
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((4096,), 3.0))  # constant buckets are exact
+    assert 0 < torch_cgx.cgx_backend().last_bytes_sent() < 4096 * 4 / 4
+    try:
+        dist.new_group([0, 1], backend="cgx", pg_options={"bits": 4})
+        raise AssertionError("a dict was accepted as pg_options")
+    except TypeError as e:
+        assert "torch_cgx.Options" in str(e)
+    dist.destroy_process_group()
+
+
+def test_group_created_with_typed_options_and_no_environment():
+    from dist_helpers import run_ranks
+
+    run_ranks(body_pg_options, 2, timeout=120)

@@ -15,14 +15,13 @@ holds all per-group state, the store included: nothing outlives the group.
 from __future__ import annotations
 
 import atexit
-import datetime
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 from torch_cgx import _C
-from torch_cgx.config import CREATION_ONLY, CGXConfig
+from torch_cgx.config import CREATION_ONLY, CGXConfig, Options
 from torch_cgx.topology import attach_hierarchy
 
 __all__ = ["get_config", "set_config", "cgx_backend", "is_cgx_group"]
@@ -55,8 +54,19 @@ def _generation(store, size: int) -> int:
     return (store.add("cgx/instances", 1) - 1) // size
 
 
-def _create(store, rank: int, size: int, timeout: datetime.timedelta):
-    config = CGXConfig.from_env()
+def _create(opts, pg_options=None):
+    """c10d's creator (``extended_api``): ``opts`` holds the store, rank, size and timeout;
+    ``pg_options`` is what the script passed to ``init_process_group`` / ``new_group``: None
+    (the ``CGX_*`` variables alone) or :class:`torch_cgx.Options`."""
+    store, rank, size, timeout = opts.store, opts.group_rank, opts.group_size, opts.timeout
+    if pg_options is None:
+        config = CGXConfig.from_env()
+    elif isinstance(pg_options, Options):
+        config = pg_options.config()
+    else:
+        raise TypeError(
+            f"pg_options of a cgx group must be torch_cgx.Options, got {type(pg_options).__name__}"
+        )
     group_store = dist.PrefixStore(f"cgx/{_generation(store, size)}/", store)
     inner = dist.ProcessGroupGloo(dist.PrefixStore("inner/", group_store), rank, size, timeout)
     wire = dist.ProcessGroupGloo(dist.PrefixStore("wire/", group_store), rank, size, timeout)
@@ -73,7 +83,7 @@ def _create(store, rank: int, size: int, timeout: datetime.timedelta):
 
 def _register() -> None:
     if "CGX" not in dist.Backend._plugins:
-        dist.Backend.register_backend("cgx", _create, devices=["cpu", "cuda"])
+        dist.Backend.register_backend("cgx", _create, extended_api=True, devices=["cpu", "cuda"])
         # Groups still alive at exit (DDP models keep them) stop their threads while Python can
         # still serve them, not during finalization.
         atexit.register(_C.ProcessGroupCGX.shutdown_all)
@@ -123,6 +133,7 @@ def set_config(group: Optional[dist.ProcessGroup] = None, **changes) -> CGXConfi
         if fixed:
             raise ValueError(f"{fixed} are fixed when the group is created (CGX_* variables)")
         new = get_config(group).replace(**changes)
+        new.check_effective()
     except (TypeError, ValueError) as e:
         # Tell the other ranks, which would otherwise wait for this rank's settings.
         backend.store().set(f"{key}/{backend.rank()}", f"invalid settings ({e})")
