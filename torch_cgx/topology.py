@@ -22,12 +22,13 @@ from typing import List, Tuple
 
 import torch.distributed as dist
 
-from torch_cgx import _C
+from torch_cgx import _C, settings
 from torch_cgx.config import CGXConfig
 
 
 def node_id() -> str:
-    local, rank = os.environ.get("LOCAL_WORLD_SIZE"), os.environ.get("RANK")
+    launcher = settings.launcher_env()
+    local, rank = launcher["LOCAL_WORLD_SIZE"], launcher["RANK"]
     if local and rank and local.isdigit() and rank.isdigit() and int(local) > 0:
         return f"launcher-node-{int(rank) // int(local)}"
     return f"host-{socket.gethostname()}"

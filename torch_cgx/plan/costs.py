@@ -195,7 +195,9 @@ def cache_path() -> str:
     from torch_cgx.version import __version__
 
     root = os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
-    threads = os.environ.get("CGX_CODEC_THREADS", "default")
+    from torch_cgx import codec
+
+    threads = codec.num_threads()  # the process setting as applied (settings.process_settings)
     name = f"codec-{socket.gethostname()}-{__version__}-threads{threads}.json"
     return os.path.join(root, "torch_cgx", name)
 
