@@ -62,18 +62,18 @@ tsan: .stamp-deps
 	./scripts/tsan.sh
 
 demo: build
-	$(PY) -m torch_cgx.demo
+	$(PY) -m benchmarks.demo
 
 bench: build
-	$(PY) -m torch_cgx.bench codec
+	$(PY) -m benchmarks.codec
 
 lint:
-	ruff check torch_cgx cgx_utils tests setup.py
-	ruff format --check torch_cgx cgx_utils tests setup.py
+	ruff check torch_cgx cgx_utils benchmarks tests setup.py
+	ruff format --check torch_cgx cgx_utils benchmarks tests setup.py
 	clang-format --dry-run --Werror $$(git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.inc' 'csrc/*.cu')
 
 format:
-	ruff format torch_cgx cgx_utils tests setup.py
+	ruff format torch_cgx cgx_utils benchmarks tests setup.py
 	clang-format -i $$(git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.inc' 'csrc/*.cu')
 
 clean:

@@ -51,6 +51,8 @@ setup(
     name="torch_cgx",
     version=VERSION,
     description="Compressed allreduce for torch.distributed: the cgx backend, hooks, compressors",
+    # benchmarks/ (the benchmarks, the demo, the emulated-hosts harness) is not shipped: it
+    # runs from a checkout (python -m benchmarks.<name>), and nothing in torch_cgx imports it.
     packages=find_packages(include=["torch_cgx", "torch_cgx.*", "cgx_utils"]),
     ext_modules=ext_modules,
     cmdclass={"build_ext": BuildExtension},
@@ -58,7 +60,8 @@ setup(
     # The extension only loads with the torch it was built against (checked at import).
     install_requires=[f"torch=={TORCH_VERSION}"],
     extras_require={
-        # python -m torch_cgx.bench train / plots
+        # what benchmarks/ needs beyond torch (python -m benchmarks.train, its plots), from a
+        # checkout: pip install --no-build-isolation -e ".[bench]"
         "bench": ["numpy", "transformers", "scikit-learn", "matplotlib"],
     },
 )

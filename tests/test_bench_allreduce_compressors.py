@@ -1,4 +1,4 @@
-"""``python -m torch_cgx.bench allreduce --compressors ...``: every registered compressor in the
+"""``python -m benchmarks.allreduce --compressors ...``: every registered compressor in the
 allreduce table (2 real ranks, tiny sizes, a few seconds)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from torch_cgx import compressors
 
 
 def body_allreduce(rank, world, json_path):
-    from torch_cgx.bench import allreduce
+    from benchmarks import allreduce
 
     argv = ["-b", "16K", "-e", "64K", "-f", "4", "-n", "2", "-w", "0", "--bits", "none"]
     argv += ["--algorithms", "sra,ring", "--compressors", "all", "--json", json_path]
@@ -50,7 +50,7 @@ def test_every_compressor_in_the_table(tmp_path, capfd):
 
 
 def test_option_parsing():
-    from torch_cgx.bench import allreduce
+    from benchmarks import allreduce
 
     assert allreduce._compressors("all") == compressors.names()
     assert allreduce._compressors("topk,qsgd,topk") == ["topk", "qsgd"]

@@ -1,4 +1,4 @@
-"""Smoke test of ``python -m torch_cgx.bench codec`` (tiny sizes, a few seconds)."""
+"""Smoke test of ``python -m benchmarks.codec`` (tiny sizes, a few seconds)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
+from benchmarks import __main__ as bench_main
+from benchmarks import codec as bench_codec
+from benchmarks import torch_ops_codec
 from torch_cgx import codec
-from torch_cgx.bench import __main__ as bench_main
-from torch_cgx.bench import codec as bench_codec
-from torch_cgx.bench import torch_ops_codec
 
 NUMBER_KEYS = [f"{op}_{kind}" for op in bench_codec.OPS for kind in ("s", "gbps")] + [
     "encode_vs_memcpy",
@@ -70,7 +70,13 @@ def test_torch_ops_codec_round_trip(bits, numel, bucket):
     torch.testing.assert_close(base, decoded + 1)
 
 
-def test_dispatcher():
-    assert bench_main.SUBCOMMANDS["codec"] == "torch_cgx.bench.codec"
-    assert bench_main.main(["no-such-subcommand"]) == 2
+def test_dispatcher(capsys):
+    assert bench_main.main(["no-such-entry-point"]) == 2
     assert bench_main.main([]) == 2
+    assert bench_main.main(["--help"]) == 0
+    listed = capsys.readouterr().out
+    assert all(f"  {name} " in listed for name in bench_main.ENTRY_POINTS)
+    # The dispatcher hands the rest of the line to the module's own main() (its parser here).
+    with pytest.raises(SystemExit) as e:
+        bench_main.main(["codec", "--bits", "3"])
+    assert e.value.code == 2 and "bits must be in" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Smoke test of ``python -m torch_cgx.bench codec --compressors`` (64K values, a few seconds)."""
+"""Smoke test of ``python -m benchmarks.codec --compressors`` (64K values, a few seconds)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
+from benchmarks import codec as bench_codec
+from benchmarks import compressor_checks, torch_ops_compressors
+from benchmarks import compressors as bench_compressors
 from torch_cgx import codec, compressors
-from torch_cgx.bench import codec as bench_codec
-from torch_cgx.bench import compressor_checks, torch_ops_compressors
-from torch_cgx.bench import compressors as bench_compressors
 
 NUMEL = 1 << 16
 RATE_KEYS = [f"{op}_gbps" for op in bench_compressors.OPS] + [

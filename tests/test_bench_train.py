@@ -1,4 +1,4 @@
-"""The training benchmark (torch_cgx.bench.train) on 2 real ranks, and the plotting helpers."""
+"""The training benchmark (benchmarks.train) on 2 real ranks, and the plotting helpers."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def is_png(path) -> bool:
 
 
 def body_train(rank, world, json_path, png_path):
-    from torch_cgx.bench import train
+    from benchmarks import train
 
     argv = ["--workloads", "digits", "--methods", "gloo,cgx4,noop", "--steps", "30"]
     argv += ["--log-every", "10", "--json", json_path, "--plot", png_path]
@@ -54,7 +54,7 @@ def body_train(rank, world, json_path, png_path):
 
 
 def body_train_lstm(rank, world, json_path):
-    from torch_cgx.bench import train
+    from benchmarks import train
 
     argv = ["--workloads", "lstm", "--methods", "gloo,cgx4", "--steps", "20", "--json", json_path]
     argv += ["--lstm-embed", "32", "--lstm-hidden", "64", "--seq-len", "32", "--corpus-mb", "0.5"]
@@ -123,11 +123,11 @@ def test_train_digits_two_ranks(tmp_path):
 
 
 def test_train_module_runs_alone_as_one_process(tmp_path):
-    """``python -m torch_cgx.bench.train`` with no launcher variables: one rank, env:// init."""
+    """``python -m benchmarks.train`` with no launcher variables: one rank, env:// init."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
     env.update(PYTHONPATH=REPO, OMP_NUM_THREADS="1", CGX_CODEC_THREADS="1")
     json_path = tmp_path / "one.json"
-    cmd = [sys.executable, "-m", "torch_cgx.bench.train", "--workloads", "digits"]
+    cmd = [sys.executable, "-m", "benchmarks.train", "--workloads", "digits"]
     cmd += ["--methods", "gloo,cgx2,noop", "--steps", "4", "--warmup", "1"]
     cmd += ["--json", str(json_path)]
     proc = subprocess.run(
@@ -141,7 +141,7 @@ def test_train_module_runs_alone_as_one_process(tmp_path):
 
 
 def body_train_compressor(rank, world, json_path):
-    from torch_cgx.bench import train
+    from benchmarks import train
 
     argv = ["--workloads", "digits", "--methods", "gloo,c:topk,c:dgc", "--steps", "4"]
     argv += ["--warmup", "1", "--json", json_path]
@@ -169,7 +169,7 @@ def test_train_compressor_methods_two_ranks(tmp_path):
 
 
 def test_method_and_workload_flags():
-    from torch_cgx.bench import train
+    from benchmarks import train
 
     assert train.parse_methods("gloo,cgx3,noop") == ["gloo", "cgx3", "noop"]
     assert train.parse_methods("gloo,c:topk") == ["gloo", "c:topk"]
@@ -180,7 +180,7 @@ def test_method_and_workload_flags():
     assert train.error_feedback_of("c:topk") is None
     levers = "cgx4:legacy,cgx2:+rot:-ef,cgx1:legacy:+sr,cgx-adaptive2.5"
     assert train.parse_methods(levers) == levers.split(",")
-    from torch_cgx.bench.train_methods import cgx_variant, nominal_bits
+    from benchmarks.train_methods import cgx_variant, nominal_bits
 
     assert cgx_variant("cgx2:+rot:-ef") == (2, {"rotation": True, "error_feedback": False})
     assert cgx_variant("cgx1:legacy:+sr") == (1, {"legacy": True, "stochastic": True})
@@ -188,7 +188,7 @@ def test_method_and_workload_flags():
     assert cgx_variant("cgx-adaptive3:-clip") == (3, {"adaptive_bits": 3.0, "clip": False})
     assert cgx_variant("cgx2:-clip:+rot") == (2, {"clip": False, "rotation": True})
     assert nominal_bits("cgx-adaptive2.5") == 2.5 and nominal_bits("cgx4:legacy") == 4
-    from torch_cgx.bench.train_methods import backend_variant
+    from benchmarks.train_methods import backend_variant
 
     assert train.parse_methods("ddp-cgx4,ddp-cgx2:norot") == ["ddp-cgx4", "ddp-cgx2:norot"]
     assert backend_variant("ddp-cgx4") == (4, "auto") and nominal_bits("ddp-cgx2:norot") == 2
@@ -224,7 +224,7 @@ def test_method_and_workload_flags():
 
 
 def test_comparisons_and_table():
-    from torch_cgx.bench import train
+    from benchmarks import train
 
     def rec(method, step_ms, loss):
         return {
@@ -253,7 +253,7 @@ def test_comparisons_and_table():
 
 
 def test_convergence_table_averages_the_last_steps():
-    from torch_cgx.bench.train_report import convergence_table
+    from benchmarks.train_report import convergence_table
 
     def rec(workload, method, losses):
         return {"workload": workload, "method": method, "losses": losses,
@@ -266,7 +266,7 @@ def test_convergence_table_averages_the_last_steps():
 
 
 def test_plot_allreduce_writes_png(tmp_path):
-    from torch_cgx.bench.plots import allreduce_label, plot_allreduce
+    from benchmarks.plots import allreduce_label, plot_allreduce
 
     records = []
     for size in (2**20, 2**22, 2**24):
@@ -282,7 +282,7 @@ def test_plot_allreduce_writes_png(tmp_path):
 
 
 def test_auto_method_runs_on_the_planned_cgx_group():
-    from torch_cgx.bench import train_methods as tm
+    from benchmarks import train_methods as tm
 
     assert tm.parse_methods("gloo,cgx-auto") == ["gloo", "cgx-auto"]
     assert tm.on_cgx_group("cgx-auto") and tm.nominal_bits("cgx-auto") is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def test_takeaway_line(monkeypatch):
-    from torch_cgx import demo
+    from benchmarks import demo
 
     runs = {"gloo": ([1.0, 0.5], 0.048, 4000.0), "cgx-4": ([1.0, 0.505], 0.024, 500.0)}
     monkeypatch.setenv("CGX_DEMO_HOSTS", "1")

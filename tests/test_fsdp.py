@@ -215,7 +215,7 @@ def test_compress_needs_a_sharded_module():
 
 
 def test_fsdp_bench_arguments():
-    from torch_cgx.bench import fsdp as bench
+    from benchmarks import fsdp as bench
 
     assert bench.parse_args([]).methods == list(bench.METHODS)
     assert bench.parse_args(["--methods", "gloo,rs4"]).methods == ["gloo", "rs4"]

@@ -1,4 +1,4 @@
-"""The emulated multi-host harness (torch_cgx/bench/hosts.py): namespaces, links, cleanup, ranks.
+"""The emulated multi-host harness (benchmarks/hosts.py): namespaces, links, cleanup, ranks.
 
 Skipped where emulated hosts cannot be built (not root, no iproute2, no netns): the reason is
 the skip message. The option parsing tests run everywhere.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from torch_cgx.bench import hosts as H
+from benchmarks import hosts as H
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -73,7 +73,7 @@ def test_cleanup_on_sigterm(netns):
     prefix, before = _prefix("c"), set(H._root_links())
     code = (
         "import sys, time\n"
-        "from torch_cgx.bench import hosts as H\n"
+        "from benchmarks import hosts as H\n"
         f"with H.emulated_hosts(2, '1gbit', prefix={prefix!r}):\n"
         "    print('ready', flush=True)\n"
         "    time.sleep(60)\n"

@@ -58,7 +58,7 @@ def torch_hooks():
 
 def body_parity(rank, world, batched, kwargs, steps):
     import torch_cgx.hooks as ours
-    from torch_cgx.bench.train_methods import SerialHook, serial_hook
+    from benchmarks.train_methods import SerialHook, serial_hook
 
     tp = torch_hooks()
     dist.init_process_group("gloo")

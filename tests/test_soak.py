@@ -1,11 +1,11 @@
-"""The short soak (torch_cgx.bench.soak): 4 ranks, 600 mixed compressed allreduces after a
+"""The short soak (benchmarks.soak): 4 ranks, 600 mixed compressed allreduces after a
 warm-up over every setting, then 10 init/destroy cycles of groups and subgroups. Threads and
 file descriptors must stay flat, resident memory within 1 % over the second half of the calls
-and within 1 % + 8 MiB over the cycles (the long run: python -m torch_cgx.bench.soak)."""
+and within 1 % + 8 MiB over the cycles (the long run: python -m benchmarks.soak)."""
 
 from __future__ import annotations
 
-from torch_cgx.bench import soak
+from benchmarks import soak
 
 
 def test_short_soak_leaks_nothing(capsys):

@@ -1,9 +1,9 @@
 """Allreduce benchmark in the style of nccl-tests' all_reduce_perf, for the cgx backend.
 
-    torchrun --nproc-per-node 4 -m torch_cgx.bench allreduce -b 1M -e 128M -f 2
+    torchrun --nproc-per-node 4 -m benchmarks.allreduce -b 1M -e 128M -f 2
 
 For every size it times Gloo's uncompressed allreduce, the ``--baselines`` (PyTorch's fp16 / bf16
-/ per-channel 8-bit / PowerSGD schemes, see torch_cgx/bench/baselines.py; ``all`` for every one)
+/ per-channel 8-bit / PowerSGD schemes, see benchmarks/baselines.py; ``all`` for every one)
 and cgx at each (algorithm, bits), all in the same run, and checks every cgx result against the
 exact sum with the bound of docs/algorithms.md (``#wrong`` counts elements outside it; it must be
 0; ``-`` for baselines, which have no such bound).
@@ -20,7 +20,7 @@ compressor row starts again from the same input (data-dependent payloads would o
 as the buffer grows). Every cgx row checks that all ranks hold bit-identical results (``same`` in
 the records; a mismatch fails the run). ``--bits none`` leaves out the ``--bits`` rows:
 
-    python -m torch_cgx.bench allreduce --hosts 4 --link 1gbit -b 4M -e 64M --bits none \\
+    python -m benchmarks.allreduce --hosts 4 --link 1gbit -b 4M -e 64M --bits none \\
         --algorithms sra --compressors all
 
 ``time`` is the slowest rank's mean per call; ``algbw = size / time``,
@@ -32,7 +32,7 @@ Emulated hosts (root, iproute2; docs/hosts.md): ``--hosts W --link RATE [--laten
 benchmark as W ranks, one per network namespace, each behind a link of RATE (tc syntax: 100mbit,
 1gbit, 10gbit) in both directions, with ``--latency`` one-way delay (needs netem):
 
-    python -m torch_cgx.bench.allreduce --hosts 2 --link 1gbit -b 4M -e 16M -f 4 --bits 4
+    python -m benchmarks.allreduce --hosts 2 --link 1gbit -b 4M -e 16M -f 4 --bits 4
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ import torch
 import torch.distributed as dist
 
 import torch_cgx
+from benchmarks.baselines import METHODS
+from benchmarks.hosts import maybe_run_on_hosts
+from benchmarks.sizes import parse_size, size_range
 from torch_cgx import compressors
-from torch_cgx.bench.baselines import METHODS
-from torch_cgx.bench.hosts import maybe_run_on_hosts
-from torch_cgx.bench.sizes import parse_size, size_range
 from torch_cgx.bounds import bucket_bound, bucket_stats
 from torch_cgx.config import ALGORITHMS
 
@@ -75,7 +75,7 @@ COLUMNS = [
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="torch_cgx.bench allreduce",
+        prog="benchmarks.allreduce",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -335,7 +335,7 @@ def header(world: int) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    rc = maybe_run_on_hosts(sys.argv[1:] if argv is None else argv, "torch_cgx.bench.allreduce")
+    rc = maybe_run_on_hosts(sys.argv[1:] if argv is None else argv, "benchmarks.allreduce")
     if rc is not None:
         return rc
     args = parse_args(argv)

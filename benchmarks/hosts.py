@@ -1,7 +1,7 @@
 """Emulated multi-host runs on one machine: network namespaces, a bridge, rate-limited links.
 
-    python -m torch_cgx.bench.hosts --hosts 2 --link 1gbit --check    # measure the links
-    python -m torch_cgx.bench.allreduce --hosts 2 --link 1gbit -b 4M -e 16M --bits 4
+    python -m benchmarks.hosts --hosts 2 --link 1gbit --check    # measure the links
+    python -m benchmarks.allreduce --hosts 2 --link 1gbit -b 4M -e 16M --bits 4
 
 Every emulated host is a network namespace with ``lo`` and one veth ``eth0``; the other ends of
 the veths are ports of a Linux bridge living in its own namespace. Each host's link is limited to
@@ -21,7 +21,7 @@ import os
 import sys
 from typing import List, Optional, Sequence
 
-from torch_cgx.bench.hosts_net import (  # noqa: F401  (the public names of this module)
+from benchmarks.hosts_net import (  # noqa: F401  (the public names of this module)
     FRAME_OVER_PAYLOAD,
     HZ,
     MIN_BURST,
@@ -40,15 +40,16 @@ from torch_cgx.bench.hosts_net import (  # noqa: F401  (the public names of this
     format_rate,
     tbf_params,
 )
-from torch_cgx.bench.hosts_probe import measure_link
-from torch_cgx.bench.hosts_run import (  # noqa: F401
+from benchmarks.hosts_probe import measure_link
+from benchmarks.hosts_run import (  # noqa: F401
     DEFAULT_PORT,
     HOST_ENV_MARK,
     _exit_code,
-    _package_root,
+    _repo_root,
     _report_failure,
     _stop,
     rank_env,
+    repo_pythonpath,
     run_on_hosts,
 )
 from torch_cgx.plan.rates import parse_rate_bits, parse_time  # noqa: F401  (the links' syntax)
@@ -118,7 +119,7 @@ def maybe_run_on_hosts(argv: Sequence[str], module: str) -> Optional[int]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m torch_cgx.bench.hosts",
+        prog="python -m benchmarks.hosts",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -146,7 +147,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.check and args.hosts < 2:
         p.error("--check needs --hosts >= 2")
     if args.bytes:
-        from torch_cgx.bench.sizes import parse_size
+        from benchmarks.sizes import parse_size
 
         nbytes = parse_size(args.bytes)
     else:

@@ -28,8 +28,8 @@ from typing import Callable, Dict, NamedTuple, Tuple
 
 import torch
 
-from torch_cgx.bench import torch_ops_codec
-from torch_cgx.bench.torch_ops_compressors import k_of, rows
+from benchmarks import torch_ops_codec
+from benchmarks.torch_ops_compressors import k_of, rows
 
 __all__ = ["Check", "check"]
 

@@ -1,4 +1,4 @@
-"""The training loop of the training benchmark (torch_cgx/bench/train.py): one (workload, method)
+"""The training loop of the training benchmark (benchmarks/train.py): one (workload, method)
 run, timed, and the run of every pair."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import torch
 import torch.distributed as dist
 
 import torch_cgx
-from torch_cgx.bench.train_methods import WireMeter, method_info, nominal_bits, wrap
-from torch_cgx.bench.train_report import add_comparisons
-from torch_cgx.bench.train_workloads import Workload, make_workload
+from benchmarks.train_methods import WireMeter, method_info, nominal_bits, wrap
+from benchmarks.train_report import add_comparisons
+from benchmarks.train_workloads import Workload, make_workload
 
 
 def _rank0_print(*args) -> None:

@@ -1,4 +1,4 @@
-"""The max-min codec in plain torch ops: the baseline of ``python -m torch_cgx.bench codec``.
+"""The max-min codec in plain torch ops: the baseline of ``python -m benchmarks.codec``.
 
 This is how one would write the codec in PyTorch without a native kernel, in the style of
 PyTorch's quantization DDP communication hooks: view the buffer as ``(buckets, bucket_size)``,

@@ -1,7 +1,7 @@
 """Cost of the CGX hook's rotation (csrc/core/rotation.h) and clipped range next to the codec,
 in one run.
 
-    python -m torch_cgx.bench.rotation [--mib 64] [--bucket 512] [--threads 1]
+    python -m benchmarks.rotation [--mib 64] [--bucket 512] [--threads 1]
 
 Best of 5 per row: a copy of the buffer, max-min 4-bit encode (plain and clipped, also at 2 bits)
 and decode, the rotation forward and inverse; the ratios are to the 4-bit encode measured in the
@@ -31,7 +31,7 @@ def best_of(fn, repeats: int = 5) -> float:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="torch_cgx.bench.rotation", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.rotation", description=__doc__)
     p.add_argument("--mib", type=int, default=64, help="fp32 buffer size")
     p.add_argument("--bucket", type=int, default=512, help="rotation block = codec bucket")
     p.add_argument("--threads", type=int, default=1, help="codec and rotation threads")

@@ -2,8 +2,8 @@
 creating and destroying process groups; resident memory, threads and open file descriptors are
 sampled per rank, and a leak fails the run (exit code 1).
 
-    python -m torch_cgx.bench.soak                        # 10,000 allreduces, 100 cycles
-    python -m torch_cgx.bench.soak --calls 600 --cycles 10  # the test's short version
+    python -m benchmarks.soak                        # 10,000 allreduces, 100 cycles
+    python -m benchmarks.soak --calls 600 --cycles 10  # the test's short version
 
 Phase 1: a warm-up that runs every setting (max-min 1-8 bits x buckets 128 / 512 x SRA /
 ring / tree / allgather) on every size (1 Ki to 1 Mi values) and dtype (fp32 / fp16 / bf16) once,
@@ -235,7 +235,9 @@ def run(args) -> int:
 
 
 def parse_args(argv: Optional[List[str]]):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.soak", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--calls", type=int, default=10_000)
     p.add_argument("--cycles", type=int, default=100)
     p.add_argument("--max-growth", type=float, default=0.01)

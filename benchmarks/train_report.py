@@ -1,4 +1,4 @@
-"""Reporting of the training benchmark (torch_cgx/bench/train.py): comparisons and the table."""
+"""Reporting of the training benchmark (benchmarks/train.py): comparisons and the table."""
 
 from __future__ import annotations
 
@@ -90,10 +90,10 @@ def convergence_table(records: List[dict], last: int = 20) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """``python -m torch_cgx.bench.train_report RUN.json [--last N]``: the convergence table of
-    a training benchmark's records (``--json`` of torch_cgx.bench.train)."""
-    p = argparse.ArgumentParser(prog="python -m torch_cgx.bench.train_report")
-    p.add_argument("json", help="records written by torch_cgx.bench.train --json")
+    """``python -m benchmarks.train_report RUN.json [--last N]``: the convergence table of
+    a training benchmark's records (``--json`` of benchmarks.train)."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks.train_report")
+    p.add_argument("json", help="records written by benchmarks.train --json")
     p.add_argument("--last", type=int, default=20, help="steps averaged at the end (20)")
     args = p.parse_args(argv)
     with open(args.json) as f:

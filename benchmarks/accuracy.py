@@ -1,6 +1,6 @@
 """Where max-min's error comes from, per layer (docs/accuracy.md).
 
-    python -m torch_cgx.bench.accuracy --workloads gpt2 --n-layer 2 --n-embd 128 --n-head 4 \
+    python -m benchmarks.accuracy --workloads gpt2 --n-layer 2 --n-embd 128 --n-head 4 \
         --seq-len 64 --at 0,100,300
 
 Trains the training benchmark's model in one process (same workload, flags and data), and at
@@ -21,9 +21,9 @@ from typing import Dict, List, Optional
 
 import torch
 
+from benchmarks.train import parse_args
+from benchmarks.train_workloads import make_workload
 from torch_cgx import codec
-from torch_cgx.bench.train import parse_args
-from torch_cgx.bench.train_workloads import make_workload
 from torch_cgx.hooks import levers
 
 SETTINGS = ("concat", "layer", "layer+rot", "layer+sr")

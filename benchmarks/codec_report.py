@@ -1,4 +1,4 @@
-"""The text table of ``python -m torch_cgx.bench codec`` (records of :func:`codec_table`)."""
+"""The text table of ``python -m benchmarks.codec`` (records of :func:`codec_table`)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """The README's demo: the allreduce comparison and training with and without compression side by
 side, ending with a one-line takeaway.
 
-    python -m torch_cgx.demo            # 2 emulated hosts behind a 1 Gbit/s link, else loopback
-    python -m torch_cgx.demo --loopback # 4 ranks on 127.0.0.1
+    python -m benchmarks.demo            # 2 emulated hosts behind a 1 Gbit/s link, else loopback
+    python -m benchmarks.demo --loopback # 4 ranks on 127.0.0.1
 
-Where this machine allows it (root, network namespaces, tc: torch_cgx.bench.hosts), the ranks
+Where this machine allows it (root, network namespaces, tc: benchmarks.hosts), the ranks
 run on 2 emulated hosts linked at 1 Gbit/s, the setting compression is made for; elsewhere on
 loopback, where memory is the network and compression saves bytes but not time (it says why).
 """
@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
@@ -27,7 +28,7 @@ HOSTS, LINK = 2, "1gbit"
 
 def _codec_table() -> None:
     try:
-        from torch_cgx.bench.codec import codec_table, format_table
+        from benchmarks.codec import codec_table, format_table
     except ImportError:
         return
     print("== max-min codec, 16 MB of fp32, one thread (GB/s of fp32 input) ==", flush=True)
@@ -42,7 +43,7 @@ def _where() -> str:
 
 
 def _allreduce_table() -> None:
-    from torch_cgx.bench import allreduce
+    from benchmarks import allreduce
 
     if dist.get_rank() == 0:
         print(f"\n== allreduce, {_where()} ==", flush=True)
@@ -160,18 +161,21 @@ def worker() -> None:
 
 
 def _on_hosts() -> int:
-    from torch_cgx.bench import hosts
+    from benchmarks import hosts
 
     print(
         f"torch_cgx demo: {HOSTS} emulated hosts (network namespaces), {LINK}/s links", flush=True
     )
     env = {"OMP_NUM_THREADS": "1", "CGX_CODEC_THREADS": "1", "CGX_DEMO_HOSTS": "1"}
-    return hosts.run_on_hosts(HOSTS, LINK, None, "torch_cgx.demo", ["--worker"], 600, env)
+    return hosts.run_on_hosts(HOSTS, LINK, None, "benchmarks.demo", ["--worker"], 600, env)
 
 
 def _on_loopback() -> int:
+    from benchmarks.hosts_run import repo_pythonpath
+
     env = dict(
         os.environ,
+        PYTHONPATH=repo_pythonpath(os.environ),
         GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
         OMP_NUM_THREADS="1",
         CGX_CODEC_THREADS=os.environ.get("CGX_CODEC_THREADS", "1"),
@@ -187,22 +191,22 @@ def _on_loopback() -> int:
         "--master-port",
         os.environ.get("CGX_DEMO_PORT", "29511"),
         "-m",
-        "torch_cgx.demo",
+        "benchmarks.demo",
         "--worker",
     ]
     return subprocess.call(cmd, env=env)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="torch_cgx.demo")
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.demo")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--loopback", action="store_true", help="4 ranks on 127.0.0.1")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker:
         worker()
         return 0
     if not args.loopback:
-        from torch_cgx.bench.hosts_net import HostsUnavailable, check_prerequisites
+        from benchmarks.hosts_net import HostsUnavailable, check_prerequisites
 
         try:
             check_prerequisites()

@@ -5,7 +5,7 @@ the veths are ports of a Linux bridge living in its own namespace. Each host's l
 both directions (a tbf qdisc on ``eth0``, the host's egress, and one on the bridge port, the
 host's ingress); a latency adds a netem delay on each host's egress. Nothing is created in, and
 no address is used from, the caller's namespace. Running ranks on these hosts:
-torch_cgx/bench/hosts_run.py; the command line: torch_cgx/bench/hosts.py; docs/hosts.md.
+benchmarks/hosts_run.py; the command line: benchmarks/hosts.py; docs/hosts.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """FSDP2 benchmark: communication time, bytes and loss of fully_shard training per method.
 
-    python -m torch_cgx.bench.fsdp --hosts 2 --link 1gbit        # emulated hosts (docs/hosts.md)
-    torchrun --nproc-per-node 2 -m torch_cgx.bench.fsdp           # loopback
+    python -m benchmarks.fsdp --hosts 2 --link 1gbit        # emulated hosts (docs/hosts.md)
+    torchrun --nproc-per-node 2 -m benchmarks.fsdp           # loopback
 
 The model is a stack of ``--layers`` residual blocks x + GELU(Linear(d, d) x) (``--dim``), each
 block and the whole model ``fully_shard``-ed, trained with Adam on a fixed random
@@ -153,7 +153,9 @@ def run_method(method: str, args) -> dict:
 
 
 def parse_args(argv: Optional[List[str]]):
-    p = argparse.ArgumentParser(description=__doc__.split("\\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.fsdp", description=__doc__.split("\\n")[0]
+    )
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--dim", type=int, default=1024)
@@ -170,9 +172,9 @@ def parse_args(argv: Optional[List[str]]):
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from torch_cgx.bench.hosts import maybe_run_on_hosts
+    from benchmarks.hosts import maybe_run_on_hosts
 
-    rc = maybe_run_on_hosts(sys.argv[1:] if argv is None else argv, "torch_cgx.bench.fsdp")
+    rc = maybe_run_on_hosts(sys.argv[1:] if argv is None else argv, "benchmarks.fsdp")
     if rc is not None:
         return rc
     args = parse_args(argv)

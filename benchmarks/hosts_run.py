@@ -1,6 +1,6 @@
 """Emulated hosts, the process side: one rank per host, with torchrun's variables.
 
-``run_on_hosts`` builds the hosts (torch_cgx/bench/hosts_net.py), starts ``python -m module``
+``run_on_hosts`` builds the hosts (benchmarks/hosts_net.py), starts ``python -m module``
 in each namespace, forwards rank 0's output, and kills every rank on the first failure, a
 timeout or Ctrl-C. docs/hosts.md.
 """
@@ -18,14 +18,22 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from torch_cgx.bench.hosts_net import Host, _signals_deferred, emulated_hosts
+from benchmarks.hosts_net import Host, _signals_deferred, emulated_hosts
 
 DEFAULT_PORT = 29600
 HOST_ENV_MARK = "CGX_EMULATED_HOST"  # set in the ranks: no --hosts inside --hosts
 
 
-def _package_root() -> str:
-    return str(Path(__file__).resolve().parents[2])
+def _repo_root() -> str:
+    """The folder that holds benchmarks/ (and, in a checkout, torch_cgx/)."""
+    return str(Path(__file__).resolve().parents[1])
+
+
+def repo_pythonpath(env: Dict[str, str]) -> str:
+    """env's PYTHONPATH with the repository root first: a rank started as ``python -m
+    benchmarks.x`` imports this folder wherever its working directory is."""
+    path = [_repo_root()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join(dict.fromkeys(path))
 
 
 def rank_env(
@@ -34,7 +42,6 @@ def rank_env(
     """The environment torchrun would give local rank `local` of `per_host` on `host` (world:
     the number of hosts)."""
     env = dict(os.environ)
-    path = [_package_root()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env.update(
         RANK=str(host.rank * per_host + local),
         WORLD_SIZE=str(world * per_host),
@@ -46,7 +53,7 @@ def rank_env(
         GLOO_SOCKET_IFNAME=host.ifname,
         OMP_NUM_THREADS="1",
         PYTHONUNBUFFERED="1",
-        PYTHONPATH=os.pathsep.join(dict.fromkeys(path)),
+        PYTHONPATH=repo_pythonpath(env),
     )
     env[HOST_ENV_MARK] = host.netns
     if "CGX_CODEC_THREADS" not in os.environ:  # the "hosts" share this machine's cores

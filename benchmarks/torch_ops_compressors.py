@@ -2,7 +2,7 @@
 
 Written the way GRACE (Xu et al. 2021) and HiPress's PyTorch path write their compressors: one
 vectorized torch expression per step, temporaries allocated as ordinary torch code does, bits
-packed with shift-or passes (as :mod:`torch_cgx.bench.torch_ops_codec` does for max-min). Each
+packed with shift-or passes (as :mod:`benchmarks.torch_ops_codec` does for max-min). Each
 compressor is one ``encode(x, p, gen) -> Encoded`` / ``decode_add_(out, enc, p)`` pair in
 :data:`OPS`, keyed by the registry name; ``p`` holds the compressor's parameters (registry
 defaults filled in), ``gen`` is the ``torch.Generator`` of the stochastic ones.
@@ -27,7 +27,7 @@ from typing import Callable, Dict, NamedTuple, Tuple
 
 import torch
 
-from torch_cgx.bench import torch_ops_codec
+from benchmarks import torch_ops_codec
 
 __all__ = ["OPS", "Encoded", "TorchOps", "k_of", "pack_bits", "rows", "unpack_bits"]
 

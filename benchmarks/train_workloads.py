@@ -1,4 +1,4 @@
-"""Workloads of the training benchmark (torch_cgx/bench/train.py): models, data, losses.
+"""Workloads of the training benchmark (benchmarks/train.py): models, data, losses.
 
   gpt2    a GPT-2 (transformers' GPT2LMHeadModel), byte-level (256 bytes + a file separator),
           trained on the Python standard library's own .py files

@@ -1,4 +1,4 @@
-"""Codec throughput on CPU: ``python -m torch_cgx.bench codec [options]``.
+"""Codec throughput on CPU: ``python -m benchmarks.codec [options]``.
 
 For every (size, bits, threads) it times, interleaved in the same loop so that a noisy machine
 affects all of them alike:
@@ -8,7 +8,7 @@ affects all of them alike:
   backend does with its reused buffers);
 - ``decode_add``: ``torch_cgx.codec.decode_add_`` into a preallocated fp32 tensor;
 - ``torch encode`` / ``torch decode_add``: the pure torch-ops codec of
-  :mod:`torch_cgx.bench.torch_ops_codec`,
+  :mod:`benchmarks.torch_ops_codec`,
 
 with ``torch.set_num_threads`` and ``torch_cgx.codec.set_num_threads`` both set to the thread
 count. Throughput is GB/s of fp32 input: ``4 * numel / median seconds / 1e9``. Before timing,
@@ -30,18 +30,20 @@ from typing import Callable, List, Sequence
 import torch
 
 import torch_cgx
-from torch_cgx import codec
-from torch_cgx.bench import torch_ops_codec
-from torch_cgx.bench.codec_report import format_table  # noqa: F401  (demo imports it here)
-from torch_cgx.bench.timing import (  # noqa: F401  (re-exported for bench.compressors)
+from benchmarks import torch_ops_codec
+from benchmarks.codec_report import format_table  # noqa: F401  (demo imports it here)
+from benchmarks.timing import (
     MB,
     OtherLoad,
+    alternate_rounds,
     auto_iters,
     auto_torch_iters,
     cpu_model,
+    parse_list,
+    resolve_threads,
     set_threads,
-    time_interleaved,
 )
+from torch_cgx import codec
 
 DEFAULT_SIZES_MB = (1, 4, 16, 64, 256)
 DEFAULT_BITS = (1, 2, 4, 8)
@@ -182,7 +184,7 @@ def codec_table(
                     while True:  # re-measure a row that other processes disturbed
                         attempts += 1
                         load = OtherLoad()
-                        secs = time_interleaved(fns, n_per_op, warmup)
+                        secs = alternate_rounds(fns, n_per_op, warmup)
                         other_load = load.fraction()
                         if other_load is None or other_load <= max_other_load:
                             break
@@ -242,35 +244,13 @@ def codec_table(
 # ---- command line ---------------------------------------------------------------------------
 
 
-def _parse_list(text: str, conv: Callable[[str], object], what: str) -> list:
-    try:
-        values = [conv(v.strip()) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad {what} list: {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError(f"empty {what} list")
-    return values
-
-
-def resolve_threads(spec: str, all_threads: int) -> List[int]:
-    """``"1,all"`` -> ``[1, all_threads]`` (duplicates dropped, order kept)."""
-    result: List[int] = []
-    for v in _parse_list(spec, str, "threads"):
-        n = all_threads if v == "all" else int(v)
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"thread counts must be >= 1, got {n}")
-        if n not in result:
-            result.append(n)
-    return result
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m torch_cgx.bench codec",
+        prog="python -m benchmarks.codec",
         description="Throughput of the max-min codec vs memcpy and a pure torch-ops codec (CPU).",
         epilog="--compressors all|NAME,...: measure every registered compressor (or those named)"
         " instead, with --size (default 64M), --threads (default 1), --iters, --json; see"
-        " `codec --compressors all --help` (torch_cgx/bench/compressors.py).",
+        " `codec --compressors all --help` (benchmarks/compressors.py).",
     )
     p.add_argument("--bits", default="1,2,4,8", help="comma-separated bits (default 1,2,4,8)")
     p.add_argument(
@@ -318,16 +298,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a == "--compressors" or a.startswith("--compressors=") for a in argv):
-        from torch_cgx.bench import compressors  # every compressor: its own options
+        from benchmarks import compressors  # every compressor: its own options
 
         return compressors.main(argv)
     all_threads = codec.num_threads()  # "all": the codec's thread count at startup
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        bits = _parse_list(args.bits, int, "bits")
+        bits = parse_list(args.bits, int, "bits")
         default_sizes = QUICK_SIZES_MB if args.quick else DEFAULT_SIZES_MB
-        sizes = _parse_list(args.sizes or ",".join(map(str, default_sizes)), float, "sizes")
+        sizes = parse_list(args.sizes or ",".join(map(str, default_sizes)), float, "sizes")
         threads = resolve_threads(args.threads, all_threads)
     except (argparse.ArgumentTypeError, ValueError) as e:
         parser.error(str(e))

@@ -1,6 +1,6 @@
 """Emulated hosts: measuring a link (TCP rate and round trip between two hosts, plain sockets).
 
-Used by ``python -m torch_cgx.bench.hosts --check``; docs/hosts.md, "Measured link rates".
+Used by ``python -m benchmarks.hosts --check``; docs/hosts.md, "Measured link rates".
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import subprocess
 import sys
 from typing import List
 
-from torch_cgx.bench.hosts_net import Host
-from torch_cgx.bench.hosts_run import _stop
+from benchmarks.hosts_net import Host
+from benchmarks.hosts_run import _stop
 
 # Run with `python -c` inside the namespaces (no torch import: starts in ~50 ms).
 _PROBE = r"""

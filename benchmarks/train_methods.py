@@ -1,4 +1,4 @@
-"""Methods of the training benchmark (torch_cgx/bench/train.py): how DDP reduces the gradients.
+"""Methods of the training benchmark (benchmarks/train.py): how DDP reduces the gradients.
 
 gloo            DDP's built-in allreduce over a Gloo group (uncompressed)
 fp16            torch's fp16_compress_hook over the Gloo group

@@ -1,8 +1,8 @@
 """The planner's acceptance benchmark: ``auto`` against every fixed configuration and Gloo, and
 the cost model's predictions against the measured times, per message size.
 
-    torchrun --nproc-per-node 2 -m torch_cgx.bench.plan                # loopback (unlimited)
-    python -m torch_cgx.bench.plan --hosts 4 --link 1gbit              # emulated hosts
+    torchrun --nproc-per-node 2 -m benchmarks.plan                # loopback (unlimited)
+    python -m benchmarks.plan --hosts 4 --link 1gbit              # emulated hosts
 
 Methods (all in one job, interleaved per size, every one through ``dist.all_reduce``): ``gloo``
 (a Gloo group), the fixed configurations of the budget (exact through cgx, max-min 4 and 8 bits
@@ -198,7 +198,9 @@ def report_recheck(results, again) -> None:
 
 
 def parse_args(argv: Optional[List[str]]):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.plan", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--min-bytes", type=int, default=4 << 10)
     p.add_argument("--max-bytes", type=int, default=256 << 20)
     p.add_argument("--factor", type=int, default=4)
@@ -208,9 +210,9 @@ def parse_args(argv: Optional[List[str]]):
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from torch_cgx.bench.hosts import maybe_run_on_hosts
+    from benchmarks.hosts import maybe_run_on_hosts
 
-    rc = maybe_run_on_hosts(sys.argv[1:] if argv is None else argv, "torch_cgx.bench.plan")
+    rc = maybe_run_on_hosts(sys.argv[1:] if argv is None else argv, "benchmarks.plan")
     if rc is not None:
         return rc
     args = parse_args(argv)

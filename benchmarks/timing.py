@@ -1,8 +1,9 @@
-"""Timing helpers shared by the benchmarks: interleaved medians, the load of other processes,
-iteration counts by size, thread settings, the CPU's name."""
+"""Timing helpers shared by the benchmarks: medians over alternating rounds, the load of other
+processes, iteration counts by size, thread settings, the CPU's name, command-line lists."""
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import platform
@@ -72,11 +73,12 @@ class OtherLoad:
         return min(1.0, max(0.0, (busy - own) / (wall * (os.cpu_count() or 1))))
 
 
-def time_interleaved(
+def alternate_rounds(
     fns: Dict[str, Callable[[], object]], iters: Dict[str, int], warmup: int
 ) -> Dict[str, float]:
     """Median seconds of each function. Each round calls every function that still needs samples
-    once, in an order rotated every round, so that drifts of the machine hit all alike."""
+    once, in an order rotated every round, so that drifts of the machine hit all alike. (Not the
+    planner's ``probe.time_interleaved``, which times native allreduces across the ranks.)"""
     names = list(fns)
     for _ in range(warmup):
         for name in names:
@@ -97,3 +99,29 @@ def set_threads(n: int) -> None:
     torch.set_num_threads(n)
     if codec.num_threads() != n:  # resizing restarts the codec's pool: only when it changes
         codec.set_num_threads(n)
+
+
+# ---- command-line lists ----------------------------------------------------------------------
+
+
+def parse_list(text: str, conv: Callable[[str], object], what: str) -> list:
+    """``"1,2,4"`` -> ``[conv("1"), conv("2"), conv("4")]``; argparse's error on a bad item."""
+    try:
+        values = [conv(v.strip()) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad {what} list: {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"empty {what} list")
+    return values
+
+
+def resolve_threads(spec: str, all_threads: int) -> List[int]:
+    """``"1,all"`` -> ``[1, all_threads]`` (duplicates dropped, order kept)."""
+    result: List[int] = []
+    for v in parse_list(spec, str, "threads"):
+        n = all_threads if v == "all" else int(v)
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"thread counts must be >= 1, got {n}")
+        if n not in result:
+            result.append(n)
+    return result

@@ -1,12 +1,12 @@
-"""The text table of ``python -m torch_cgx.bench codec --compressors ...`` (records of
-:func:`torch_cgx.bench.compressors.compressor_table`)."""
+"""The text table of ``python -m benchmarks.codec --compressors ...`` (records of
+:func:`benchmarks.compressors.compressor_table`)."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from torch_cgx.bench import codec as bench_codec
-from torch_cgx.bench.codec_report import render_rows
+from benchmarks.codec_report import render_rows
+from benchmarks.timing import MB
 
 
 def _opt(fmt: str, key: str):
@@ -40,7 +40,7 @@ def format_table(records: Sequence[dict]) -> str:
     first = records[0]
     lines = [
         f"torch_cgx compressors (CPU): {first['numel']} fp32 values "
-        f"({first['input_bytes'] / bench_codec.MB:g} MiB), isa={first['isa']}, "
+        f"({first['input_bytes'] / MB:g} MiB), isa={first['isa']}, "
         f"threads={','.join(str(t) for t in sorted({r['threads'] for r in records}))}, "
         f"torch {first['torch_version']}, default parameters",
         "GB/s of fp32 input (4*numel / median time); /mcpy, /torch: encode (or dec_add) speed",
@@ -51,7 +51,7 @@ def format_table(records: Sequence[dict]) -> str:
     lines += [
         "ratio: input bytes / payload bytes; pcpy: copy_ of the payload's bytes (as GB/s of",
         f"  input); encode {encode}; t_enc, t_dec:",
-        "  the torch-ops versions (torch_cgx/bench/torch_ops_compressors.py); max_err: max",
+        "  the torch-ops versions (benchmarks/torch_ops_compressors.py); max_err: max",
         "  |decode - x| of ours; verify: within the compressor's worst case (ok), FAIL (ours),",
         "  t-FAIL (torch-ops); other: CPU time of other processes, % of all cores",
     ]

@@ -1,8 +1,8 @@
 """End-to-end DDP training benchmark: step time and loss of each gradient-reduction method.
 
-    torchrun --nproc-per-node 2 -m torch_cgx.bench.train --workloads gpt2,digits \\
+    torchrun --nproc-per-node 2 -m benchmarks.train --workloads gpt2,digits \\
         --json bench-results/train.json --plot bench-results/train.png
-    python -m torch_cgx.bench train ...            # same flags (one process: W = 1)
+    python -m benchmarks.train ...            # same flags (one process: W = 1)
 
 Initialization is env:// (torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; MPI / PMI
 variables are mapped by ``import torch_cgx``); without them it runs as one process.
@@ -60,8 +60,8 @@ import torch
 import torch.distributed as dist
 
 import torch_cgx  # noqa: F401  (registers the cgx backend)
-from torch_cgx.bench.train_loop import run, train_one  # noqa: F401  (this module's API)
-from torch_cgx.bench.train_methods import (  # noqa: F401
+from benchmarks.train_loop import run, train_one  # noqa: F401  (this module's API)
+from benchmarks.train_methods import (  # noqa: F401
     ALL_COMPRESSORS,
     METHODS,
     SerialHook,
@@ -72,8 +72,8 @@ from torch_cgx.bench.train_methods import (  # noqa: F401
     serial_hook,
     wrap,
 )
-from torch_cgx.bench.train_report import add_comparisons, table  # noqa: F401
-from torch_cgx.bench.train_workloads import (  # noqa: F401
+from benchmarks.train_report import add_comparisons, table  # noqa: F401
+from benchmarks.train_workloads import (  # noqa: F401
     DEFAULTS,
     WORKLOADS,
     DigitsCNN,
@@ -87,7 +87,7 @@ from torch_cgx.bench.train_workloads import (  # noqa: F401
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="torch_cgx.bench train",
+        prog="benchmarks.train",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -166,10 +166,10 @@ def _init() -> bool:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from torch_cgx.bench.hosts import maybe_run_on_hosts
+    from benchmarks.hosts import maybe_run_on_hosts
 
     # --hosts W --link RATE: run as W ranks on emulated hosts (docs/hosts.md).
-    rc = maybe_run_on_hosts(sys.argv[1:] if argv is None else argv, "torch_cgx.bench.train")
+    rc = maybe_run_on_hosts(sys.argv[1:] if argv is None else argv, "benchmarks.train")
     if rc is not None:
         return rc
     args = parse_args(argv)
@@ -196,7 +196,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 json.dump({"meta": meta, "records": records}, f, indent=1)
             print(f"# records: {args.json}", flush=True)
         if args.plot:
-            from torch_cgx.bench.plots import plot_training
+            from benchmarks.plots import plot_training
 
             plot_training(records, args.plot)
             print(f"# plot: {args.plot}", flush=True)

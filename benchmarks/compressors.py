@@ -1,8 +1,8 @@
-"""Every registered compressor side by side: ``python -m torch_cgx.bench codec --compressors all``.
+"""Every registered compressor side by side: ``python -m benchmarks.codec --compressors all``.
 
 For one fp32 buffer (``--size``, default 64M bytes: 16M values of ``randn``) and each compressor
 of ``torch_cgx.compressors`` with its default parameters, interleaved in one loop whose order
-rotates every round (the timing helpers of :mod:`torch_cgx.bench.codec`), it times the median of:
+rotates every round (the timing helpers of :mod:`benchmarks.codec`), it times the median of:
 
 - ``encode``: ``compressors.get(name).encode(x, seed, stream, shared, out=buf)`` into a
   preallocated payload buffer (as the backend's workspace and a hook reuse theirs; the torch-ops
@@ -12,11 +12,11 @@ rotates every round (the timing helpers of :mod:`torch_cgx.bench.codec`), it tim
 - ``memcpy``: ``dst.copy_(x)`` of the input bytes, and ``pcpy``: ``copy_`` of as many bytes as
   the payload, between preallocated tensors;
 - ``torch_encode`` / ``torch_decode_add``: the torch-ops version of
-  :mod:`torch_cgx.bench.torch_ops_compressors`,
+  :mod:`benchmarks.torch_ops_compressors`,
 
 with ``torch.set_num_threads`` and the codec's thread count both set to ``--threads``. Every rate
 is GB/s of fp32 input (``4 * numel / seconds / 1e9``). Before timing, our decode and the torch-ops
-decode are judged against the input (:mod:`torch_cgx.bench.compressor_checks`) and our
+decode are judged against the input (:mod:`benchmarks.compressor_checks`) and our
 ``decode_add_`` must add exactly ``decode``'s values; the ``verify`` column says ``ok``, ``FAIL``
 (ours) or ``t-FAIL`` (the torch-ops peer), and the run goes on.
 """
@@ -34,12 +34,21 @@ from typing import Callable, Dict, List, Sequence
 import torch
 
 import torch_cgx
+from benchmarks.compressor_checks import check
+from benchmarks.compressors_report import format_table  # noqa: F401  (this module's API)
+from benchmarks.timing import (
+    MB,
+    OtherLoad,
+    alternate_rounds,
+    auto_iters,
+    auto_torch_iters,
+    cpu_model,
+    resolve_threads,
+    set_threads,
+)
+from benchmarks.torch_ops_compressors import OPS as TORCH_OPS
 from torch_cgx import codec
 from torch_cgx import compressors as registry
-from torch_cgx.bench import codec as bench_codec
-from torch_cgx.bench.compressor_checks import check
-from torch_cgx.bench.compressors_report import format_table  # noqa: F401  (this module's API)
-from torch_cgx.bench.torch_ops_compressors import OPS as TORCH_OPS
 
 OPS = ("encode", "decode_add", "memcpy", "pcpy", "torch_encode", "torch_decode_add")
 DEFAULT_SIZE = "64M"
@@ -114,8 +123,8 @@ def _measure(fns, n_per_op, warmup, log, max_other_load, retries, retry_wait):
     attempts = 0
     while True:
         attempts += 1
-        load = bench_codec.OtherLoad()
-        secs = bench_codec.time_interleaved(fns, n_per_op, warmup)
+        load = OtherLoad()
+        secs = alternate_rounds(fns, n_per_op, warmup)
         other = load.fraction()
         if other is None or other <= max_other_load or attempts > retries:
             return secs, other, attempts
@@ -209,16 +218,16 @@ def compressor_table(
 ) -> List[dict]:
     """One record per (thread count, compressor) on ``numel`` values of ``randn``. ``iters=None``
     picks iterations by size as the max-min benchmark does (half, at least 3, for torch ops)."""
-    size_mb = 4 * numel / bench_codec.MB
-    n_iters = bench_codec.auto_iters(size_mb) if iters is None else int(iters)
-    n_torch = bench_codec.auto_torch_iters(n_iters) if iters is None else int(iters)
+    size_mb = 4 * numel / MB
+    n_iters = auto_iters(size_mb) if iters is None else int(iters)
+    n_torch = auto_torch_iters(n_iters) if iters is None else int(iters)
     x = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
     bufs = {key: torch.zeros_like(x) for key in ("out", "dst", "tout")}
     saved = (torch.get_num_threads(), codec.num_threads())
     records: List[dict] = []
     try:
         for th in threads:
-            bench_codec.set_threads(th)
+            set_threads(th)
             for name in names:
                 rec = measure_compressor(
                     name,
@@ -254,7 +263,7 @@ def compressor_table(
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m torch_cgx.bench codec",
+        prog="python -m benchmarks.codec",
         description="Encode / decode_add speed of every registered compressor (default "
         "parameters) vs memcpy and a torch-ops version of each (CPU).",
     )
@@ -312,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         names = parse_names(args.compressors)
         numel = parse_size(args.size) // 4
-        threads = bench_codec.resolve_threads(args.threads, all_threads)
+        threads = resolve_threads(args.threads, all_threads)
     except (argparse.ArgumentTypeError, ValueError) as e:
         parser.error(str(e))
     if args.iters is not None and args.iters < 1:
@@ -323,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     log(
         f"compressor benchmark: torch_cgx from {os.path.dirname(torch_cgx.__file__)}, isa "
-        f"{torch_cgx._C.isa()}, cpu {bench_codec.cpu_model()}, {os.cpu_count()} cpus"
+        f"{torch_cgx._C.isa()}, cpu {cpu_model()}, {os.cpu_count()} cpus"
     )
     records = compressor_table(
         names,

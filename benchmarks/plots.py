@@ -4,7 +4,7 @@
   log-log, from allreduce benchmark records (``size`` bytes, ``algo``, ``bits``, ``time_us``,
   ``world``).
 - :func:`plot_training`: training loss against wall-clock time and against step, one row per
-  workload, one line per method, from ``torch_cgx.bench.train`` records.
+  workload, one line per method, from ``benchmarks.train`` records.
 """
 
 from __future__ import annotations
