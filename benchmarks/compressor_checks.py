@@ -1,4 +1,5 @@
-"""Worst-case checks of a compressor's decode against its input (``bench codec --compressors``).
+"""Worst-case checks of a compressor's decode against its input (``benchmarks.codec`` with
+``--compressors``).
 
 ``check(name, x, decoded, params)`` compares the decoded values with the fp32 input ``x`` using
 the definition of each compressor in docs/FORMAT.md ("Compressor payloads", "Sparse

@@ -1,4 +1,5 @@
-"""Every registered compressor in plain torch ops: the peers of ``bench codec --compressors``.
+"""Every registered compressor in plain torch ops: the peers of
+``python -m benchmarks.codec --compressors``.
 
 Written the way GRACE (Xu et al. 2021) and HiPress's PyTorch path write their compressors: one
 vectorized torch expression per step, temporaries allocated as ordinary torch code does, bits
