@@ -8,6 +8,7 @@
 
 #include "algorithms/error_bound.h"
 #include "c10d_transport.h"
+#include "call_options.h"
 #include "dtype_map.h"
 #include "process_group_cgx.h"
 
@@ -66,6 +67,31 @@ void bind_backend(pybind11::module& m) {
       .def_readwrite("cross_communicator", &BackendConfig::cross_communicator)
       .def_readwrite("intra_compress", &BackendConfig::intra_compress);
 
+  py::class_<CallOptions>(m, "CallOptions",
+                          "A call's settings validated and resolved once (ValueError naming the "
+                          "field), the compressor built once and shared by copies.")
+      .def(py::init<const BackendConfig&>(), py::arg("config"))
+      .def_property_readonly("config", &CallOptions::config)
+      .def_property_readonly("compressed", &CallOptions::compressed)
+      .def_property_readonly("rotates", &CallOptions::rotates)
+      .def_property_readonly("clips", &CallOptions::clips)
+      .def_property("stream", &CallOptions::stream, &CallOptions::set_stream)
+      .def(
+          "with_stream",
+          [](const CallOptions& o, int64_t stream) {
+            CallOptions copy = o;
+            copy.set_stream(stream);
+            return copy;
+          },
+          py::arg("stream"))
+      .def("__copy__", [](const CallOptions& o) { return CallOptions(o); });
+
+  m.def("rotation_rule", &rotation_rule, py::arg("rotation"), py::arg("bits"),
+        py::arg("bucket_size"), py::arg("compressor"),
+        "Whether an allreduce with these settings rotates its buckets (the backend's rule).");
+  m.def("clip_rule", &clip_rule, py::arg("clip"), py::arg("rotates"),
+        "Whether max-min clips its range, given the clip setting and whether the call rotates.");
+
   py::class_<PlanRule>(m, "PlanRule")
       .def(py::init<>())
       .def_readwrite("max_numel", &PlanRule::max_numel)
@@ -107,6 +133,10 @@ void bind_backend(pybind11::module& m) {
       .def("allreduce_with", &ProcessGroupCGX::allreduce_with, py::arg("tensor"), py::arg("config"),
            py::arg("average"), py::arg("residual") = std::nullopt,
            py::call_guard<py::gil_scoped_release>())
+      .def("allreduce_call", &ProcessGroupCGX::allreduce_call, py::arg("tensor"),
+           py::arg("options"), py::arg("average"), py::arg("residual") = std::nullopt,
+           py::call_guard<py::gil_scoped_release>())
+      .def("settings_version", &ProcessGroupCGX::settings_version)
       .def("last_bytes_sent", &ProcessGroupCGX::last_bytes_sent)
       .def("total_bytes_sent", &ProcessGroupCGX::total_bytes_sent)
       .def_static("shutdown_all", &ProcessGroupCGX::shutdown_all);

@@ -30,6 +30,46 @@ Fp32Work fp32_work(const at::Tensor& t) {
   return {t.to(at::kCPU, at::kFloat, false, true).contiguous().view({-1}), false};
 }
 
+bool rotation_rule(const std::string& rotation, int bits, int64_t bucket_size,
+                   const std::string& compressor) {
+  if (compressor != "maxmin" || rotation == "off") return false;
+  return rotation::valid_block(bucket_size) && (rotation == "on" || bits <= 4);
+}
+
+bool clip_rule(const std::string& clip, bool rotates) {
+  return clip == "on" || (clip == "auto" && rotates);
+}
+
+bool rotates(const BackendConfig& c) {
+  return rotation_rule(c.rotation, c.bits, c.bucket_size, c.compressor);
+}
+
+CallOptions::CallOptions(const BackendConfig& config) : config_(config) {
+  validate_fields(config_);
+  const bool automatic = config_.compressor == kAutoCompressor;
+  compressed_ =
+      !automatic && (config_.compressor != "maxmin" || (config_.bits >= 1 && config_.bits <= 8));
+  rotates_ = rotation_rule(config_.rotation, config_.bits, config_.bucket_size, config_.compressor);
+  clips_ = config_.compressor == "maxmin" && clip_rule(config_.clip, rotates_);
+  // Built here, once: also what names a bad compressor name or parameter.
+  if (!automatic && config_.compressor != "maxmin") {
+    compressor_ = make_compressor(config_.compressor, config_.compressor_params);
+  }
+}
+
+void CallOptions::set_stream(int64_t stream) {
+  CGX_CHECK_ARG(stream >= -1, "stream must be >= 0, or -1 for the group's call counter, got ",
+                stream);
+  config_.stream = stream;
+}
+
+AllreduceOptions to_options(const CallOptions& c, bool average, uint64_t call_index) {
+  AllreduceOptions o = to_options(c.config(), average, call_index);
+  o.codec.clip = c.clips();
+  o.compressor = c.compressor();
+  return o;
+}
+
 AllreduceOptions to_options(const BackendConfig& c, bool average, uint64_t call_index) {
   AllreduceOptions o;
   o.codec.bits = c.bits;
@@ -37,7 +77,7 @@ AllreduceOptions to_options(const BackendConfig& c, bool average, uint64_t call_
   o.codec.skip_incomplete_buckets = c.skip_incomplete_buckets;
   o.codec.rounding = c.stochastic ? Rounding::kStochastic : Rounding::kNearest;
   o.codec.seed = c.seed;
-  o.codec.clip = c.compressor == "maxmin" && (c.clip == "on" || (c.clip == "auto" && rotates(c)));
+  o.codec.clip = c.compressor == "maxmin" && clip_rule(c.clip, rotates(c));
   o.algorithm = algorithm_from_int(c.algorithm);
   o.average = average;
   o.fusion_bytes = size_t(c.fusion_buffer_bytes);
@@ -48,6 +88,13 @@ AllreduceOptions to_options(const BackendConfig& c, bool average, uint64_t call_
 }
 
 void validate_config(const BackendConfig& c) {
+  validate_fields(c);
+  if (c.compressor != kAutoCompressor) {
+    make_compressor(c.compressor, c.compressor_params);  // names the bad name or parameter
+  }
+}
+
+void validate_fields(const BackendConfig& c) {
   CGX_CHECK_ARG((c.bits >= 1 && c.bits <= 8) || c.bits == 32,
                 "bits must be 1..8, or 32 for no compression, got ", c.bits);
   CGX_CHECK_ARG(c.bucket_size >= 1 && c.bucket_size < (int64_t(1) << 32),
@@ -68,11 +115,8 @@ void validate_config(const BackendConfig& c) {
   CGX_CHECK_ARG(c.compressor != "maxmin" || c.compressor_params.empty(),
                 "maxmin takes its parameters from bits, bucket_size, skip_incomplete_buckets and "
                 "stochastic, not from compressor_params");
-  if (c.compressor == kAutoCompressor) {
-    CGX_CHECK_ARG(c.compressor_params.empty(), "compressor auto takes no compressor_params");
-    return;
-  }
-  make_compressor(c.compressor, c.compressor_params);  // names the bad name or parameter
+  CGX_CHECK_ARG(c.compressor != kAutoCompressor || c.compressor_params.empty(),
+                "compressor auto takes no compressor_params");
 }
 
 }  // namespace cgx::binding

@@ -41,6 +41,7 @@ void ProcessGroupCGX::set_plan(const std::vector<PlanRule>& plan) {
   }
   std::lock_guard<std::mutex> lk(config_mu_);
   plan_ = plan;
+  ++settings_version_;
 }
 
 std::vector<PlanRule> ProcessGroupCGX::plan() const {

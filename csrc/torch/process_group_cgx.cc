@@ -93,7 +93,7 @@ void ProcessGroupCGX::setTimeout(std::chrono::milliseconds timeout) {
 
 BackendConfig ProcessGroupCGX::call_config(int64_t numel) {
   std::lock_guard<std::mutex> lk(config_mu_);
-  if (config_.settings_per_call) call_settings_.refresh(config_);
+  if (config_.settings_per_call && call_settings_.refresh(config_)) ++settings_version_;
   return numel < 0 ? config_ : planned(config_, plan_, numel);
 }
 
@@ -106,6 +106,7 @@ void ProcessGroupCGX::set_config(const BackendConfig& config) {
   validate_config(config);
   std::lock_guard<std::mutex> lk(config_mu_);
   config_ = config;
+  ++settings_version_;
 }
 
 // ---- worker ---------------------------------------------------------------------------------
@@ -188,6 +189,7 @@ void ProcessGroupCGX::watchdog_loop() {
 
 // The worker's compressor for `c`, made again only when the settings change (not per call).
 const Compressor& ProcessGroupCGX::compressor_for(const BackendConfig& c) {
+  if (call_compressor_) return *call_compressor_;  // allreduce_call's, built with its options
   if (!compressor_ || compressor_name_ != c.compressor ||
       compressor_params_ != c.compressor_params) {
     compressor_ = make_compressor(c.compressor, c.compressor_params);
@@ -309,7 +311,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_with(at::Tensor tensor
                                                                const BackendConfig& config,
                                                                bool average,
                                                                std::optional<at::Tensor> residual) {
-  validate_config(config);
+  return allreduce_call(std::move(tensor), CallOptions(config), average, std::move(residual));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_call(at::Tensor tensor,
+                                                               const CallOptions& options,
+                                                               bool average,
+                                                               std::optional<at::Tensor> residual) {
   TORCH_CHECK_VALUE(at::isFloatingType(tensor.scalar_type()),
                     "allreduce_with needs a floating-point tensor, got ", tensor.scalar_type());
   TORCH_CHECK_VALUE(tensor.device().is_cpu() || tensor.device().is_cuda(),
@@ -323,11 +331,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_with(at::Tensor tensor
     residual->zero_();
   }
   std::vector<at::Tensor> outputs = {tensor};
-  if (compressible(tensor, config)) {
+  if (options.compressed() && eligible(tensor, options.config())) {
     return enqueue(outputs, c10d::OpType::ALLREDUCE,
-                   [this, tensor, config, average, residual]() mutable {
-                     reduce_compressed(tensor, config, average,
-                                       residual ? residual->data_ptr<float>() : nullptr);
+                   [this, tensor, options, average, residual]() mutable {
+                     // The options' compressor serves this call (compressor_for), not the cache.
+                     call_compressor_ = options.shared_compressor();
+                     try {
+                       reduce_compressed(tensor, options.config(), average,
+                                         residual ? residual->data_ptr<float>() : nullptr);
+                     } catch (...) {
+                       call_compressor_.reset();
+                       throw;
+                     }
+                     call_compressor_.reset();
                    });
   }
   const auto op = c10d::ReduceOp(average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM);

@@ -33,6 +33,8 @@
 
 namespace cgx::binding {
 
+class CallOptions;
+
 // Documented with its CGX_* variables in torch_cgx/config.py, validated there (messages naming
 // the variables) and again here (validate_config) for values set from Python directly.
 struct BackendConfig {
@@ -97,8 +99,7 @@ struct PlanRule {
   int64_t segments = 0;
 };
 
-// Whether an allreduce with `c` rotates its buckets (reduce_rotated.cc): max-min, rotation "on",
-// or "auto" at 1-4 bits, with a bucket size that is a power of two in [2, 2^20].
+// Whether an allreduce with `c` rotates its buckets: rotation_rule (call_options.h) of its fields.
 bool rotates(const BackendConfig& c);
 
 // `c` with the plan's rule for an allreduce of `numel` values applied (unchanged without one).
@@ -166,8 +167,17 @@ class ProcessGroupCGX : public c10d::Backend {
                                                 bool average,
                                                 std::optional<at::Tensor> residual = std::nullopt);
 
+  // allreduce_with with options validated and resolved once (call_options.h): no validation and
+  // no compressor built per call; the worker uses the options' compressor.
+  c10::intrusive_ptr<c10d::Work> allreduce_call(at::Tensor tensor, const CallOptions& options,
+                                                bool average,
+                                                std::optional<at::Tensor> residual = std::nullopt);
+
   BackendConfig config() const;
   void set_config(const BackendConfig& config);
+  // Changes whenever set_config, set_plan or a changed per-call variable change the group's
+  // settings: a hook caches CallOptions and rebuilds them only when this moves.
+  int64_t settings_version() const { return settings_version_; }
   // The size rules every allreduce and allreduce_coalesced follow (ascending max_numel; empty:
   // the group's settings alone). The caller makes them identical on every rank.
   void set_plan(const std::vector<PlanRule>& plan);
@@ -267,13 +277,15 @@ class ProcessGroupCGX : public c10d::Backend {
   mutable std::mutex config_mu_;
   BackendConfig config_;
   std::vector<PlanRule> plan_;  // with config_mu_ held
+  std::atomic<int64_t> settings_version_{0};
   CallSettings call_settings_;  // with config_mu_ held
 
   std::unique_ptr<Hierarchy> hierarchy_;
 
   // Worker-thread state.
   CompressedAllreduce algorithm_;
-  std::unique_ptr<Compressor> compressor_;  // compressor_for's cache
+  std::shared_ptr<const Compressor> compressor_;       // compressor_for's cache
+  std::shared_ptr<const Compressor> call_compressor_;  // allreduce_call's, while it runs
   std::string compressor_name_;
   std::map<std::string, double> compressor_params_;
   uint64_t calls_ = 0;

@@ -7,11 +7,6 @@
 
 namespace cgx::binding {
 
-bool rotates(const BackendConfig& c) {
-  if (c.compressor != "maxmin" || c.rotation == "off") return false;
-  return rotation::valid_block(c.bucket_size) && (c.rotation == "on" || c.bits <= 4);
-}
-
 namespace {
 
 // The same on every rank: the group's seed and the call's agreed stream, or the count of rotated
