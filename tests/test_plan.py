@@ -11,15 +11,15 @@ import pytest
 
 from torch_cgx import plan as P
 from torch_cgx.plan import planner
-from torch_cgx.plan.costs import CodecCosts, Linear, LinkCosts, codec_key, parse_rate
+from torch_cgx.plan.costs import CompressorCosts, Linear, LinkCosts, compressor_key, parse_rate
 
-KEY = codec_key("maxmin", {"bits": 4, "bucket_size": 512})
+KEY = compressor_key("maxmin", {"bits": 4, "bucket_size": 512})
 
 
 def synthetic(fixed=20e-6, per_value=0.0):
     """Codec costs for max-min 4-bit with a known fixed cost per encode / decode call."""
     lin = Linear(fixed, per_value)
-    return CodecCosts({KEY: lin}, {KEY: lin}, add=Linear(0.0, 0.0), call=0.0)
+    return CompressorCosts({KEY: lin}, {KEY: lin}, add=Linear(0.0, 0.0), call=0.0)
 
 
 def sra_only(monkeypatch):
@@ -50,10 +50,10 @@ def test_break_even_where_the_math_puts_it(monkeypatch, world):
 def test_slow_links_take_fewer_bits_and_fast_links_stay_exact():
     link_slow = LinkCosts(parse_rate("100mbit"), 50e-6)
     link_fast = LinkCosts(parse_rate("400gbit"), 2e-6)
-    keys = planner.codecs_of(P.Budget(min_bits=2))
+    keys = planner.compressors_of(P.Budget(min_bits=2))
     lin = Linear(3e-6, 0.3e-9)  # about this machine's max-min: 0.3 ns a value
-    cheap = CodecCosts({codec_key(n, p): lin for n, p in keys},
-                       {codec_key(n, p): lin for n, p in keys})  # fmt: skip
+    cheap = CompressorCosts({compressor_key(n, p): lin for n, p in keys},
+                       {compressor_key(n, p): lin for n, p in keys})  # fmt: skip
     opt, t, exact = P.choose(1 << 22, 4, link_slow, cheap, P.Budget(min_bits=2))
     assert dict(opt.params)["bits"] == 2 and t < exact / 5
     opt, _, _ = P.choose(1 << 22, 4, link_fast, cheap, P.Budget(min_bits=2))
@@ -90,7 +90,7 @@ def test_every_dense_path_pipelines_and_sparse_ones_only_when_asked():
         piped = P.predict(P.Option("maxmin", params, alg, 0), n, 2, link, host)
         one = P.predict(P.Option("maxmin", params, alg, 1), n, 2, link, host)
         assert piped < 0.8 * one, alg
-    topk = codec_key("topk", {})
+    topk = compressor_key("topk", {})
     host.encode[topk] = host.decode[topk] = Linear(2e-6, 4e-9)
     default = P.predict(P.Option("topk", (), "sra", 0), n, 2, link, host)
     assert default == P.predict(P.Option("topk", (), "sra", 1), n, 2, link, host)
@@ -114,7 +114,7 @@ def test_probe_correction_interpolates_in_log_size():
             Correction(bad)
     host = synthetic()
     host.paths = {"sra": c, "exact": Correction(((4, 1.25),))}
-    back = CodecCosts.from_json(json.loads(json.dumps(host.to_json())))
+    back = CompressorCosts.from_json(json.loads(json.dumps(host.to_json())))
     assert back.paths == host.paths
     opt = P.Option("maxmin", (("bits", 4), ("bucket_size", 512)), "sra", 0)
     link = LinkCosts(parse_rate("1gbit"), 50e-6)
@@ -186,9 +186,11 @@ def test_contest_adds_the_first_codec_where_the_model_prefers_another():
     CONTEST_MAX and CONTEST of the fastest."""
     from torch_cgx.plan import auto, probe
 
-    k8 = codec_key("maxmin", {"bits": 8, "bucket_size": 512})
+    k8 = compressor_key("maxmin", {"bits": 8, "bucket_size": 512})
     slow, fast = Linear(20e-6, 0.7e-9), Linear(20e-6, 0.6e-9)
-    host = CodecCosts({KEY: slow, k8: fast}, {KEY: slow, k8: fast}, add=Linear(0.0, 0.0), call=0.0)
+    host = CompressorCosts(
+        {KEY: slow, k8: fast}, {KEY: slow, k8: fast}, add=Linear(0.0, 0.0), call=0.0
+    )
     budget = P.Budget(
         compressors=("maxmin:bits=4,bucket_size=512", "maxmin:bits=8,bucket_size=512")
     )
@@ -277,9 +279,16 @@ def test_codec_and_wire_factors_from_two_settings():
 
 def test_budget_parsing():
     assert P.Budget.parse("bits>=2").min_bits == 2
-    assert [b for _, p in P.Budget.parse("6").codecs() for b in [p.get("bits")]][:3] == [6, 7, 8]
+    assert [b for _, p in P.Budget.parse("6").allowed() for b in [p.get("bits")]][:3] == [
+        6,
+        7,
+        8,
+    ]
     b = P.Budget.parse("topk:ratio=0.01,maxmin:bits=2,bucket_size=64")
-    assert b.codecs() == [("topk", {"ratio": 0.01}), ("maxmin", {"bits": 2, "bucket_size": 64})]
+    assert b.allowed() == [
+        ("topk", {"ratio": 0.01}),
+        ("maxmin", {"bits": 2, "bucket_size": 64}),
+    ]
     with pytest.raises(ValueError, match="unknown compressor"):
         P.Budget.parse("zip:level=3")
     with pytest.raises(ValueError, match="name=value"):
@@ -310,7 +319,7 @@ def test_plan_files_round_trip_and_pin(tmp_path):
     # Pinned: the decisions of the file are kept whatever the new link says.
     pins = P.read_pins(str(js))
     sizes = [(g["name"], g["numel"]) for g in data["gradients"]]
-    host = P.calibrate(planner.codecs_of(P.Budget(), pins.values()))
+    host = P.calibrate(planner.compressors_of(P.Budget(), pins.values()))
     fast = P.plan_gradients(sizes, 2, LinkCosts.parse("400gbit", "1us"), host, P.Budget(), pins)
     assert all(d.pinned and d.option == pins[d.name] for d in fast.decisions)
     bad = tmp_path / "bad.json"
@@ -325,13 +334,13 @@ def test_calibration_cache_and_fallbacks(tmp_path, monkeypatch):
     keys = [("maxmin", {"bits": 4, "bucket_size": 512}), ("fp16", {})]
     path = str(tmp_path / "cache" / "codec.json")
     first = costs.calibrate(keys, path=path)
-    assert set(first.encode) == {codec_key(n, p) for n, p in keys}
+    assert set(first.encode) == {compressor_key(n, p) for n, p in keys}
     assert all(v.per_value > 0 for v in first.encode.values())  # bigger inputs take longer
 
     def no_measuring(*a, **k):
         raise AssertionError("measured although cached")
 
-    monkeypatch.setattr(costs, "measure_codec", no_measuring)
+    monkeypatch.setattr(costs, "measure_compressors", no_measuring)
     assert costs.calibrate(keys, path=path).to_json() == first.to_json()  # from the cache
     monkeypatch.undo()
     with open(path, "w") as f:
@@ -349,10 +358,10 @@ def test_rules_cover_every_size_and_merge_neighbours():
     from torch_cgx.plan import auto
 
     link = LinkCosts(parse_rate("1gbit"), 50e-6)
-    keys = planner.codecs_of(P.Budget(min_bits=4))
+    keys = planner.compressors_of(P.Budget(min_bits=4))
     lin = Linear(3e-6, 0.3e-9)
-    host = CodecCosts({codec_key(n, p): lin for n, p in keys},
-                      {codec_key(n, p): lin for n, p in keys})  # fmt: skip
+    host = CompressorCosts({compressor_key(n, p): lin for n, p in keys},
+                      {compressor_key(n, p): lin for n, p in keys})  # fmt: skip
     rules = auto.rules_for(2, link, host, P.Budget(min_bits=4))
     bounds = [r["max_numel"] for r in rules]
     assert bounds == sorted(bounds) and bounds[-1] == 1 << 62

@@ -39,7 +39,6 @@ from torch_cgx.compression.base import (
     TensorRole,
     extract,
 )
-from torch_cgx.compression.codec import CGXCompression
 from torch_cgx.compression.ddp import PolicyState, policy_hook, register_policy
 from torch_cgx.compression.floating import Float16Compression, ScaledFloat16Compression
 from torch_cgx.compression.hivemind_compat import to_hivemind
@@ -48,6 +47,7 @@ from torch_cgx.compression.quantization import (
     Quantile8BitQuantization,
     Uniform8BitQuantization,
 )
+from torch_cgx.compression.registered import CGXCompression
 
 __all__ = [
     "AdaptiveCompressionBase",

@@ -20,7 +20,7 @@ import torch
 
 from torch_cgx import compressors
 from torch_cgx.compression.base import CompressionBase, Payload, bits_of, register_method
-from torch_cgx.compression.codec import CGXCompression, codec_input
+from torch_cgx.compression.registered import CGXCompression, compressor_input
 
 __all__ = ["Float16Compression", "ScaledFloat16Compression"]
 
@@ -43,7 +43,7 @@ class Float16Compression(CGXCompression):
         return f"{type(self).__name__}()"
 
     def compress(self, tensor, info=None, allow_inplace=False) -> Payload:
-        x, dtype, requires_grad = codec_input(tensor, type(self).__name__)
+        x, dtype, requires_grad = compressor_input(tensor, type(self).__name__)
         if x.dtype != torch.float16:
             x = clamp_finite(x.float(), FP16_MAX)
         return self.encode(x, dtype, requires_grad, tensor.shape)
@@ -56,7 +56,7 @@ class ScaledFloat16Compression(Float16Compression):
     """Mean/std-normalised float16 along the last axis, with fp32 means and stds."""
 
     def compress(self, tensor, info=None, allow_inplace=False) -> Payload:
-        flat, dtype, requires_grad = codec_input(tensor, type(self).__name__)
+        flat, dtype, requires_grad = compressor_input(tensor, type(self).__name__)
         shape = tuple(tensor.shape)
         last = shape[-1] if shape else 1
         rows = flat.numel() // last if last else 0

@@ -31,7 +31,7 @@ import torch
 
 from torch_cgx import compressors
 from torch_cgx.compression.base import CompressionBase, Payload, bits_of, register_method
-from torch_cgx.compression.codec import CGXCompression, codec_input
+from torch_cgx.compression.registered import CGXCompression, compressor_input
 
 __all__ = ["BlockwiseQuantization", "Quantile8BitQuantization", "Uniform8BitQuantization"]
 
@@ -94,7 +94,7 @@ class Quantile8BitQuantization(CompressionBase):
     """8-bit codes of equal-population bins (exact quantiles), decoded to each bin's mean."""
 
     def compress(self, tensor, info=None, allow_inplace=False) -> Payload:
-        flat, dtype, requires_grad = codec_input(tensor, type(self).__name__)
+        flat, dtype, requires_grad = compressor_input(tensor, type(self).__name__)
         x = flat.float()
         n = x.numel()
         if n == 0:

@@ -20,7 +20,7 @@ import sys
 from typing import List, Optional, Tuple
 
 from torch_cgx.plan.costs import LinkCosts, calibrate
-from torch_cgx.plan.planner import Budget, codecs_of, plan_gradients, read_pins
+from torch_cgx.plan.planner import Budget, compressors_of, plan_gradients, read_pins
 
 
 def gpt2_sizes(n_layer=12, n_embd=768, vocab=50257, n_positions=1024) -> List[Tuple[str, int]]:
@@ -61,7 +61,9 @@ def parse_args(argv: Optional[List[str]]):
     p.add_argument("--json", help="write the plan as JSON")
     p.add_argument("--hipress", help="write the plan in HiPress's SeCoPaPlan.txt format")
     p.add_argument("--pin", help="a JSON plan whose decisions are kept")
-    p.add_argument("--recalibrate", action="store_true", help="measure the codec again")
+    p.add_argument(
+        "--recalibrate", action="store_true", help="measure the compressors' compute costs again"
+    )
     p.add_argument("--quiet", action="store_true", help="totals only")
     args = p.parse_args(argv)
     if args.world < 1:
@@ -81,7 +83,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         sizes = module_sizes(args.model)
     pins = read_pins(args.pin) if args.pin else {}
-    host = calibrate(codecs_of(args.budget_obj, pins.values()), refresh=args.recalibrate)
+    host = calibrate(compressors_of(args.budget_obj, pins.values()), refresh=args.recalibrate)
     plan = plan_gradients(sizes, args.world, args.link_costs, host, args.budget_obj, pins)
     if not args.quiet:
         print(f"{'id':>4} {'gradient':<40} {'values':>10} {'exact ms':>9} {'plan ms':>9}  choice")

@@ -1,9 +1,9 @@
 """``CGX_COMPRESSOR=auto``: the group plans its own allreduces. At creation (or
-``set_config(compressor="auto")``) rank 0 measures the codec (cached per host) and, with every
-rank, the group's link and each algorithm path (torch_cgx.plan.probe); it then decides for every
-size class (powers of two) exact or compressed, how and in how many segments, times the options
-the model cannot tell apart (the contest), and hands the rules to every rank through the store,
-so that every rank applies the same decision to the same call. The budget is
+``set_config(compressor="auto")``) rank 0 measures the compressors' compute costs (cached per host)
+and, with every rank, the group's link and each algorithm path (torch_cgx.plan.probe); it then
+decides for every size class (powers of two) exact or compressed, how and in how many segments,
+times the options the model cannot tell apart (the contest), and hands the rules to every rank
+through the store, so that every rank applies the same decision to the same call. The budget is
 ``CGX_COMPRESSION_QUANTIZATION_BITS`` when it is 1..8 (at least that many bits), else 4.
 """
 
@@ -14,7 +14,7 @@ import logging
 from typing import Dict, List, Optional, Tuple
 
 from torch_cgx.config import ALGORITHMS as ALGORITHM_IDS
-from torch_cgx.plan.costs import CodecCosts, LinkCosts
+from torch_cgx.plan.costs import CompressorCosts, LinkCosts
 from torch_cgx.plan.model import SEGMENT_BYTES, Option, predict
 from torch_cgx.plan.planner import Budget, choose, options
 from torch_cgx.plan.probe import (
@@ -39,7 +39,7 @@ def budget_of(config) -> Budget:
 def rules_for(
     world: int,
     link: LinkCosts,
-    host: CodecCosts,
+    host: CompressorCosts,
     budget: Budget,
     measured: Optional[Dict[int, Option]] = None,
 ) -> List[dict]:
@@ -48,7 +48,7 @@ def rules_for(
     fields (plain data, for the store).
 
     Above the contest's largest class (CONTEST_NUMEL values), where calls are bandwidth-bound
-    and the paths' ratios stay put, the codec and algorithm that won there are kept (with the
+    and the paths' ratios stay put, the compressor and algorithm that won there are kept (with the
     model's best segments for them) while the model predicts them within CONTEST of its own
     choice: the model alone misjudged exactly such near-ties (loopback, 4 ranks on 2 cores:
     8-bit SRA at 256 MiB, 1.44x the 4-bit tree)."""
@@ -73,7 +73,7 @@ def rules_for(
 
 
 def _same_path(won: Option, n: int, world, link, host, budget: Budget) -> Tuple[Option, float]:
-    """The option with ``won``'s codec and algorithm the model predicts fastest at n, and its
+    """The option with ``won``'s compressor and algorithm the model predicts fastest at n, and its
     predicted time."""
     same = [
         o

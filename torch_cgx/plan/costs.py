@@ -1,7 +1,7 @@
-"""The planner's measured inputs: the link (per-message latency, bandwidth) and the codec (encode
-and decode time of each compressor on this host), with a per-host cache of the codec figures.
+"""The planner's measured inputs: the link (per-message latency, bandwidth) and the compute (encode
+and decode time of each compressor on this host), with a per-host cache of the compute figures.
 
-Each codec operation is modelled as ``t(n) = fixed + per_value * n`` (n values), fitted from two
+Each compute operation is modelled as ``t(n) = fixed + per_value * n`` (n values), fitted from two
 sizes; docs/algorithms.md ("Cost model") has the formulas that use them.
 """
 
@@ -88,8 +88,8 @@ def _check_points(points, what: str) -> None:
 class Correction:
     """What a path's calls took against what its formula predicts, at the probe's sizes: the
     ratio measured / predicted (``points``: (n, ratio)), and, where two settings of different
-    codec / wire mix were probed, separate factors for the codec and the wire terms (``split``:
-    (n, codec factor, wire factor)). Both interpolated linearly in log2(n) between the sizes and
+    compute / wire mix were probed, separate factors for the compute and the wire terms (``split``:
+    (n, compute factor, wire factor)). Both interpolated linearly in log2(n) between the sizes and
     held beyond the first and the last."""
 
     points: Tuple[Tuple[int, float], ...]
@@ -105,7 +105,7 @@ class Correction:
         return _interpolate(self.points, n)[0]
 
     def factors(self, n: float) -> Tuple[float, float]:
-        """(codec factor, wire factor) at n; the plain ratio for both without a split."""
+        """(compute factor, wire factor) at n; the plain ratio for both without a split."""
         if not self.split:
             r = self(n)
             return r, r
@@ -123,8 +123,8 @@ class Correction:
 
 
 @dataclass
-class CodecCosts:
-    """Encode and decode-add time per codec key (``"maxmin:bits=4"``), fp32 summing (``add``),
+class CompressorCosts:
+    """Encode and decode-add time per compressor key (``"maxmin:bits=4"``), fp32 summing (``add``),
     the fixed cost of one call of the backend (queue, worker), and per algorithm path what the
     group's own calls took against the formulas (``paths``: measured by torch_cgx.plan.auto's
     probe; empty when planning from a laptop)."""
@@ -142,15 +142,15 @@ class CodecCosts:
                 "paths": {k: c.to_json() for k, c in self.paths.items()}}  # fmt: skip
 
     @classmethod
-    def from_json(cls, d: dict) -> CodecCosts:
+    def from_json(cls, d: dict) -> CompressorCosts:
         return cls({k: Linear(**v) for k, v in d["encode"].items()},
                    {k: Linear(**v) for k, v in d["decode"].items()},
                    Linear(**d["add"]), float(d["call"]),
                    {k: Correction.from_json(v) for k, v in d.get("paths", {}).items()})  # fmt: skip
 
 
-def codec_key(name: str, params: Optional[Dict] = None) -> str:
-    """'maxmin:bits=4,bucket_size=512'; the cache's and the plan's name of one codec setting."""
+def compressor_key(name: str, params: Optional[Dict] = None) -> str:
+    """'maxmin:bits=4,bucket_size=512'; the cache's and the plan's name of a compressor setting."""
     items = ",".join(f"{k}={v}" for k, v in sorted((params or {}).items()))
     return f"{name}:{items}"
 
@@ -165,24 +165,24 @@ def _time(fn, reps: int) -> float:
     return best
 
 
-def measure_codec(keys: Iterable[Tuple[str, Dict]], sizes=(1 << 12, 1 << 20), reps=3):
+def measure_compressors(keys: Iterable[Tuple[str, Dict]], sizes=(1 << 12, 1 << 20), reps=3):
     """Times encode and decode-add of each (name, params) at two sizes on this host."""
     import torch
 
     from torch_cgx import compressors
 
-    costs = CodecCosts()
+    costs = CompressorCosts()
     g = torch.Generator().manual_seed(0)
     data = {n: torch.randn(n, generator=g) for n in sizes}
     for name, params in keys:
-        codec = compressors.get(name, **params)
+        comp = compressors.get(name, **params)
         enc, dec = [], []
         for n in sizes:
             x, out = data[n], torch.zeros(n)
-            payload = codec.encode(x)
-            enc.append((n, _time(lambda c=codec, x=x: c.encode(x), reps)))
-            dec.append((n, _time(lambda c=codec, o=out, p=payload: c.decode_add_(o, p), reps)))
-        key = codec_key(name, params)
+            payload = comp.encode(x)
+            enc.append((n, _time(lambda c=comp, x=x: c.encode(x), reps)))
+            dec.append((n, _time(lambda c=comp, o=out, p=payload: c.decode_add_(o, p), reps)))
+        key = compressor_key(name, params)
         costs.encode[key], costs.decode[key] = Linear.fit(*enc), Linear.fit(*dec)
     a, b = (data[n] for n in sizes)
     ta = _time(lambda: a.add_(a), reps)
@@ -195,15 +195,17 @@ def cache_path() -> str:
     from torch_cgx.version import __version__
 
     root = os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
-    from torch_cgx import codec
+    from torch_cgx import codec as maxmin_codec
 
-    threads = codec.num_threads()  # the process setting as applied (settings.process_settings)
-    name = f"codec-{socket.gethostname()}-{__version__}-threads{threads}.json"
+    threads = (
+        maxmin_codec.num_threads()
+    )  # the process setting as applied (settings.process_settings)
+    name = f"compressors-{socket.gethostname()}-{__version__}-threads{threads}.json"
     return os.path.join(root, "torch_cgx", name)
 
 
-def calibrate(keys, refresh: bool = False, path: Optional[str] = None) -> CodecCosts:
-    """The codec costs of ``keys`` on this host: from the cache when it has them all (and
+def calibrate(keys, refresh: bool = False, path: Optional[str] = None) -> CompressorCosts:
+    """The compute costs of ``keys`` on this host: from the cache when it has them all (and
     ``refresh`` is false), measured otherwise (about 0.1 s per key) and written back. A cache
     that cannot be read or written is ignored."""
     keys = [(n, dict(p)) for n, p in keys]
@@ -212,13 +214,13 @@ def calibrate(keys, refresh: bool = False, path: Optional[str] = None) -> CodecC
     if not refresh:
         try:
             with open(path) as f:
-                cached = CodecCosts.from_json(json.load(f))
+                cached = CompressorCosts.from_json(json.load(f))
         except (OSError, ValueError, KeyError, TypeError):
             cached = None
-    wanted = {codec_key(n, p) for n, p in keys}
+    wanted = {compressor_key(n, p) for n, p in keys}
     if cached and wanted <= set(cached.encode) & set(cached.decode):
         return cached
-    costs = measure_codec(keys)
+    costs = measure_compressors(keys)
     if cached:  # keep what was measured before for other keys
         cached.encode.update(costs.encode)
         cached.decode.update(costs.decode)

@@ -1,9 +1,9 @@
 """Predicted time of one allreduce of ``n`` values over ``W`` ranks, per algorithm, from the link's
-latency and bandwidth, the compressor's exact payload size and the measured codec costs.
+latency and bandwidth, the compressor's exact payload size and the measured compute costs.
 Formulas and their derivation: docs/algorithms.md, "Cost model".
 
 Notation: a message of B bytes costs ``latency + B / bandwidth``; ``P(m)`` is the payload of m
-values; ``enc``/``dec`` are the codec's encode / decode-add times (fixed + per value); ``call``
+values; ``enc``/``dec`` are the compute's encode / decode-add times (fixed + per value); ``call``
 the backend's fixed cost per allreduce.
 """
 
@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
-from torch_cgx.plan.costs import CodecCosts, Correction, Linear, LinkCosts, codec_key
+from torch_cgx.plan.costs import CompressorCosts, Correction, Linear, LinkCosts, compressor_key
 
 ALGORITHMS = ("sra", "ring", "tree", "allgather")
 SEGMENT_BYTES = 4 << 20  # the backend's CGX_PIPELINE_SEGMENT_MB default
@@ -37,7 +37,7 @@ class Option:
 
     @property
     def key(self) -> str:
-        return codec_key(self.compressor or "exact", dict(self.params))
+        return compressor_key(self.compressor or "exact", dict(self.params))
 
     def describe(self) -> str:
         if self.exact:
@@ -51,8 +51,8 @@ def traits_and_size(option: Option) -> tuple:
     """(traits dict, payload size function m -> bytes of fp32 values) of a compressed option."""
     from torch_cgx import compressors
 
-    codec = compressors.get(option.compressor, **dict(option.params))
-    return codec.traits, lambda m: codec.encoded_size(max(int(m), 0))
+    comp = compressors.get(option.compressor, **dict(option.params))
+    return comp.traits, lambda m: comp.encoded_size(max(int(m), 0))
 
 
 def path_of(option: Option, traits: Dict[str, bool]) -> str:
@@ -65,7 +65,7 @@ def path_of(option: Option, traits: Dict[str, bool]) -> str:
     return option.algorithm
 
 
-def exact_time(n: int, world: int, link: LinkCosts, host: CodecCosts, elem: int = 4) -> float:
+def exact_time(n: int, world: int, link: LinkCosts, host: CompressorCosts, elem: int = 4) -> float:
     """Gloo's ring allreduce: 2 (W - 1) messages of S / W bytes and (W - 1) / W of the values
     summed."""
     if world <= 1 or n == 0:
@@ -88,26 +88,26 @@ def segments_of(option: Option, n: int) -> int:
 
 
 def pipelined(parts: Tuple[float, float], k: int) -> float:
-    """k segments of (codec, wire) seconds each through a two-stage pipeline (codec on the
+    """k segments of (compute, wire) seconds each through a two-stage pipeline (compute on the
     calling threads, transfers on the communication thread): the slower stage sets the pace,
     the other adds one segment's worth at the start. k = 1: no overlap."""
-    codec, wire = parts
+    compute, wire = parts
     if k <= 1:
-        return codec + wire
-    return k * max(codec, wire) + min(codec, wire)
+        return compute + wire
+    return k * max(compute, wire) + min(compute, wire)
 
 
-# Each returns (codec, wire) seconds of one allreduce of n values.
+# Each returns (compute, wire) seconds of one allreduce of n values.
 def _sra(n, w, link, enc: Linear, dec: Linear, size: Callable):
     m = n / w  # values per chunk
-    codec = enc(w * m, calls=w) + dec((2 * w - 1) * m, calls=2 * w - 1)
-    return codec, 2 * (w - 1) * link.message(size(m))
+    compute = enc(w * m, calls=w) + dec((2 * w - 1) * m, calls=2 * w - 1)
+    return compute, 2 * (w - 1) * link.message(size(m))
 
 
 def _ring(n, w, link, enc: Linear, dec: Linear, size: Callable):
     m = n / w
-    codec = (w - 1) * (enc(m) + dec(m)) + enc(m) + dec(w * m, calls=w)
-    return codec, 2 * (w - 1) * link.message(size(m))
+    compute = (w - 1) * (enc(m) + dec(m)) + enc(m) + dec(w * m, calls=w)
+    return compute, 2 * (w - 1) * link.message(size(m))
 
 
 def _tree(n, w, link, enc: Linear, dec: Linear, size: Callable):
@@ -119,12 +119,12 @@ def _allgather(n, w, link, enc: Linear, dec: Linear, size: Callable):
     return enc(n) + dec(w * n, calls=w), (w - 1) * (link.message(8) + link.message(size(n)))
 
 
-def _sum_reduce(n, w, link, enc: Linear, dec: Linear, size: Callable, host: CodecCosts):
+def _sum_reduce(n, w, link, enc: Linear, dec: Linear, size: Callable, host: CompressorCosts):
     """Summable payloads: an allgather of the headers, then the values reduced like an exact
     allreduce of (payload - header) bytes."""
     body = max(size(n) - 32, 0)
-    codec = enc(n) + dec(n) + host.add((w - 1) * body / 4 / w)
-    return codec, (w - 1) * link.message(32) + 2 * (w - 1) * link.message(body / w)
+    compute = enc(n) + dec(n) + host.add((w - 1) * body / 4 / w)
+    return compute, (w - 1) * link.message(32) + 2 * (w - 1) * link.message(body / w)
 
 
 def pipeline_applies(option: Option, path: str, n: int) -> bool:
@@ -141,7 +141,7 @@ def predict(
     n: int,
     world: int,
     link: LinkCosts,
-    host: CodecCosts,
+    host: CompressorCosts,
     elem: int = 4,
     agree: bool = False,
 ) -> float:
@@ -156,12 +156,12 @@ def predict(
     return host.call + t + (world - 1) * link.message(64) * agree
 
 
-def formula_parts(option: Option, n: int, world: int, link: LinkCosts, host: CodecCosts):
-    """(path, (codec, wire) seconds of one segment, segments) of a compressed option."""
+def formula_parts(option: Option, n: int, world: int, link: LinkCosts, host: CompressorCosts):
+    """(path, (compute, wire) seconds of one segment, segments) of a compressed option."""
     traits, size = traits_and_size(option)
     key = option.key
     if key not in host.encode or key not in host.decode:
-        raise KeyError(f"no codec costs for {key}: calibrate it first")
+        raise KeyError(f"no compute costs for {key}: calibrate it first")
     enc, dec = host.encode[key], host.decode[key]
     path = path_of(option, traits)
     k = segments_of(option, n) if pipeline_applies(option, path, n) else 1

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from torch_cgx.plan.costs import CodecCosts, LinkCosts
+from torch_cgx.plan.costs import CompressorCosts, LinkCosts
 from torch_cgx.plan.model import (
     ALGORITHMS,
     Option,
@@ -69,7 +69,7 @@ class Budget:
             _parse_spec(spec)  # names the bad one
         return cls(bucket_size=bucket_size, compressors=names)
 
-    def codecs(self) -> List[Tuple[str, Dict]]:
+    def allowed(self) -> List[Tuple[str, Dict]]:
         """The (compressor, params) settings this budget allows."""
         if self.compressors:
             return [_parse_spec(s) for s in self.compressors]
@@ -104,12 +104,12 @@ def _parse_spec(spec: str) -> Tuple[str, Dict]:
 
 
 def options(budget: Budget, measured: bool = False) -> List[Option]:
-    """Every option the planner weighs: exact, and each allowed codec with each algorithm and
+    """Every option the planner weighs: exact, and each allowed compressor with each algorithm and
     each of SEGMENTS; ``measured`` (the contest, which times what it compares): the lanes'
     algorithms also with LANE_SEGMENTS (the probe measures only their pipelined form, so the
     model alone does not pick the other)."""
     out = [Option()]
-    for name, params in budget.codecs():
+    for name, params in budget.allowed():
         p = tuple(sorted(params.items()))
         for alg in ALGORITHMS:
             for k in LANE_SEGMENTS if measured and alg != "sra" else SEGMENTS:
@@ -176,7 +176,7 @@ class Plan:
 
 
 def choose(
-    n: int, world: int, link: LinkCosts, host: CodecCosts, budget: Budget, elem: int = 4
+    n: int, world: int, link: LinkCosts, host: CompressorCosts, budget: Budget, elem: int = 4
 ) -> Tuple[Option, float, float]:
     """(the fastest option, its predicted time, exact's) for one tensor of ``n`` values."""
     exact = predict(Option(), n, world, link, host, elem)
@@ -192,7 +192,7 @@ def plan_gradients(
     sizes: Sequence[Tuple[str, int]],
     world: int,
     link: LinkCosts,
-    host: CodecCosts,
+    host: CompressorCosts,
     budget: Budget,
     pinned: Optional[Dict[str, Option]] = None,
 ) -> Plan:
@@ -227,8 +227,8 @@ def read_pins(path: str) -> Dict[str, Option]:
         raise ValueError(f"{path} is not a torch_cgx plan file: {e!r}") from None
 
 
-def codecs_of(budget: Budget, pins: Iterable[Option] = ()) -> List[Tuple[str, Dict]]:
-    """Every codec setting a plan may need costs for."""
-    seen = {(n, tuple(sorted(p.items()))) for n, p in budget.codecs()}
+def compressors_of(budget: Budget, pins: Iterable[Option] = ()) -> List[Tuple[str, Dict]]:
+    """Every compressor setting a plan may need costs for."""
+    seen = {(n, tuple(sorted(p.items()))) for n, p in budget.allowed()}
     seen |= {(o.compressor, o.params) for o in pins if not o.exact}
     return [(n, dict(p)) for n, p in sorted(seen)]

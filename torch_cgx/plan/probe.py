@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from torch_cgx.plan.costs import CodecCosts, Correction, LinkCosts, calibrate
+from torch_cgx.plan.costs import CompressorCosts, Correction, LinkCosts, calibrate
 from torch_cgx.plan.model import (
     Option,
     formula_parts,
@@ -22,7 +22,7 @@ from torch_cgx.plan.model import (
     predict,
     traits_and_size,
 )
-from torch_cgx.plan.planner import MARGIN, Budget, codecs_of, options, score
+from torch_cgx.plan.planner import MARGIN, Budget, compressors_of, options, score
 
 log = logging.getLogger("torch_cgx.plan")
 PROBE_SIZES = (1, 1 << 20)
@@ -53,7 +53,7 @@ PROBE_SECONDS = 0.3
 PROBE_MAX_ROUNDS = 41
 
 
-def probe_link(backend, exact_native, host: CodecCosts, reps: int = 5) -> LinkCosts:
+def probe_link(backend, exact_native, host: CompressorCosts, reps: int = 5) -> LinkCosts:
     """The link as the group's exact allreduce sees it (collective: every rank calls it). The
     small call gives the per-message latency (2 (W - 1) messages); the 4 MiB one the bandwidth
     (2 (W - 1) / W of it on each rank's link, less the summing). Timed as the paths are
@@ -170,16 +170,16 @@ def time_rounds(backend, natives, n: int, rounds: int, sync, seconds=0.0, most=0
     return rotating_rounds(calls, rounds, agree if seconds > 0 else None)
 
 
-def probe_paths(backend, config, link: LinkCosts, host: CodecCosts, budget: Budget, reps=5):
+def probe_paths(backend, config, link: LinkCosts, host: CompressorCosts, budget: Budget, reps=5):
     """Measures, per algorithm path, the group's own calls against the formulas at PATH_SIZES
     (collective; the paths interleaved, time_interleaved): host.paths[path] is the ratio
     measured / predicted, interpolated between the sizes (costs.Correction). SRA is also
-    probed with fp16, whose wire term is 4x max-min 4-bit's and whose codec is cheaper: the two
-    give separate factors for the codec and the wire terms (solve_split), so that settings of
+    probed with fp16, whose wire term is 4x max-min 4-bit's and whose compute is cheaper: the two
+    give separate factors for the compute and the wire terms (solve_split), so that settings of
     another mix are predicted too. Only rank 0 computes (the others take part in the calls)."""
     probes = {"exact": Option(), **probe_options(budget)}
     second = Option("fp16", (), "sra", 0)
-    if "sra" not in probes or ("fp16", {}) not in budget.codecs():
+    if "sra" not in probes or ("fp16", {}) not in budget.allowed():
         second = None
     host.paths = {}  # the predictions below are the bare formulas
     runs = [*probes.items(), *([("sra/fp16", second)] if second else [])]
@@ -203,7 +203,7 @@ def probe_paths(backend, config, link: LinkCosts, host: CodecCosts, budget: Budg
 
 
 def _split_at(i, n, first, second, w, link, host):
-    """(n, codec factor, wire factor) from two settings' times at PATH_SIZES[i], or None."""
+    """(n, compute factor, wire factor) from two settings' times at PATH_SIZES[i], or None."""
     obs = []
     for opt, times in (first, second):
         _, parts, k = formula_parts(opt, n, w, link, host)
@@ -213,8 +213,8 @@ def _split_at(i, n, first, second, w, link, host):
 
 
 def solve_split(obs) -> Optional[Tuple[float, float]]:
-    """Factors (a, b) of the codec and wire terms such that each observation (measured seconds,
-    (codec, wire) of one segment, segments k) is k max(a C, b M) + min(a C, b M) (C + M when
+    """Factors (a, b) of the compute and wire terms such that each observation (measured seconds,
+    (compute, wire) of one segment, segments k) is k max(a C, b M) + min(a C, b M) (C + M when
     k = 1): linear in (a, b) once it is known which stage is the slower, so each of the four
     combinations is solved and checked; None where no consistent, well-conditioned, positive
     solution exists (then the plain ratio serves)."""
@@ -236,22 +236,22 @@ def solve_split(obs) -> Optional[Tuple[float, float]]:
 
 
 def measure(backend, config, budget: Budget):
-    """(link, host costs) of the group (collective): rank 0's codec calibration (None when it
-    fails), the exact allreduce's link probe, and, when the codec is known, the paths' probe.
+    """(link, host costs) of the group (collective): rank 0's compute calibration (None when it
+    fails), the exact allreduce's link probe, and, when the compute is known, the paths' probe.
     Only rank 0's figures are used; the others take part in the calls."""
-    host = CodecCosts()
+    host = CompressorCosts()
     if backend.rank() == 0:
         try:
-            host = calibrate(codecs_of(budget))
+            host = calibrate(compressors_of(budget))
         except Exception as e:  # noqa: BLE001 - a failed calibration must not fail the group
-            log.warning("cgx auto plan: codec calibration failed (%s); compressing nothing", e)
+            log.warning("cgx auto plan: compute calibration failed (%s); compressing nothing", e)
             host = None
     ok = torch.tensor([float(backend.rank() == 0 and host is not None)])
     exact = config.replace(compressor="maxmin", bits=32, compressor_params="").to_native()
     backend.allreduce_with(ok, exact, False).wait()  # every rank learns whether rank 0 has it
-    link = probe_link(backend, exact, host or CodecCosts())
+    link = probe_link(backend, exact, host or CompressorCosts())
     if ok.item() > 0:
-        probe_paths(backend, config, link, host or CodecCosts(), budget)
+        probe_paths(backend, config, link, host or CompressorCosts(), budget)
     return link, host
 
 
@@ -266,20 +266,19 @@ def option_from(d: dict) -> Option:
 
 
 def contested(world, link, host, budget: Budget, size_classes) -> List[Tuple[int, List[Option]]]:
-    """Per size class (up to CONTEST_NUMEL values), the best option of each path (pipelined or
-    not) predicted within CONTEST of the fastest, fastest first (at most CONTEST_MAX), then the
-    budget's first codec (the fewest bits) on those paths where the model prefers another codec
-    there (up to CONTEST_MAX + 1 options in all); where there are two or more (rank 0). The
-    model alone put 8-bit SRA before 4-bit on loopback (W = 2) at 16-256 MiB, where it then ran
-    1.08-1.18x slower: the codec's share of a call is what the probe's two settings split least
-    well."""
-    out, first_codec = [], budget.codecs()[0]
-    default = (first_codec[0], tuple(sorted(first_codec[1].items())))
+    """Per size class (up to CONTEST_NUMEL values), the best option of each path (pipelined or not)
+    predicted within CONTEST of the fastest, fastest first (at most CONTEST_MAX), then the budget's
+    first compressor (the fewest bits) on those paths where the model prefers another compressor
+    there (up to CONTEST_MAX + 1 options in all); where there are two or more (rank 0). The model
+    alone put 8-bit SRA before 4-bit on loopback (W = 2) at 16-256 MiB, where it then ran 1.08-1.18x
+    slower: the compute's share of a call is what the probe's two settings split least well."""
+    out, first_compressor = [], budget.allowed()[0]
+    default = (first_compressor[0], tuple(sorted(first_compressor[1].items())))
     for n in size_classes:
         if n > CONTEST_NUMEL:
             break
         best: Dict[Tuple[str, bool], Tuple[float, Option]] = {}
-        plain: Dict[Tuple[str, bool], Tuple[float, Option]] = {}  # the first codec's
+        plain: Dict[Tuple[str, bool], Tuple[float, Option]] = {}  # the first compressor's
         for o in options(budget, measured=True):
             path = "exact" if o.exact else path_of(o, traits_and_size(o)[0])
             path = (path, not o.exact and pipeline_applies(o, path, n))

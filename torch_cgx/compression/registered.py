@@ -27,15 +27,15 @@ from torch_cgx.compression.base import (
 
 __all__ = ["CGXCompression"]
 
-_CODEC_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_WIRE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def codec_input(tensor, who: str) -> Tuple[torch.Tensor, torch.dtype, bool]:
+def compressor_input(tensor, who: str) -> Tuple[torch.Tensor, torch.dtype, bool]:
     """(flat contiguous tensor the codecs accept, the original dtype, requires_grad)."""
     requires_grad = isinstance(tensor, torch.Tensor) and tensor.requires_grad
     x = check_tensor(tensor, who)
     dtype = x.dtype
-    if dtype not in _CODEC_DTYPES:
+    if dtype not in _WIRE_DTYPES:
         x = x.float()
     return x.contiguous().reshape(-1), dtype, requires_grad
 
@@ -69,14 +69,14 @@ class CGXCompression(CompressionBase):
         return Payload(method, data, tuple(shape), dtype, requires_grad, dict(codec.parameters))
 
     def compress(self, tensor, info=None, allow_inplace=False) -> Payload:
-        x, dtype, requires_grad = codec_input(tensor, type(self).__name__)
+        x, dtype, requires_grad = compressor_input(tensor, type(self).__name__)
         return self.encode(x, dtype, requires_grad, tensor.shape)
 
     def estimate_compression_ratio(self, info) -> float:
         n, dtype = info.descriptor.numel(), info.descriptor.dtype
         if n == 0:
             return 1.0
-        codec_dtype = dtype if dtype in _CODEC_DTYPES else torch.float32
+        codec_dtype = dtype if dtype in _WIRE_DTYPES else torch.float32
         size = self.codec_for(n).encoded_size(n, codec_dtype)
         return size / (n * torch.finfo(dtype).bits / 8)
 
@@ -87,7 +87,7 @@ class CGXCompression(CompressionBase):
 def _extract_codec(payload: Payload) -> torch.Tensor:
     name = payload.method.split("/", 1)[1]
     codec = compressors.get(name, **payload.params)
-    dtype = payload.dtype if payload.dtype in _CODEC_DTYPES else torch.float32
+    dtype = payload.dtype if payload.dtype in _WIRE_DTYPES else torch.float32
     return codec.decode(payload.data, dtype=dtype)
 
 
