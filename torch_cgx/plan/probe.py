@@ -133,7 +133,7 @@ def rotating_rounds(calls, least: int, agree=None) -> List[List[float]]:
     a warm-up round, then ``least`` timed rounds, or ``agree(warm-up seconds)`` of them where
     given (it must return the same count on every rank). Each round runs every call once,
     starting with another each round, so that a pause of the machine hits every call alike,
-    not one call's whole sample. The probe, the contest and bench.plan time through it."""
+    not one call's whole sample. The probe, the contest and benchmarks.plan time through it."""
     times: List[List[float]] = [[] for _ in calls]
     r, total, start = 0, least, time.perf_counter()
     while r <= total:
