@@ -11,9 +11,10 @@ payloads of its chunk, and the owner adds them, decoded, to its own chunk in fp3
 stay exact). Each value is quantized exactly once, so the error of an owned value is at most the
 sum, over the other ranks, of one quantization error of that rank's value (max-min, nearest
 rounding: half a step, (max - min) / (2^bits - 1) / 2, of its bucket); docs/algorithms.md. SUM
-and AVG are served; other ops, and buffers under ``min_numel`` values per chunk, go through the
-group's own exact reduce-scatter. Any group works (Gloo, NCCL, cgx): the payloads are bytes.
-No error feedback (as in ZeRO++): the error of a step is not carried to the next.
+and AVG are served; other ops, and buffers under ``min_size`` values per chunk (``min_numel``,
+the former name, is accepted), go through the group's own exact reduce-scatter. Any group works
+(Gloo, NCCL, cgx): the payloads are bytes. No error feedback (as in ZeRO++): the error of a
+step is not carried to the next.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import torch
 import torch.distributed as dist
 
 from torch_cgx import compressors
+from torch_cgx.hooks import core
+from torch_cgx.hooks.compression import DEFAULT_BITS
 
 __all__ = ["CompressedAllGather", "CompressedReduceScatter", "compress"]
 
@@ -35,27 +38,45 @@ except ImportError:  # pragma: no cover - older torch: usable by hand, not by FS
     _AllGather = _ReduceScatter = object
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+# Chunks under this many values are reduced (or gathered) exactly: a chunk is 1/W of a whole
+# FSDP parameter group's buffer, not one layer, hence not the hooks' 1024 (docs/hooks.md).
+MIN_SIZE = 4096
 
 
-class CompressedReduceScatter(_ReduceScatter):
+class _MinSizeAlias:
+    @property
+    def min_numel(self) -> int:
+        """The former name of :attr:`min_size`."""
+        return self.min_size
+
+
+class CompressedReduceScatter(_MinSizeAlias, _ReduceScatter):
     """A ``ReduceScatter`` for FSDP2 that sends compressed chunks (see the module docstring).
 
     Args:
         compressor: a name of ``torch_cgx.compressors.names()`` (default max-min).
-        min_numel: chunks with fewer values are reduced exactly (default 4096).
-        **params: the compressor's parameters (max-min: ``bits`` default 8, ``bucket_size``).
+        min_size: chunks with fewer values are reduced exactly (default 4096; ``min_numel``,
+            the former name, is accepted).
+        **params: the compressor's parameters (max-min: ``bits`` default 4, as the hooks':
+            docs/hooks.md; ``bucket_size``).
 
     ``calls`` counts the compressed calls, ``bytes_sent`` the bytes this rank sent in all of them
     (exact ones as (W - 1) chunks).
     """
 
-    def __init__(self, compressor: str = "maxmin", min_numel: int = 4096, **params) -> None:
+    def __init__(
+        self,
+        compressor: str = "maxmin",
+        min_size: Optional[int] = None,
+        *,
+        min_numel: Optional[int] = None,
+        **params,
+    ) -> None:
         if compressor == "maxmin":
-            params.setdefault("bits", 8)
+            params.setdefault("bits", DEFAULT_BITS)
         self.codec = compressors.get(compressor, **params)  # ValueError names the problem
-        if isinstance(min_numel, bool) or not isinstance(min_numel, int) or min_numel < 0:
-            raise ValueError(f"min_numel must be an integer >= 0, got {min_numel!r}")
-        self.min_numel, self.calls, self.bytes_sent = min_numel, 0, 0
+        self.min_size = core.check_min_size(min_size, min_numel, "min_numel", MIN_SIZE)
+        self.calls, self.bytes_sent = 0, 0
         self.all_gather: Optional[CompressedAllGather] = None  # set by compress()
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device):
@@ -69,7 +90,7 @@ class CompressedReduceScatter(_ReduceScatter):
                 f"reduce-scatter input has {input_tensor.numel()} values, expected {world} x {n}"
             )
         average = op == dist.ReduceOp.AVG
-        if (op != dist.ReduceOp.SUM and not average) or n < self.min_numel or world == 1:
+        if (op != dist.ReduceOp.SUM and not average) or n < self.min_size or world == 1:
             self.bytes_sent += (world - 1) * n * output_tensor.element_size()
             return dist.reduce_scatter_tensor(
                 output_tensor, input_tensor, op=op, group=group, async_op=async_op
@@ -110,19 +131,27 @@ class CompressedReduceScatter(_ReduceScatter):
         return list(recv.split(incoming.tolist()))
 
 
-class CompressedAllGather(_AllGather):
+class CompressedAllGather(_MinSizeAlias, _AllGather):
     """An ``AllGather`` for FSDP2 that sends each rank's parameter shard block-quantized (max-min,
     ``bits`` per value, ``bucket_size`` values per block): every rank keeps its own shard exact
     and sees the others' within half a step of their block. Opt-in: it changes the weights the
     forward and backward passes see (never the sharded weights the optimizer updates). Shards
-    under ``min_numel`` values or of non-float dtypes are gathered exactly. ``bytes_sent``: what
-    this rank's shard costs the wire, (W - 1) payloads (or exact shards) per call."""
+    under ``min_size`` values (``min_numel``: the former name) or of non-float dtypes are
+    gathered exactly. ``bytes_sent``: what this rank's shard costs the wire, (W - 1) payloads
+    (or exact shards) per call. Its 8 default bits are not the gradients' 4: these are the
+    weights every forward and backward pass sees, with no error feedback over steps."""
 
-    def __init__(self, bits: int = 8, bucket_size: int = 256, min_numel: int = 4096) -> None:
+    def __init__(
+        self,
+        bits: int = 8,
+        bucket_size: int = 256,
+        min_size: Optional[int] = None,
+        *,
+        min_numel: Optional[int] = None,
+    ) -> None:
         self.codec = compressors.get("maxmin", bits=bits, bucket_size=bucket_size)
-        if isinstance(min_numel, bool) or not isinstance(min_numel, int) or min_numel < 0:
-            raise ValueError(f"min_numel must be an integer >= 0, got {min_numel!r}")
-        self.min_numel, self.calls, self.bytes_sent = min_numel, 0, 0
+        self.min_size = core.check_min_size(min_size, min_numel, "min_numel", MIN_SIZE)
+        self.calls, self.bytes_sent = 0, 0
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device):
         return torch.empty(size, dtype=dtype, device=device)
@@ -134,7 +163,7 @@ class CompressedAllGather(_AllGather):
             raise ValueError(
                 f"all-gather output has {output_tensor.numel()} values, expected {world} x {m}"
             )
-        if m < self.min_numel or world == 1 or input_tensor.dtype not in _FLOATS:
+        if m < self.min_size or world == 1 or input_tensor.dtype not in _FLOATS:
             self.bytes_sent += (world - 1) * m * input_tensor.element_size()
             return dist.all_gather_into_tensor(
                 output_tensor, input_tensor, group=group, async_op=async_op
@@ -156,8 +185,10 @@ class CompressedAllGather(_AllGather):
 def compress(
     module: torch.nn.Module,
     compressor: str = "maxmin",
-    min_numel: int = 4096,
+    min_size: Optional[int] = None,
     all_gather_bits: Optional[int] = None,
+    *,
+    min_numel: Optional[int] = None,
     **params,
 ) -> CompressedReduceScatter:
     """Sets a compressed reduce-scatter on every ``fully_shard`` module in ``module``'s tree
@@ -167,9 +198,10 @@ def compress(
     when none is sharded."""
     from torch.distributed.fsdp import FSDPModule
 
-    comm = CompressedReduceScatter(compressor, min_numel, **params)
+    min_size = core.check_min_size(min_size, min_numel, "min_numel", MIN_SIZE)
+    comm = CompressedReduceScatter(compressor, min_size, **params)
     if all_gather_bits is not None:
-        comm.all_gather = CompressedAllGather(all_gather_bits, min_numel=min_numel)
+        comm.all_gather = CompressedAllGather(all_gather_bits, min_size=min_size)
     sharded = [m for m in module.modules() if isinstance(m, FSDPModule)]
     if not sharded:
         raise ValueError("no module in the tree is sharded: call fully_shard first")

@@ -11,12 +11,12 @@ carries it (NoCompression: exact; Float16Compression: ``fp16``; Uniform8BitQuant
 BlockwiseQuantization: max-min with 8 bits; CGXCompression: its compressor). Objects without one
 (ScaledFloat16Compression, Quantile8BitQuantization) raise ValueError here.
 
-Each DDP bucket is split by choice: the gradients with the same codec are concatenated and
-averaged in one call of :func:`torch_cgx.hooks.compression_hook`, with one
-:class:`~torch_cgx.hooks.CompressionState` per codec (error feedback and momentum as there: by
-default on for biased compressors, max-min included; ``error_feedback=False`` turns it off).
-Unlike ``CompressionState`` alone, the policy decides for every parameter, vectors and small
-ones included: there is no ``layer_min_size``.
+Each DDP gradient bucket is split by choice: the gradients with the same compressor are
+concatenated and averaged in one call, as :func:`torch_cgx.hooks.compression_hook` makes it
+(the hook core, torch_cgx/hooks/core.py), with one :class:`~torch_cgx.hooks.CompressionState`
+per compressor (error feedback and momentum as there: by default on for biased compressors,
+max-min included; ``error_feedback=False`` turns it off). Unlike ``CompressionState`` alone, the
+policy decides for every parameter, vectors and small ones included: there is no ``min_size``.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at run time.
@@ -33,8 +33,8 @@ from torch_cgx.compression.base import (
     TensorRole,
     role_name,
 )
-from torch_cgx.hooks._reduce import settled
-from torch_cgx.hooks.compression import CompressionState, compression_hook
+from torch_cgx.hooks import core
+from torch_cgx.hooks.compression import CompressionState, compressed_calls
 
 __all__ = ["PolicyState", "policy_hook", "register_policy"]
 
@@ -49,27 +49,6 @@ class _ChoiceState(CompressionState):
 
     def compresses(self, param: torch.Tensor) -> bool:
         return not self.exact
-
-
-class _SubBucket:
-    """The part of a DDP bucket that one choice covers, seen as a bucket by compression_hook."""
-
-    __slots__ = ("_buffer", "_params", "_index", "_last")
-
-    def __init__(self, buffer, params, index, last) -> None:
-        self._buffer, self._params, self._index, self._last = buffer, params, index, last
-
-    def buffer(self) -> torch.Tensor:
-        return self._buffer
-
-    def parameters(self) -> List[torch.Tensor]:
-        return self._params
-
-    def index(self) -> int:
-        return self._index
-
-    def is_last(self) -> bool:
-        return self._last
 
 
 def _codec_key(choice: CompressionBase) -> Tuple[str, tuple]:
@@ -129,7 +108,7 @@ class PolicyState:
             state = _ChoiceState(self.process_group, "fp16", error_feedback=False, module=module)
         else:
             state = _ChoiceState(self.process_group, name, dict(params), error_feedback,
-                                 layer_min_size=0, module=module)  # fmt: skip
+                                 min_size=0, module=module)  # fmt: skip
         state.exact = key == _EXACT
         return state
 
@@ -166,36 +145,24 @@ class PolicyState:
 
 
 def policy_hook(state: PolicyState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Averages the bucket: the gradients of each choice of the policy in one compressed call."""
-    buf = bucket.buffer()
+    """Averages the gradient bucket: the gradients of each choice of the policy in one
+    compressed call."""
+    grad_bucket = bucket  # DDP's name for the argument; the quantizer's bucket is bucket_size
+    buf = grad_bucket.buffer()
     groups: Dict[CompressionState, List[tuple]] = {}
     offset = 0
-    for p in bucket.parameters():
+    for p in grad_bucket.parameters():
         groups.setdefault(state.state_of(p), []).append((offset, p.numel(), p))
         offset += p.numel()
-    if bucket.is_last():
-        for sub in state.states.values():
-            if sub not in groups:
-                sub.steps += 1  # numbered as if called: its streams stay one per step
-    if len(groups) == 1:
-        (sub,) = groups
-        return compression_hook(sub, bucket)
-    staged = []
+    calls = []
     for sub, spans in groups.items():
-        tensor = torch.cat([buf[o : o + n] for o, n, _ in spans])
-        part = _SubBucket(tensor, [p for _, _, p in spans], bucket.index(), bucket.is_last())
-        staged.append((compression_hook(sub, part), tensor, spans))
-
-    def unstage(fut):
-        settled(fut)
-        for _, tensor, spans in staged:
-            pos = 0
-            for o, n, _ in spans:
-                buf[o : o + n].copy_(tensor[pos : pos + n])
-                pos += n
-        return buf
-
-    return torch.futures.collect_all([f for f, _, _ in staged]).then(unstage)
+        backend = sub._calls.refresh(sub.process_group)
+        comp, exact = ([], spans) if sub.exact else (spans, [])
+        calls += compressed_calls(sub, backend, grad_bucket, buf, comp, exact, len(groups) == 1)
+    if grad_bucket.is_last():
+        for sub in state.states.values():
+            sub.steps += 1  # every choice's streams are numbered one per step, called or not
+    return core.finish(buf, calls)
 
 
 def register_policy(

@@ -15,6 +15,10 @@ Future[Tensor]``) on any group, CGX's layer-wise hook and the hook for any regis
 ``cgx_hook``               state: :class:`CGXState`; CGX's layer-wise max-min (cgx group)
 ``compression_hook``       state: :class:`CompressionState`; any compressor, error feedback
 =========================  ===================================================================
+
+``cgx_hook``, ``compression_hook`` and ``torch_cgx.compression.ddp.policy_hook`` are presets over
+one core (``core.py``: staging, the native call with residuals, unstaging; native options built
+once per version of the group's settings); docs/hooks.md tables their defaults.
 """
 
 from torch_cgx.hooks.cgx import CGXState, cgx_hook

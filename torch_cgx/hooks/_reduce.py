@@ -4,28 +4,18 @@ the caller's thread, so the hooks' collectives keep one order on every rank."""
 
 from __future__ import annotations
 
-import zlib
-from typing import List, Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
-from torch_cgx.backend import cgx_backend, get_config, is_cgx_group
+from torch_cgx.backend import is_cgx_group
+from torch_cgx.hooks import core
+from torch_cgx.hooks.core import settled
 
 
 def group_or_default(group: Optional[dist.ProcessGroup]) -> dist.ProcessGroup:
     return group if group is not None else dist.distributed_c10d._get_default_group()
-
-
-def settled(fut: torch.futures.Future) -> None:
-    """Raises the error of ``fut``, or of any future in a ``collect_all`` future's list. Every
-    ``then`` callback of the hooks calls it first: a callback that never reads its future's value
-    hides a failed collective, and DDP would apply this rank's unreduced gradients."""
-    value = fut.value()
-    if isinstance(value, list):
-        for f in value:
-            if isinstance(f, torch.futures.Future):
-                f.value()
 
 
 def then_value(fut: torch.futures.Future, value):
@@ -38,34 +28,12 @@ def then_value(fut: torch.futures.Future, value):
     return fut.then(back)
 
 
-def bucket_spans(state, bucket) -> Tuple[List[tuple], List[tuple]]:
-    """(offset, numel, param) of the gradients ``state.compresses``, and of the others, in the
-    order of the bucket's buffer."""
-    spans, offset = ([], []), 0
-    for p in bucket.parameters():
-        spans[0 if state.compresses(p) else 1].append((offset, p.numel(), p))
-        offset += p.numel()
-    return spans
-
-
-def call_stream(state, bucket, first) -> int:
-    """The random streams of this step's call for ``bucket``: ``state.steps`` and the bucket's
-    first compressed parameter (``state.key``: its name when known), the same on every rank and
-    after a checkpoint, whatever index DDP gives the bucket."""
-    key = state.key(first)
-    tag = zlib.crc32(key.encode()) if isinstance(key, str) else bucket.index()
-    return (state.steps << 20) ^ (tag & 0xFFFFF)
-
-
-def exact_config(group: Optional[dist.ProcessGroup]):
-    """The native settings of an exact call on the cgx ``group`` (its settings, uncompressed)."""
-    return get_config(group).replace(bits=32, compressor="maxmin", compressor_params="").to_native()
-
-
 def exact_allreduce(group: dist.ProcessGroup, tensor: torch.Tensor) -> torch.futures.Future:
     """Sums ``tensor`` in place over ``group``; the future's value is ``tensor``."""
     if is_cgx_group(group):
-        work = cgx_backend(group).allreduce_with(tensor, exact_config(group), False)
+        calls = core.native_calls(group)
+        backend = calls.refresh(group)
+        work = core.issue(backend, tensor, calls.exact(), average=False)
     else:
         work = dist.all_reduce(tensor, group=group, async_op=True)
     return then_value(work.get_future(), tensor)
@@ -80,10 +48,15 @@ def quantized_allreduce(
         raise ValueError(
             "quantized allreduce (quantize_bits) needs a group created with backend 'cgx'"
         )
-    config = get_config(group).replace(
-        bits=bits, bucket_size=bucket_size, compressor="maxmin", compressor_params=""
+    calls = core.native_calls(group)
+    backend = calls.refresh(group)
+    options = calls.options(
+        ("maxmin", bits, bucket_size),
+        lambda c: c.replace(
+            bits=bits, bucket_size=bucket_size, compressor="maxmin", compressor_params=""
+        ),  # fmt: skip
     )
-    work = cgx_backend(group).allreduce_with(tensor, config.to_native(), False)
+    work = core.issue(backend, tensor, options, average=False)
     return then_value(work.get_future(), tensor)
 
 

@@ -1,0 +1,343 @@
+"""The core every compressing DDP hook runs on; ``cgx_hook``, ``compression_hook`` and
+``policy_hook`` are presets over it (docs/hooks.md has their table of defaults).
+
+One hook call on a gradient bucket (DDP's ``GradBucket``: ``grad_bucket``) goes:
+
+1. **spans**: the bucket's buffer cut into (offset, numel, param) per gradient, split into the
+   ones the state compresses and the ones it reduces exactly (:func:`grad_spans`);
+2. **staging**: each group of spans copied into the tensor one native call reduces, each layer
+   plus its residual (error feedback), padded and rotated where the preset asks; the buffer
+   itself when the call covers all of it with nothing to add (:func:`stage`);
+3. **the native call**: :func:`issue`, the one place a hook calls the backend, with native
+   options built once per version of the group's settings (:class:`NativeCalls`), never per
+   bucket; the backend writes the call's residual (what its compression left out);
+4. **unstaging**: once every call is done, each staged tensor is rotated back and copied into
+   the buffer, and each layer's residual handed to its state (:func:`finish`).
+
+The quantizer's own bucket is ``bucket_size`` everywhere here.
+"""
+
+from __future__ import annotations
+
+import weakref
+import zlib
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from torch_cgx import _C
+from torch_cgx.backend import cgx_backend, get_config
+from torch_cgx.config import CGXConfig
+from torch_cgx.hooks import levers
+
+__all__ = [
+    "NativeCalls",
+    "finish",
+    "grad_spans",
+    "call_stream",
+    "issue",
+    "native_calls",
+    "settled",
+    "stage",
+]
+
+Span = Tuple[int, int, torch.Tensor]  # (offset in the bucket buffer, numel, param)
+
+
+def settled(fut: torch.futures.Future) -> None:
+    """Raises the error of ``fut``, or of any future in a ``collect_all`` future's list. Every
+    ``then`` callback of the hooks calls it first: a callback that never reads its future's value
+    hides a failed collective, and DDP would apply this rank's unreduced gradients."""
+    value = fut.value()
+    if isinstance(value, list):
+        for f in value:
+            if isinstance(f, torch.futures.Future):
+                f.value()
+
+
+def grad_spans(compresses: Callable, grad_bucket) -> Tuple[List[Span], List[Span]]:
+    """(offset, numel, param) of the gradients ``compresses(param)`` accepts, and of the
+    others, in the order of the gradient bucket's buffer."""
+    spans, offset = ([], []), 0
+    for p in grad_bucket.parameters():
+        spans[0 if compresses(p) else 1].append((offset, p.numel(), p))
+        offset += p.numel()
+    return spans
+
+
+def call_stream(state, grad_bucket, first) -> int:
+    """The random streams of this step's call for ``grad_bucket``: ``state.steps`` and the
+    bucket's first compressed parameter (``state.key``: its name when known), the same on every
+    rank and after a checkpoint, whatever index DDP gives the gradient bucket."""
+    key = state.key(first)
+    tag = zlib.crc32(key.encode()) if isinstance(key, str) else grad_bucket.index()
+    return (state.steps << 20) ^ (tag & 0xFFFFF)
+
+
+def _version(backend):
+    """What changes when the group's settings do: ``settings_version()`` where the backend has
+    it, else the native settings a call reads (a few microseconds)."""
+    version = getattr(backend, "settings_version", None)
+    if version is not None:
+        return version()
+    c = backend.config()
+    return (c.bits, c.bucket_size, c.skip_incomplete_buckets, c.minimal_size, c.algorithm,
+            c.fusion_buffer_bytes, c.pipeline_segment_bytes, c.stochastic, c.rotation, c.clip,
+            c.seed, c.compressor, tuple(sorted(c.compressor_params.items())),
+            c.settings_per_call)  # fmt: skip
+
+
+_CALL_OPTIONS = getattr(_C, "CallOptions", None)
+
+
+def _native(config: CGXConfig):
+    """The native options of a call with ``config``: validated and resolved once (the
+    compressor built once) where the extension has ``CallOptions``, else its settings."""
+    native = config.to_native()
+    return native if _CALL_OPTIONS is None else _CALL_OPTIONS(native)
+
+
+class NativeCalls:
+    """The native options of one hook state's calls, built once per version of its group's
+    settings and reused for every gradient bucket. Each hook call starts with
+    :meth:`refresh` (which drops everything built when the group's settings changed, e.g. by
+    ``set_config``); :meth:`options` then builds ``make(group_settings)`` the first time a key
+    is asked for, and returns the same native object until the settings change."""
+
+    __slots__ = ("group", "backend", "builds", "_version", "_cache")
+
+    def __init__(self, group: Optional[dist.ProcessGroup] = None) -> None:
+        self.group, self.backend, self.builds = group, None, 0
+        self._version, self._cache = None, {}
+
+    def refresh(self, group: Optional[dist.ProcessGroup]):
+        """The backend of ``group`` (None: the default group, looked up on every call: it may
+        have been created again); the cache is dropped when the group or its settings changed."""
+        backend = self.backend
+        if backend is None or group is None or group is not self.group:
+            backend = cgx_backend(group)  # ValueError for a group that is not cgx
+            if group is not self.group or backend is not self.backend:
+                self.group, self.backend, self._version = group, backend, None
+        version = _version(backend)
+        if version != self._version:
+            self._version, self._cache = version, {}
+        return backend
+
+    def cached(self, key, build: Callable[[CGXConfig], object]):
+        """``build(group_settings)``, computed once per version of the group's settings."""
+        try:
+            return self._cache[key]
+        except KeyError:
+            pass
+        config = self._cache.get(_SETTINGS)
+        if config is None:
+            config = self._cache[_SETTINGS] = get_config(self.group)
+        value = self._cache[key] = build(config)
+        return value
+
+    def options(self, key, make: Callable[[CGXConfig], CGXConfig]):
+        """The native options of ``make(group_settings)`` for ``key``."""
+
+        def build(config: CGXConfig):
+            self.builds += 1
+            return _native(make(config))
+
+        return self.cached(("options", key), build)
+
+    def exact(self):
+        """An exact call's options on this group (its settings, uncompressed)."""
+        return self.options("exact", _exact)
+
+
+_SETTINGS = object()  # the cache's key of the group's own settings
+
+
+def _exact(config: CGXConfig) -> CGXConfig:
+    return config.replace(bits=32, compressor="maxmin", compressor_params="")
+
+
+def issue(backend, tensor: torch.Tensor, options, stream: int = -1, residual=None,
+          average: bool = True):  # fmt: skip
+    """The one native call of the hooks: averages (or, ``average=False``, sums) ``tensor`` in
+    place over the group with ``options`` (from :class:`NativeCalls`, or a planned
+    ``BackendConfig``), numbering its random streams ``stream`` (-1: the group's call
+    counter); ``residual``, an fp32 tensor of ``tensor``'s size, receives what its compression
+    left out. Returns the Work."""
+    if _CALL_OPTIONS is not None and isinstance(options, _CALL_OPTIONS):
+        if stream != options.stream:
+            options = options.with_stream(stream)
+        return backend.allreduce_call(tensor, options, average, residual)
+    options.stream = stream  # the native call copies its settings when it is issued
+    return backend.allreduce_with(tensor, options, average, residual)
+
+
+def stage(
+    buf: torch.Tensor,
+    spans: List[Span],
+    whole: bool,
+    *,
+    bucket_size: int = 1,
+    split: bool = False,
+    dtype: Optional[torch.dtype] = None,
+    residuals: Optional[Sequence] = None,
+    seeds: Sequence[int] = (),
+) -> levers.Staged:
+    """The tensor one call reduces: ``buf`` itself (residuals added in place) when the call
+    covers all of it (``whole``) in its own dtype, unpadded and unrotated; else a copy of the
+    spans (``levers.stage``: each layer plus its residual, padded to whole buckets when
+    ``split``, rotated with its seed when ``seeds`` are given)."""
+    dtype = buf.dtype if dtype is None else dtype
+    residuals = [None] * len(spans) if residuals is None else residuals
+    alone = not split or len(spans) == 1  # a lone layer cannot straddle two
+    if whole and alone and not seeds and dtype == buf.dtype:
+        for (o, n, _), res in zip(spans, residuals):
+            if res is not None:
+                buf[o : o + n] += res.to(dtype)
+        return levers.Staged(buf, spans, [o for o, _, _ in spans], [n for _, n, _ in spans], [])
+    return levers.stage(buf, spans, bucket_size, split, dtype, residuals, seeds)
+
+
+Keep = Optional[Callable[[torch.Tensor, torch.Tensor], None]]
+
+
+def finish(
+    buf: torch.Tensor,
+    calls: List[Tuple[object, levers.Staged, Keep]],
+    extra: Sequence[torch.futures.Future] = (),
+    after: Optional[Callable[[], None]] = None,
+    bucket_size: int = 1,
+) -> torch.futures.Future:
+    """The hook's future: once every call of ``calls`` (work, staged, keep) and every future of
+    ``extra`` is done, each staged tensor is rotated back into ``buf`` and ``keep(param,
+    residual)`` is told each layer's new residual; then ``after()``; its value is ``buf``."""
+    futures = [work.get_future() for work, _, _ in calls] + list(extra)
+
+    def done(fut):
+        settled(fut)
+        for _, staged, keep in calls:
+            layers = levers.unstage(staged, buf, bucket_size)
+            if keep is not None:
+                for (_, _, p), res in zip(staged.spans, layers):
+                    keep(p, res)
+        if after is not None:
+            after()
+        return buf
+
+    if len(futures) == 1:
+        return futures[0].then(done)
+    return torch.futures.collect_all(futures).then(done)
+
+
+def feedback(staged: levers.Staged) -> levers.Staged:
+    """Gives ``staged`` an fp32 residual of its size for the backend to fill."""
+    staged.residual = torch.empty(staged.tensor.numel(), dtype=torch.float32)
+    return staged
+
+
+# Native options of the helpers that take a group, not a state (exact_allreduce and the
+# quantized allreduce of _reduce.py): one NativeCalls per process group, dropped with it.
+_BY_GROUP: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def native_calls(group: Optional[dist.ProcessGroup]) -> NativeCalls:
+    """The shared :class:`NativeCalls` of ``group`` (None: the default group)."""
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()
+    calls = _BY_GROUP.get(group)
+    if calls is None:
+        calls = _BY_GROUP[group] = NativeCalls(group)
+    return calls
+
+
+def rotation_rule(rotation: Optional[bool], bits: int, bucket_size: int) -> bool:
+    """Whether max-min at ``bits`` rotates: ``rotation`` when given (True with a bucket size
+    that cannot rotate is refused by the caller, as the backend refuses ``rotation="on"``), else
+    the backend's rule for ``rotation="auto"`` (one place: csrc/torch/call_options.cc)."""
+    if rotation is not None:
+        return rotation
+    if _RULES:
+        return _C.rotation_rule("auto", bits, bucket_size, "maxmin")
+    return bits <= 4  # an extension built before the rule existed
+
+
+def clip_rule(clip: Optional[bool], rotates: bool) -> bool:
+    """Whether max-min clips: ``clip`` when given, else the backend's rule (with the rotation)."""
+    if _RULES:
+        return _C.clip_rule("auto" if clip is None else ("on" if clip else "off"), rotates)
+    return rotates if clip is None else clip
+
+
+_RULES = hasattr(_C, "rotation_rule")
+
+
+def check_min_size(min_size, alias, alias_name: str, default: int) -> int:
+    """The minimum size a state was given, under its name or its old one (``alias_name``)."""
+    if alias is not None:
+        if min_size is not None:
+            raise ValueError(f"give min_size or {alias_name}, not both")
+        min_size, name = alias, alias_name
+    else:
+        min_size, name = (default if min_size is None else min_size), "min_size"
+    if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {min_size!r}")
+    return min_size
+
+
+class LayerState:
+    """What the layer-filtering states share: the group, the minimum size, residuals and
+    names. A parameter is compressed when it is a matrix or more (``dim() > 1``: biases and
+    norms stay exact) of at least ``min_size`` values. Residuals are keyed by parameter name
+    (with ``module=``) or identity, never by gradient bucket, so they survive DDP's rebuild of
+    its gradient buckets after the first step."""
+
+    __slots__ = ("process_group", "min_size", "residuals", "steps", "_names", "_calls")
+
+    def _init_layers(self, process_group, min_size: int, module) -> None:
+        self.process_group, self.min_size = process_group, min_size
+        self.residuals: Dict = {}
+        self.steps = 0  # DDP steps seen: numbers the random streams
+        self._names: Dict[int, str] = {}
+        self._calls = NativeCalls(process_group)
+        if module is not None:
+            self._names = {id(p): name for name, p in module.named_parameters()}
+
+    @property
+    def layer_min_size(self) -> int:
+        """CGX's name of :attr:`min_size`."""
+        return self.min_size
+
+    def compresses(self, param: torch.Tensor) -> bool:
+        return param.dim() > 1 and param.numel() >= self.min_size
+
+    def key(self, param: torch.Tensor):
+        return self._names.get(id(param), id(param))
+
+    def attach(self, module: torch.nn.Module, process_group=None) -> None:
+        """After ``__setstate__``: the model whose parameter names key the residuals, and the
+        group (None: the default)."""
+        self._names = {id(p): name for name, p in module.named_parameters()}
+        self.process_group = process_group
+
+    def keep(self, param: torch.Tensor, residual: torch.Tensor) -> None:
+        self.residuals[self.key(param)] = residual
+
+    def residual(self, param: torch.Tensor, numel: int):
+        """The residual kept for ``param``, or None (none yet, or a layer that changed size)."""
+        r = self.residuals.get(self.key(param))
+        return r if r is not None and r.numel() == numel else None
+
+    def _check_keys(self, *tables) -> None:
+        if any(not isinstance(k, str) for table in (self.residuals,) + tables for k in table):
+            raise ValueError(
+                f"{type(self).__name__} keys its residuals by parameter identity, which does not "
+                "survive a restart: create it with module=model to checkpoint them"
+            )
+
+    def _restore_layers(self, state: dict) -> None:
+        # The process group cannot be pickled; it is set again after loading (PyTorch's habit).
+        self.process_group = None
+        self.min_size = state["min_size"] if "min_size" in state else state["layer_min_size"]
+        self.residuals = dict(state.get("residuals", {}))
+        self.steps = state.get("steps", 0)
+        self._names, self._calls = {}, NativeCalls()
