@@ -3,7 +3,7 @@ PY ?= python3
 export MAX_JOBS ?= 2
 
 .PHONY: all deps build core-test py-test test demo bench lint format clean fuzz-build fuzz-short \
-	fuzz-long fuzz-corpus tsan
+	fuzz-long fuzz-corpus tsan settings-doc
 
 all: build
 
@@ -75,6 +75,12 @@ lint:
 format:
 	ruff format torch_cgx cgx_utils benchmarks tests setup.py
 	clang-format -i $$(git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.inc' 'csrc/*.cu')
+
+# docs/settings.md from the settings table (torch_cgx/settings.py; needs the built extension);
+# tests/test_settings.py fails
+# until it is regenerated after a change to the table.
+settings-doc:
+	$(PY) -c "from torch_cgx import settings; print(settings.markdown(), end='')" > docs/settings.md
 
 clean:
 	rm -rf build torch_cgx/*.so .stamp-deps
