@@ -139,6 +139,26 @@ void bind_backend(pybind11::module& m) {
       .def("settings_version", &ProcessGroupCGX::settings_version)
       .def("last_bytes_sent", &ProcessGroupCGX::last_bytes_sent)
       .def("total_bytes_sent", &ProcessGroupCGX::total_bytes_sent)
+      .def(
+          "stats",
+          [](const ProcessGroupCGX& pg) {
+            const StatsSnapshot s = pg.stats();
+            py::dict d;
+            d["bytes_sent"] = s.bytes_sent;
+            d["bytes_exact"] = s.bytes_exact;
+            d["bytes_saved"] = s.bytes_exact - s.bytes_sent;
+            d["calls_compressed"] = s.calls_compressed;
+            d["calls_exact"] = s.calls_exact;
+            d["reduce_scatter_compressed"] = s.reduce_scatter_compressed;
+            d["reduce_scatter_exact"] = s.reduce_scatter_exact;
+            d["codec_seconds"] = s.codec_seconds;
+            d["wire_seconds"] = s.wire_seconds;
+            return d;
+          },
+          "This rank's counters for the group since creation or reset_stats(): bytes sent and "
+          "what exact calls would have sent, calls compressed / exact, seconds in the codec "
+          "(not hidden by the pipeline) and on the wire (csrc/torch/engine_stats.h).")
+      .def("reset_stats", &ProcessGroupCGX::reset_stats)
       .def_static("shutdown_all", &ProcessGroupCGX::shutdown_all);
 
   m.def("_fault_after", &fault_after, py::arg("ops"), py::arg("signal"),

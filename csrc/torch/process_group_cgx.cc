@@ -201,8 +201,16 @@ const Compressor& ProcessGroupCGX::compressor_for(const BackendConfig& c) {
 
 void ProcessGroupCGX::reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average,
                                         float* residual) {
-  if (rotates(c)) return reduce_rotated(t, c, average, residual);
-  reduce_unrotated(t, c, average, residual);
+  CallClock clock(stats_);
+  const int64_t sent0 = total_bytes_sent_;
+  ++stats_.calls_compressed;
+  stats_.bytes_exact += GroupStats::ring_allreduce_bytes(getSize(), 4 * t.numel());
+  if (rotates(c)) {
+    reduce_rotated(t, c, average, residual);
+  } else {
+    reduce_unrotated(t, c, average, residual);
+  }
+  stats_.bytes_sent += total_bytes_sent_ - sent0;
 }
 
 void ProcessGroupCGX::reduce_unrotated(at::Tensor& t, const BackendConfig& c, bool average,
@@ -220,7 +228,8 @@ void ProcessGroupCGX::run_algorithm(const c10::intrusive_ptr<c10d::Backend>& ove
   AllreduceOptions o = to_options(c, average, calls_++);
   if (c.compressor != "maxmin") o.compressor = &compressor_for(c);
   o.residual = residual;
-  C10dTransport transport(over);
+  C10dTransport c10d(over);
+  TimedTransport transport(c10d, stats_.wire_ns);
   algorithm_.run(transport, work.data_ptr(), to_cgx_dtype(work.scalar_type()), work.numel(), o);
   last_bytes_sent_ = int64_t(algorithm_.bytes_sent());
   total_bytes_sent_ += last_bytes_sent_;
@@ -240,8 +249,16 @@ void ProcessGroupCGX::reduce_exact(at::Tensor& t, const c10d::ReduceOp& op) {
   std::vector<at::Tensor> v = {work};
   c10d::AllreduceOptions o;
   o.reduceOp = avg ? c10d::ReduceOp(c10d::ReduceOp::SUM) : op;
+  const auto start = std::chrono::steady_clock::now();
   wire_->allreduce(v, o)->wait();
-  total_bytes_sent_ += 2 * (getSize() - 1) * int64_t(work.nbytes()) / getSize();
+  stats_.wire_ns +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
+  const int64_t sent = GroupStats::ring_allreduce_bytes(getSize(), int64_t(work.nbytes()));
+  total_bytes_sent_ += sent;
+  ++stats_.calls_exact;
+  stats_.bytes_sent += sent;
+  stats_.bytes_exact += sent;
   if (avg) work.div_(getSize());
   if (!work.is_same(t)) t.copy_(work);
 }

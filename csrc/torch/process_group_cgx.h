@@ -26,84 +26,16 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "algorithms/allreduce.h"
+#include "backend_config.h"
 #include "call_settings.h"
 #include "cgx_work.h"
 #include "core/serial_executor.h"
 #include "core/shm_node.h"
+#include "engine_stats.h"
 
 namespace cgx::binding {
 
 class CallOptions;
-
-// Documented with its CGX_* variables in torch_cgx/config.py, validated there (messages naming
-// the variables) and again here (validate_config) for values set from Python directly.
-struct BackendConfig {
-  int bits = 32;  // 32: no compression
-  int64_t bucket_size = 512;
-  bool skip_incomplete_buckets = false;
-  int64_t minimal_size = 16;  // elements; smaller tensors are reduced exactly
-  int64_t fusion_buffer_bytes = int64_t(64) << 20;
-  int64_t pipeline_segment_bytes = int64_t(4) << 20;  // 0: no pipeline
-  bool pipeline_sparse = false;  // set by a plan rule with segments > 1 (AllreduceOptions)
-  int algorithm = 0;             // cgx::Algorithm
-  bool stochastic = false;
-  // Seeded rotation of each bucket before max-min (allreduce only): "off" (the default), "auto"
-  // (at 1-4 bits when bucket_size is a power of two), "on". See ProcessGroupCGX::reduce_rotated.
-  std::string rotation = "off";
-  // Gaussian-optimal range per max-min bucket (CodecParams::clip): "auto" (where the call
-  // rotates), "on", "off".
-  std::string clip = "auto";
-  uint64_t seed = 0;
-  // >= 0: the index of this call's random streams, given by a caller that counts its own calls
-  // (a DDP hook's state: a resumed run then draws what an uninterrupted one would); -1: the
-  // group's call counter.
-  int64_t stream = -1;
-  // A registered compressor (csrc/compressors/list.h); "maxmin" takes bits, bucket_size,
-  // skip_incomplete_buckets and stochastic above, the others their own parameters.
-  std::string compressor = "maxmin";
-  std::map<std::string, double> compressor_params;
-  // Read CGX_COMPRESSION_{QUANTIZATION_BITS,BUCKET_SIZE,SKIP_INCOMPLETE_BUCKETS} again at every
-  // allreduce (call_settings.h); false: once, at group creation.
-  bool settings_per_call = true;
-  // Node-aware allreduce, fixed at group creation (torch_cgx/backend.py builds the Hierarchy):
-  // "auto" (on when several nodes have several ranks), "on", "off"; CGX's communicator types
-  // are validated and recorded (both levels travel over torch's Gloo).
-  std::string hierarchical = "auto";
-  bool intra_broadcast = true;
-  std::string inner_communicator;
-  std::string cross_communicator;
-  std::string intra_compress = "off";  // "off", "fp16", "bf16": see Hierarchy::intra_compress
-  // Set by planned(): the plan chose this call's settings, the same on every rank by
-  // construction, so no per-call agreement is needed.
-  bool planned = false;
-};
-
-// Throws cgx::InvalidArgument (ValueError in Python) naming the first bad field.
-void validate_config(const BackendConfig& c);
-
-// CGX_COMPRESSOR=auto: the plan's rules choose per call; a call no rule covers, or one the plan
-// keeps exact, is forwarded to the inner Gloo backend like any other collective.
-inline constexpr const char* kAutoCompressor = "auto";
-
-// One line of a plan (torch_cgx.plan, CGX_COMPRESSOR=auto): allreduces of up to `max_numel`
-// values (and above the previous rule's) run with these settings; `compressor` empty: exactly.
-struct PlanRule {
-  int64_t max_numel = 0;
-  std::string compressor;  // "" (exact), "maxmin" (bits, bucket_size) or another compressor
-  std::map<std::string, double> params;
-  int bits = 32;
-  int64_t bucket_size = 512;
-  int algorithm = 0;
-  // The pipeline (CaSync): 0 the group's own segment size, 1 none, k > 1: k segments of the
-  // call (sparse paths too: AllreduceOptions::pipeline_sparse).
-  int64_t segments = 0;
-};
-
-// Whether an allreduce with `c` rotates its buckets: rotation_rule (call_options.h) of its fields.
-bool rotates(const BackendConfig& c);
-
-// `c` with the plan's rule for an allreduce of `numel` values applied (unchanged without one).
-BackendConfig planned(const BackendConfig& c, const std::vector<PlanRule>& plan, int64_t numel);
 
 // Node-aware (hierarchical) compressed allreduce, hierarchical.cc: ranks on one node reduce
 // exactly among themselves (`intra`, the node's Gloo group), and only node sums cross nodes,
@@ -195,6 +127,9 @@ class ProcessGroupCGX : public c10d::Backend {
   // Bytes this rank sent in all allreduces it ran itself (compressed, and exact ones counted as a
   // ring allreduce's 2 (W - 1) / W * size), since creation.
   int64_t total_bytes_sent() const { return total_bytes_sent_; }
+  // The group's counters since creation or the last reset_stats (engine_stats.h).
+  StatsSnapshot stats() const { return stats_.snapshot(); }
+  void reset_stats() { stats_.reset(); }
 
   // ---- forwarded to the inner backend ----
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -292,6 +227,7 @@ class ProcessGroupCGX : public c10d::Backend {
   uint64_t rotated_calls_ = 0;  // the rotation's call index (the same on every rank)
   std::atomic<int64_t> last_bytes_sent_{0};
   std::atomic<int64_t> total_bytes_sent_{0};
+  GroupStats stats_;
 
   // Watchdog: posted work not yet started, and since when the worker runs future callbacks.
   std::mutex watch_mu_;
