@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from torch_cgx import compressors
+from torch_cgx import _C, compressors
 from torch_cgx.backend import get_config
 from torch_cgx.config import CGXConfig
 from torch_cgx.hooks import core
@@ -190,14 +190,19 @@ def _apply_momentum(state: CompressionState, buf: torch.Tensor, spans: List[tupl
         part.copy_(u)
 
 
-def _planned(backend, config, numel: int):
-    """The group plan's settings for a call of ``numel`` values (csrc/torch/plan_rules.cc)."""
+def _planned(state: CompressionState, backend, numel: int) -> _C.CallOptions:
+    """The options the group's plan gives a call of ``numel`` values (csrc/torch/plan_rules.cc),
+    built once per size and version of the group's settings and plan."""
     if not backend.plan():
         raise ValueError(
             "CompressionState(plan='auto') needs a planned group: create it with "
             "CGX_COMPRESSOR=auto or call torch_cgx.set_config(compressor='auto') first"
         )
-    return backend.planned_config(config, numel)
+
+    def build(group: CGXConfig) -> _C.CallOptions:
+        return _C.CallOptions(backend.planned_config(state.settings(group).to_native(), numel))
+
+    return state._calls.cached(("plan", numel), build)
 
 
 def compressed_calls(state: CompressionState, backend, grad_bucket, buf, comp, exact, whole):
@@ -215,9 +220,7 @@ def compressed_calls(state: CompressionState, backend, grad_bucket, buf, comp, e
             core.feedback(staged)
         stream = core.call_stream(state, grad_bucket, comp[0][2])
         if state.plan == "auto":
-            base = state._calls.cached("plan", lambda group: state.settings(group).to_native())
-            base.stream = stream
-            options = _planned(backend, base, staged.tensor.numel())
+            options = _planned(state, backend, staged.tensor.numel())
         else:
             options = state._calls.options("compressed", state.settings)
         work = core.issue(backend, staged.tensor, options, stream, staged.residual)

@@ -75,27 +75,10 @@ def call_stream(state, grad_bucket, first) -> int:
     return (state.steps << 20) ^ (tag & 0xFFFFF)
 
 
-def _version(backend):
-    """What changes when the group's settings do: ``settings_version()`` where the backend has
-    it, else the native settings a call reads (a few microseconds)."""
-    version = getattr(backend, "settings_version", None)
-    if version is not None:
-        return version()
-    c = backend.config()
-    return (c.bits, c.bucket_size, c.skip_incomplete_buckets, c.minimal_size, c.algorithm,
-            c.fusion_buffer_bytes, c.pipeline_segment_bytes, c.stochastic, c.rotation, c.clip,
-            c.seed, c.compressor, tuple(sorted(c.compressor_params.items())),
-            c.settings_per_call)  # fmt: skip
-
-
-_CALL_OPTIONS = getattr(_C, "CallOptions", None)
-
-
-def _native(config: CGXConfig):
-    """The native options of a call with ``config``: validated and resolved once (the
-    compressor built once) where the extension has ``CallOptions``, else its settings."""
-    native = config.to_native()
-    return native if _CALL_OPTIONS is None else _CALL_OPTIONS(native)
+def _native(config: CGXConfig) -> _C.CallOptions:
+    """The native options of a call with ``config``: validated and resolved once, the
+    compressor built once (copies share it)."""
+    return _C.CallOptions(config.to_native())
 
 
 class NativeCalls:
@@ -119,7 +102,7 @@ class NativeCalls:
             backend = cgx_backend(group)  # ValueError for a group that is not cgx
             if group is not self.group or backend is not self.backend:
                 self.group, self.backend, self._version = group, backend, None
-        version = _version(backend)
+        version = backend.settings_version()  # moves with set_config and set_plan
         if version != self._version:
             self._version, self._cache = version, {}
         return backend
@@ -157,19 +140,15 @@ def _exact(config: CGXConfig) -> CGXConfig:
     return config.replace(bits=32, compressor="maxmin", compressor_params="")
 
 
-def issue(backend, tensor: torch.Tensor, options, stream: int = -1, residual=None,
-          average: bool = True):  # fmt: skip
+def issue(backend, tensor: torch.Tensor, options: _C.CallOptions, stream: int = -1,
+          residual=None, average: bool = True):  # fmt: skip
     """The one native call of the hooks: averages (or, ``average=False``, sums) ``tensor`` in
-    place over the group with ``options`` (from :class:`NativeCalls`, or a planned
-    ``BackendConfig``), numbering its random streams ``stream`` (-1: the group's call
-    counter); ``residual``, an fp32 tensor of ``tensor``'s size, receives what its compression
-    left out. Returns the Work."""
-    if _CALL_OPTIONS is not None and isinstance(options, _CALL_OPTIONS):
-        if stream != options.stream:
-            options = options.with_stream(stream)
-        return backend.allreduce_call(tensor, options, average, residual)
-    options.stream = stream  # the native call copies its settings when it is issued
-    return backend.allreduce_with(tensor, options, average, residual)
+    place over the group with ``options`` (from :class:`NativeCalls`), numbering its random
+    streams ``stream`` (-1: the group's call counter); ``residual``, an fp32 tensor of
+    ``tensor``'s size, receives what its compression left out. Returns the Work."""
+    if stream != options.stream:
+        options = options.with_stream(stream)  # a cheap copy: the compressor is shared
+    return backend.allreduce_call(tensor, options, average, residual)
 
 
 def stage(
@@ -256,19 +235,12 @@ def rotation_rule(rotation: Optional[bool], bits: int, bucket_size: int) -> bool
     the backend's rule for ``rotation="auto"`` (one place: csrc/torch/call_options.cc)."""
     if rotation is not None:
         return rotation
-    if _RULES:
-        return _C.rotation_rule("auto", bits, bucket_size, "maxmin")
-    return bits <= 4  # an extension built before the rule existed
+    return _C.rotation_rule("auto", bits, bucket_size, "maxmin")
 
 
 def clip_rule(clip: Optional[bool], rotates: bool) -> bool:
     """Whether max-min clips: ``clip`` when given, else the backend's rule (with the rotation)."""
-    if _RULES:
-        return _C.clip_rule("auto" if clip is None else ("on" if clip else "off"), rotates)
-    return rotates if clip is None else clip
-
-
-_RULES = hasattr(_C, "rotation_rule")
+    return _C.clip_rule("auto" if clip is None else ("on" if clip else "off"), rotates)
 
 
 def check_min_size(min_size, alias, alias_name: str, default: int) -> int:
