@@ -14,6 +14,7 @@ from torch_cgx import backend as _backend
 from torch_cgx import settings as _settings
 from torch_cgx.backend import cgx_backend, get_config, is_cgx_group, set_config
 from torch_cgx.config import CGXConfig, Options
+from torch_cgx.counters import Stats, reset_stats, stats
 from torch_cgx.hooks import CGXState, CompressionState, cgx_hook, compression_hook
 from torch_cgx.launch import apply_launcher_env
 from torch_cgx.version import __version__
@@ -23,13 +24,16 @@ __all__ = [
     "CGXState",
     "CompressionState",
     "Options",
+    "Stats",
     "__version__",
     "cgx_backend",
     "cgx_hook",
     "compression_hook",
     "get_config",
     "is_cgx_group",
+    "reset_stats",
     "set_config",
+    "stats",
 ]
 
 apply_launcher_env()
