@@ -45,7 +45,7 @@ class _Bucket:
     def __init__(self, state: PowerSGDState, bucket: dist.GradBucket) -> None:
         self.buffer = bucket.buffer()
         self.grads = bucket.gradients()
-        self.keys = tuple(state.key(p) for p in bucket.parameters())
+        self.keys = state.bucket_keys(bucket)
         self.future = torch.futures.Future()
 
 

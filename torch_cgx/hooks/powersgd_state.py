@@ -7,12 +7,21 @@ restored state no longer fits (a size mismatch). Here they are keyed by paramete
 ``module=`` or call :meth:`attach`), by parameter identity otherwise. ``torch.save(state)``
 writes plain numbers, strings, lists, dicts and tensors (the seed generator's state as a tensor),
 so ``torch.load(..., weights_only=True)`` reads it back.
+
+Without a module, identities mean nothing in another process, so the state is saved as torch
+saves its own: by place in DDP's gradient buckets, each parameter's memory under
+``".bucket.<index>.<position>"`` in the last gradient buckets the hook saw (no parameter name
+starts with a dot). After loading, the first time the hook sees gradient bucket ``index`` with
+the parameter shapes it had when saved, its memory is bound to that bucket's parameters.
+torch's caveat applies: the resumed DDP must form the same gradient buckets (same model,
+``bucket_cap_mb`` and gradient-ready order), or memory lands on another parameter of the same
+shape. Give ``module=`` (or call :meth:`attach`) to be free of the buckets.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -58,7 +67,7 @@ class PowerSGDState:
 
     __slots__ = _CONFIG + _COUNTERS + (
         "process_group", "rng", "error_dict", "q_memory_dict", "seen_buckets", "_names",
-        "_pending",
+        "_pending", "_buckets", "_saved_buckets",
     )  # fmt: skip
 
     def __init__(
@@ -122,6 +131,10 @@ class PowerSGDState:
         self.next_stats_report = 0
         self._names: Dict[int, str] = {}
         self._pending: List = []
+        # bucket index -> (keys, shapes) of its parameters, as the hook last saw it; and, in a
+        # state loaded without names, the shapes of the saved buckets not bound yet.
+        self._buckets: Dict[int, Tuple[tuple, tuple]] = {}
+        self._saved_buckets: Dict[int, tuple] = {}
         if module is not None:
             self.attach(module, process_group)
 
@@ -133,6 +146,34 @@ class PowerSGDState:
 
     def key(self, param: torch.Tensor):
         return self._names.get(id(param), id(param))
+
+    def bucket_keys(self, bucket: dist.GradBucket) -> tuple:
+        """The keys of ``bucket``'s parameters; remembers the bucket's layout (for saving) and
+        binds saved memory of this bucket index to them (see the module docstring)."""
+        params = bucket.parameters()
+        keys = tuple(self.key(p) for p in params)
+        shapes = tuple(tuple(p.shape) for p in params)
+        index = bucket.index()
+        if index == 0:  # a new step (DDP hands the buckets over in index order): a new layout
+            self._buckets = {}
+        self._buckets[index] = (keys, shapes)
+        if self._saved_buckets.get(index) == shapes:
+            del self._saved_buckets[index]
+            self._rename({_place(index, j): k for j, k in enumerate(keys)})
+        return keys
+
+    def _rename(self, names: Dict[Any, Any]) -> None:
+        """Renames memory keys (and the parts of tuple keys: the batched hook's, the bucket
+        signatures) by ``names``."""
+
+        def new(key):
+            if isinstance(key, tuple):
+                return tuple(names.get(k, k) for k in key)
+            return names.get(key, key)
+
+        self.error_dict = {new(k): v for k, v in self.error_dict.items()}
+        self.q_memory_dict = {new(k): v for k, v in self.q_memory_dict.items()}
+        self.seen_buckets = {new(sig) for sig in self.seen_buckets}
 
     def maybe_increase_iter(self, bucket: dist.GradBucket) -> None:
         """Counts a step when the last bucket of an iteration is reduced (torch's rule)."""
@@ -155,15 +196,35 @@ class PowerSGDState:
             )  # fmt: skip
             self.next_stats_report = self.iter + self.compression_stats_logging_frequency
 
-    def __getstate__(self) -> Dict[str, Any]:
-        keys = list(self.error_dict) + list(self.q_memory_dict) + list(self.seen_buckets)
-        keys = [k for key in keys for k in (key if isinstance(key, tuple) else (key,))]
-        if any(not isinstance(k, str) for k in keys):
-            raise ValueError(
-                "PowerSGDState keys its memory by parameter identity, which does not survive a "
-                "restart: create it with module=model (or call state.attach(model)) to "
-                "checkpoint it"
+    def _places(self) -> Tuple[Dict[Any, str], Dict[int, list]]:
+        """For saving: (identity key -> its place in the buckets, bucket index -> the shapes of
+        its parameters) for every bucket whose memory is saved by place."""
+        places, shapes = {}, {i: [list(s) for s in sh] for i, sh in self._saved_buckets.items()}
+        for index, (keys, bucket_shapes) in self._buckets.items():
+            if all(isinstance(k, str) for k in keys):
+                continue
+            shapes[index] = [list(s) for s in bucket_shapes]
+            places.update(
+                {k: _place(index, j) for j, k in enumerate(keys) if not isinstance(k, str)}
             )
+        return places, shapes
+
+    def __getstate__(self) -> Dict[str, Any]:
+        places, shapes = self._places()
+
+        def saved(key):  # a name, a place, or a tuple of them (the batched hook's keys)
+            if isinstance(key, tuple):
+                return tuple(saved(k) for k in key)
+            if isinstance(key, str):  # a parameter name, or a place not bound yet
+                return key
+            if key not in places:
+                raise ValueError(
+                    "PowerSGDState holds memory of a parameter in none of the buckets it saw "
+                    "last: create it with module=model (or call state.attach(model)) to "
+                    "checkpoint it"
+                )
+            return places[key]
+
         _, keys_, pos, has_gauss, gauss = self.rng.get_state()
         state = {name: getattr(self, name) for name in _CONFIG + _COUNTERS}
         state.update(
@@ -173,9 +234,10 @@ class PowerSGDState:
                 "has_gauss": int(has_gauss),
                 "gauss": float(gauss),
             },  # fmt: skip
-            error_dict={k: v.clone() for k, v in self.error_dict.items()},
-            q_memory_dict={k: v.clone() for k, v in self.q_memory_dict.items()},
-            seen_buckets=sorted(list(sig) for sig in self.seen_buckets),
+            error_dict={saved(k): v.clone() for k, v in self.error_dict.items()},
+            q_memory_dict={saved(k): v.clone() for k, v in self.q_memory_dict.items()},
+            seen_buckets=sorted(list(saved(sig)) for sig in self.seen_buckets),
+            bucket_shapes=shapes,
         )
         return state
 
@@ -192,7 +254,16 @@ class PowerSGDState:
         self.q_memory_dict = dict(state["q_memory_dict"])
         self.seen_buckets = {tuple(sig) for sig in state["seen_buckets"]}
         self.process_group = None  # set it again (attach), as for torch's states
-        self._names, self._pending = {}, []
+        self._names, self._pending, self._buckets = {}, [], {}
+        # Saved by an older version: no places.
+        shapes = state.get("bucket_shapes", {})
+        self._saved_buckets = {int(i): tuple(tuple(s) for s in sh) for i, sh in shapes.items()}
+
+
+def _place(index: int, position: int) -> str:
+    """The key of a parameter's memory saved by place: a parameter name never starts with a
+    dot (``register_parameter`` and ``add_module`` refuse dots and empty names)."""
+    return f".bucket.{index}.{position}"
 
 
 # torch.load(weights_only=True), torch's default, accepts the state (plain data and tensors).
