@@ -10,19 +10,22 @@ reached). The hooks are called directly with bucket objects that answer DDP's ``
 methods, so the timer sees the hook and nothing of DDP.
 
 How the hook's own time is separated from the collective's: every module that imported
-``cgx_backend`` gets a proxy for the group's backend. The proxy issues the real collective
-(``allreduce_with`` / ``allreduce_call``: validation, the queue, the worker, the codec, the wire)
-but hands the hook a future of its own. Per bucket call:
+``cgx_backend`` gets a proxy for the group's backend. The proxy takes note of each native call
+(``allreduce_with`` / ``allreduce_call``) and hands the hook a future of its own; the timer
+issues the noted calls itself once the hook has returned, one after the other, so the worker
+never runs while the hook does (on a machine with few cores it would otherwise slow the hook
+down by running the collective beside it). Per bucket call:
 
-- issue: from the hook's call until it returns its future (staging, settings, the native
-  call's validation and enqueueing);
+- issue: the hook's call until it returns its future (staging, settings) plus the native calls'
+  own issuing (validation, enqueueing), timed one by one;
 - collective + codec: from then until the real collectives are done (the worker's time);
 - callback: the proxy's futures are completed on this thread, which runs the hook's callbacks
   (unstaging, residuals) then and there.
 
-own = issue + callback. The proxy's Python layer adds about 1 us a call to both. Printed: the
-median over ``--steps`` steps (after ``--warmup``) per bucket call, the same on both ranks (rank
-0's figures shown, with the maximum over the ranks of each median).
+own = issue + callback, on the wall clock; "own cpu": the same in this thread's CPU time
+(``time.thread_time``), which a machine shared with other work inflates less (time waiting for
+a core is not counted). The proxy's Python layer adds about 1 us a call. Printed: medians over
+``--steps`` steps (after ``--warmup``) per bucket call, the maximum over the two ranks.
 """
 
 from __future__ import annotations
@@ -90,25 +93,28 @@ def grad_buckets(model: torch.nn.Module, cap_mb: float) -> List[_Bucket]:
 
 
 class _Timed:
-    """A stand-in for the native backend: real collectives, futures completed by the timer."""
+    """A stand-in for the native backend: notes the hooks' native calls for the timer to issue,
+    and hands out futures the timer completes."""
 
     def __init__(self, real) -> None:
         self._real = real
-        self.pending = []  # (real work, our future, the tensor it returns)
+        self.noted = []  # (issue the real call, our future, the tensor it returns)
 
     def __getattr__(self, name):
         return getattr(self._real, name)
 
-    def _issue(self, work, tensor):
+    def _note(self, call, tensor):
         fut = torch.futures.Future()
-        self.pending.append((work, fut, tensor))
+        self.noted.append((call, fut, tensor))
         return _Work(fut)
 
     def allreduce_with(self, tensor, config, average, residual=None):
-        return self._issue(self._real.allreduce_with(tensor, config, average, residual), tensor)
+        call = lambda: self._real.allreduce_with(tensor, config, average, residual)  # noqa: E731
+        return self._note(call, tensor)
 
     def allreduce_call(self, tensor, options, average, residual=None):
-        return self._issue(self._real.allreduce_call(tensor, options, average, residual), tensor)
+        call = lambda: self._real.allreduce_call(tensor, options, average, residual)  # noqa: E731
+        return self._note(call, tensor)
 
 
 class _Work:
@@ -167,21 +173,26 @@ def _hooks(model: torch.nn.Module) -> Dict[str, Callable[[], tuple]]:
 
 
 def _step(proxy: _Timed, state, hook, buckets) -> List[tuple]:
-    """One step over every bucket; (issue, collective, callback) seconds per bucket call."""
+    """One step over every bucket; per bucket call, seconds of (issue, collective, callback)
+    on the wall clock, then (issue, callback) in this thread's CPU time."""
     out = []
+    wall, cpu = time.perf_counter, time.thread_time
     for bucket in buckets:
-        t0 = time.perf_counter()
+        w0, c0 = wall(), cpu()
         fut = hook(state, bucket)
-        t1 = time.perf_counter()
-        for work, _, _ in proxy.pending:
+        works = []
+        for call, _, _ in proxy.noted:
+            works.append(call())
+        w1, c1 = wall(), cpu()
+        for work in works:
             work.wait()
-        t2 = time.perf_counter()
-        for _, ours, tensor in proxy.pending:
+        w2, c2 = wall(), cpu()
+        for _, ours, tensor in proxy.noted:
             ours.set_result([tensor])
         fut.wait()
-        t3 = time.perf_counter()
-        proxy.pending.clear()
-        out.append((t1 - t0, t2 - t1, t3 - t2))
+        w3, c3 = wall(), cpu()
+        proxy.noted.clear()
+        out.append((w1 - w0, w2 - w1, w3 - w2, c1 - c0, c3 - c2))
     return out
 
 
@@ -206,7 +217,7 @@ def _rank(rank: int, world: int, port: int, args, queue) -> None:
             times = _step(proxy, state, hook, buckets)
             if step >= args.warmup:
                 samples += times
-        rows[name] = [statistics.median(s[i] for s in samples) * 1e3 for i in range(3)]
+        rows[name] = [statistics.median(s[i] for s in samples) * 1e3 for i in range(5)]
     dist.barrier()
     queue.put((rank, rows, [b.buffer().numel() for b in buckets]))
     dist.destroy_process_group()
@@ -237,10 +248,14 @@ def main(argv=None) -> None:
     print(f"2 ranks, loopback; {args.layers} x (Linear({args.width}, {args.width}) + LayerNorm); "
           f"bucket cap {args.bucket_cap_mb:g} MiB; median of {args.steps} steps per bucket call; "
           f"gradient buckets of {sizes} values; ms (max over ranks)")  # fmt: skip
-    print(f"{'hook':28s} {'own':>8s} {'issue':>8s} {'callback':>9s} {'coll+codec':>11s}")
+    print(f"{'hook':28s} {'own':>7s} {'issue':>7s} {'callback':>8s} {'own cpu':>8s} "
+          f"{'coll+codec':>10s}")  # fmt: skip
     for name in results[0]:
-        issue, coll, back = (max(results[r][name][i] for r in results) for i in range(3))
-        print(f"{name:28s} {issue + back:8.3f} {issue:8.3f} {back:9.3f} {coll:11.3f}")
+        issue, coll, back, issue_cpu, back_cpu = (
+            max(results[r][name][i] for r in results) for i in range(5)
+        )
+        print(f"{name:28s} {issue + back:7.3f} {issue:7.3f} {back:8.3f} "
+              f"{issue_cpu + back_cpu:8.3f} {coll:10.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":

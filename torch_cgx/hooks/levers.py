@@ -82,11 +82,14 @@ def stage(
         rotations = [(0, padded(pos, bucket, True), seeds[0])]
     end = max([pos] + [st + sz for st, sz, _ in rotations])
     out = torch.empty(end, dtype=dtype)
-    for (o, n, _), start, size, res in zip(spans, starts, sizes, residuals):
-        part = out[start : start + n]
-        part.copy_(buf[o : o + n])
-        if res is not None:
-            part += res.to(dtype)
+    # One foreach call per step instead of one copy per layer: per-op dispatch, not bytes,
+    # is most of a hook's own time on small layers.
+    parts = [out.narrow(0, start, n) for (_, n, _), start in zip(spans, starts)]
+    torch._foreach_copy_(parts, [buf.narrow(0, o, n) for o, n, _ in spans])
+    fed = [(part, res.to(dtype)) for part, res in zip(parts, residuals) if res is not None]
+    if fed:
+        torch._foreach_add_([part for part, _ in fed], [res for _, res in fed])
+    for (_, n, _), start, size, part in zip(spans, starts, sizes, parts):
         if size > n:  # copies of the last value: the last bucket's min and max stay the same
             out[start + n : start + size].copy_(part[n - 1 : n].expand(size - n))
     if end > pos:  # the last value sent (with its residual)
@@ -104,13 +107,15 @@ def unstage(staged: Staged, buf: torch.Tensor, bucket: int) -> List[torch.Tensor
         _C.rotate_(out[start : start + size], bucket, seed, False)
         if res is not None:  # R^T (R x - Q(R x)) = x - R^T Q(R x): the error where x lives
             _C.rotate_(res[start : start + size], bucket, seed, False)
-    layers = []
-    for (o, n, _), start in zip(staged.spans, staged.starts):
-        if out is not buf:
-            buf[o : o + n].copy_(out[start : start + n])
-        if res is not None:
-            layers.append(res[start : start + n])
-    return layers
+    spans, starts = staged.spans, staged.starts
+    if out is not buf:
+        torch._foreach_copy_(
+            [buf.narrow(0, o, n) for o, n, _ in spans],
+            [out.narrow(0, start, n) for (_, n, _), start in zip(spans, starts)],
+        )
+    if res is None:
+        return []
+    return [res.narrow(0, start, n) for (_, n, _), start in zip(spans, starts)]
 
 
 def range_energy(tensor: torch.Tensor, start: int, size: int, bucket: int) -> float:
