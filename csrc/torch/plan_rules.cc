@@ -1,9 +1,7 @@
 // The plan's size rules (torch_cgx/plan/auto.py computes them; CGX_COMPRESSOR=auto).
 #include <vector>
 
-#include "compressors/registry.h"
-#include "core/error.h"
-#include "process_group_cgx.h"
+#include "backend_config.h"
 
 namespace cgx::binding {
 
@@ -25,28 +23,6 @@ BackendConfig planned(const BackendConfig& c, const std::vector<PlanRule>& plan,
     return out;
   }
   return c;
-}
-
-void ProcessGroupCGX::set_plan(const std::vector<PlanRule>& plan) {
-  int64_t last = -1;
-  for (const PlanRule& r : plan) {
-    CGX_CHECK_ARG(r.max_numel > last, "plan rules must have increasing max_numel, got ",
-                  r.max_numel, " after ", last);
-    last = r.max_numel;
-    CGX_CHECK_ARG(r.segments >= 0 && r.segments <= 4096,
-                  "plan rule segments must be in [0, 4096], got ", r.segments);
-    validate_config(planned(BackendConfig{}, {r}, 0));
-    // An unknown compressor or parameter raises here, not in an allreduce.
-    if (!r.compressor.empty() && r.compressor != "maxmin") make_compressor(r.compressor, r.params);
-  }
-  std::lock_guard<std::mutex> lk(config_mu_);
-  plan_ = plan;
-  ++settings_version_;
-}
-
-std::vector<PlanRule> ProcessGroupCGX::plan() const {
-  std::lock_guard<std::mutex> lk(config_mu_);
-  return plan_;
 }
 
 }  // namespace cgx::binding

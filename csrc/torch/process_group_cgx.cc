@@ -28,9 +28,9 @@ ProcessGroupCGX::ProcessGroupCGX(int rank, int size, c10::intrusive_ptr<c10d::Ba
       inner_(std::move(inner)),
       wire_(std::move(wire)),
       store_(std::move(store)),
-      config_((validate_config(config), config)),
+      settings_(config),
       timeout_(timeout),
-      watchdog_([this] { watchdog_loop(); }) {
+      worker_(timeout) {
   std::lock_guard<std::mutex> lk(g_live_mu);
   g_live.insert(this);
 }
@@ -48,14 +48,7 @@ void ProcessGroupCGX::stop_threads() {
   // what is queued (Python callbacks, releasing tensors that have a Python object): join
   // without it.
   auto stop = [this] {
-    stopped_ = true;
     worker_.stop();
-    {
-      std::lock_guard<std::mutex> lk(watch_mu_);
-      watch_stop_ = true;
-    }
-    watch_cv_.notify_all();
-    if (watchdog_.joinable()) watchdog_.join();
     // Gloo's threads go too, now: they may free the last reference to a tensor with a Python
     // object, which needs the GIL, and at interpreter exit a thread that asks for it is killed.
     inner_.reset();
@@ -80,111 +73,15 @@ void ProcessGroupCGX::shutdown_all() {
 }
 
 const c10::intrusive_ptr<c10d::Backend>& ProcessGroupCGX::inner() const {
-  TORCH_CHECK(!stopped_ && inner_, "cgx: the group has stopped (the process is exiting)");
+  TORCH_CHECK(!worker_.stopped() && inner_, "cgx: the group has stopped (the process is exiting)");
   return inner_;
 }
 
 void ProcessGroupCGX::setTimeout(std::chrono::milliseconds timeout) {
   inner()->setTimeout(timeout);
   if (wire_) wire_->setTimeout(timeout);
-  std::lock_guard<std::mutex> lk(watch_mu_);
+  worker_.set_timeout(timeout);
   timeout_ = timeout;
-}
-
-BackendConfig ProcessGroupCGX::call_config(int64_t numel) {
-  std::lock_guard<std::mutex> lk(config_mu_);
-  if (config_.settings_per_call && call_settings_.refresh(config_)) ++settings_version_;
-  return numel < 0 ? config_ : planned(config_, plan_, numel);
-}
-
-BackendConfig ProcessGroupCGX::config() const {
-  std::lock_guard<std::mutex> lk(config_mu_);
-  return config_;
-}
-
-void ProcessGroupCGX::set_config(const BackendConfig& config) {
-  validate_config(config);
-  std::lock_guard<std::mutex> lk(config_mu_);
-  config_ = config;
-  ++settings_version_;
-}
-
-// ---- worker ---------------------------------------------------------------------------------
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::enqueue(std::vector<at::Tensor> outputs,
-                                                        c10d::OpType type,
-                                                        std::function<void()> fn) {
-  TORCH_CHECK(!stopped_, "cgx: the group's worker has stopped (the process is exiting)");
-  auto work = c10::make_intrusive<CGXWork>(getRank(), type, std::move(outputs), &worker_);
-  auto task = [this, work, fn = std::move(fn)]() mutable {
-    if (!work->start()) return;  // cancelled by the watchdog
-    work->execute(std::move(fn));
-    run_callbacks(*work);
-  };
-  if (worker_.on_executor_thread()) {
-    task();  // issued from a callback of this group's work: now, in place (see the header)
-    return work;
-  }
-  {
-    std::lock_guard<std::mutex> lk(watch_mu_);
-    prune_pending();
-    pending_.push_back(Pending{c10::weak_intrusive_ptr<CGXWork>(work), work->done_flag()});
-  }
-  worker_.post(std::move(task));
-  return work;
-}
-
-void ProcessGroupCGX::prune_pending() {
-  while (!pending_.empty() && pending_.front().done->load()) pending_.pop_front();
-}
-
-void ProcessGroupCGX::run_callbacks(CGXWork& work) {
-  const bool outermost = callback_depth_++ == 0;
-  if (outermost) {
-    std::lock_guard<std::mutex> lk(watch_mu_);
-    callbacks_since_ = std::chrono::steady_clock::now();
-  }
-  work.publish();
-  if (outermost) {
-    std::lock_guard<std::mutex> lk(watch_mu_);
-    callbacks_since_ = std::chrono::steady_clock::time_point::max();
-  }
-  --callback_depth_;
-}
-
-// Fails the queued work when a future callback has held the worker for longer than the timeout.
-void ProcessGroupCGX::watchdog_loop() {
-  std::unique_lock<std::mutex> lk(watch_mu_);
-  while (!watch_stop_) {
-    watch_cv_.wait_for(lk, std::chrono::milliseconds(200));
-    prune_pending();
-    const auto since = callbacks_since_;
-    if (watch_stop_ || pending_.empty() || since == std::chrono::steady_clock::time_point::max() ||
-        std::chrono::steady_clock::now() - since < timeout_) {
-      continue;
-    }
-    std::deque<Pending> victims;
-    victims.swap(pending_);
-    const auto ms = timeout_.count();
-    lk.unlock();
-    std::exception_ptr error;
-    try {
-      C10_THROW_ERROR(DistBackendError,
-                      "cgx: a future callback has blocked the group's worker for more than the "
-                      "timeout (" +
-                          std::to_string(ms) +
-                          " ms) while this operation waited behind it; it was cancelled. A "
-                          "callback may wait for collectives it issues itself, or call "
-                          "Work.wait(); Future.wait() on work issued after it never returns");
-    } catch (...) {
-      error = std::current_exception();
-    }
-    for (auto& v : victims) {
-      if (auto w = v.work.lock()) w->cancel(error);
-    }
-    victims.clear();
-    lk.lock();
-  }
 }
 
 // The worker's compressor for `c`, made again only when the settings change (not per call).

@@ -1,27 +1,17 @@
-// The `cgx` c10d backend. Every allreduce runs on the group's worker thread (one SerialExecutor),
-// which owns a private Gloo backend (`wire`): float32 / float16 / bfloat16 with SUM or AVG are
-// compressed (csrc/algorithms), the rest reduced exactly. Every other operation is forwarded
-// unchanged to the inner Gloo backend (`inner`), called from the user's thread, so both keep
-// their own call order and cannot overhear each other.
-//
-// Callbacks of the futures of this group's work run on the worker, in the order the work was
-// issued. A collective this group is asked for from there (PowerSGD's hooks issue and wait for
-// allreduces inside callbacks) runs at once, in place: every rank issues it at the same point of
-// the same sequence, and waiting for it cannot deadlock. A callback that blocks on anything else
-// for longer than the group's timeout while work waits behind it (a Future.wait on work issued
-// later) is answered by a watchdog: the waiting work fails with DistBackendError instead of
-// hanging.
+// The `cgx` c10d backend: the adapter between c10d and the units that do the work. Every allreduce
+// runs on the group's worker (worker.h), which owns a private Gloo backend (`wire`): float32 /
+// float16 / bfloat16 with SUM or AVG are compressed (csrc/algorithms), the rest reduced exactly.
+// Every other operation is forwarded unchanged to the inner Gloo backend (`inner`), called from
+// the user's thread, so both keep their own call order and cannot overhear each other. The
+// group's settings live in a SettingsStore (settings_store.h).
 #pragma once
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -32,6 +22,8 @@
 #include "core/serial_executor.h"
 #include "core/shm_node.h"
 #include "engine_stats.h"
+#include "settings_store.h"
+#include "worker.h"
 
 namespace cgx::binding {
 
@@ -105,15 +97,15 @@ class ProcessGroupCGX : public c10d::Backend {
                                                 bool average,
                                                 std::optional<at::Tensor> residual = std::nullopt);
 
-  BackendConfig config() const;
-  void set_config(const BackendConfig& config);
+  BackendConfig config() const { return settings_.config(); }
+  void set_config(const BackendConfig& config) { settings_.set_config(config); }
   // Changes whenever set_config, set_plan or a changed per-call variable change the group's
   // settings: a hook caches CallOptions and rebuilds them only when this moves.
-  int64_t settings_version() const { return settings_version_; }
+  int64_t settings_version() const { return settings_.version(); }
   // The size rules every allreduce and allreduce_coalesced follow (ascending max_numel; empty:
   // the group's settings alone). The caller makes them identical on every rank.
-  void set_plan(const std::vector<PlanRule>& plan);
-  std::vector<PlanRule> plan() const;
+  void set_plan(const std::vector<PlanRule>& plan) { settings_.set_plan(plan); }
+  std::vector<PlanRule> plan() const { return settings_.plan(); }
   // Turns on the hierarchical path for compressed allreduces (before the group's first use).
   void set_hierarchy(const Hierarchy& h);
   bool hierarchical() const { return hierarchy_ != nullptr; }
@@ -121,7 +113,7 @@ class ProcessGroupCGX : public c10d::Backend {
   void unlink_node_segment();
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
   // 1, 2, ...: numbers the settings agreements of this group (keys in the store).
-  int64_t next_config_version() { return ++config_version_; }
+  int64_t next_config_version() { return settings_.next_agreement(); }
   // Bytes this rank handed to the transport in its last compressed allreduce.
   int64_t last_bytes_sent() const { return last_bytes_sent_; }
   // Bytes this rank sent in all allreduces it ran itself (compressed, and exact ones counted as a
@@ -168,15 +160,14 @@ class ProcessGroupCGX : public c10d::Backend {
 
  private:
   c10::intrusive_ptr<c10d::Work> enqueue(std::vector<at::Tensor> outputs, c10d::OpType type,
-                                         std::function<void()> fn);
-  void run_callbacks(CGXWork& work);
+                                         std::function<void()> fn) {
+    return worker_.enqueue(getRank(), std::move(outputs), type, std::move(fn));
+  }
   // The forwarded collectives' backend; raises once the group has stopped.
   const c10::intrusive_ptr<c10d::Backend>& inner() const;
-  // Drops the completed works at the front of pending_; with watch_mu_ held.
-  void prune_pending();
-  // Runs what is queued and stops the worker and the watchdog; later work raises. Idempotent.
+  // Runs what is queued and stops the worker and the watchdog, then lets Gloo's threads go;
+  // later work raises. Idempotent.
   void stop_threads();
-  void watchdog_loop();
   const Compressor& compressor_for(const BackendConfig& c);
   void reduce_rotated(at::Tensor& t, const BackendConfig& c, bool average, float* residual);
   void reduce_unrotated(at::Tensor& t, const BackendConfig& c, bool average, float* residual);
@@ -199,7 +190,7 @@ class ProcessGroupCGX : public c10d::Backend {
                      const BackendConfig& c, bool average, float* residual);
   // The group's settings for an allreduce of `numel` values issued now (per-call variables and
   // the plan applied; numel < 0: no plan).
-  BackendConfig call_config(int64_t numel = -1);
+  BackendConfig call_config(int64_t numel = -1) { return settings_.call_config(numel); }
   // The worker's job reducing t in place with c: the settings agreement when per call, then
   // compressed or exact.
   std::function<void()> reduce_job(at::Tensor t, const BackendConfig& c, const c10d::ReduceOp& rop);
@@ -208,12 +199,8 @@ class ProcessGroupCGX : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> wire_;
 
   c10::intrusive_ptr<c10d::Store> store_;
-  std::atomic<int64_t> config_version_{0};
-  mutable std::mutex config_mu_;
-  BackendConfig config_;
-  std::vector<PlanRule> plan_;  // with config_mu_ held
-  std::atomic<int64_t> settings_version_{0};
-  CallSettings call_settings_;  // with config_mu_ held
+  SettingsStore settings_;
+  std::chrono::milliseconds timeout_;  // the transports' (shared-memory node)
 
   std::unique_ptr<Hierarchy> hierarchy_;
 
@@ -229,23 +216,7 @@ class ProcessGroupCGX : public c10d::Backend {
   std::atomic<int64_t> total_bytes_sent_{0};
   GroupStats stats_;
 
-  // Watchdog: posted work not yet started, and since when the worker runs future callbacks.
-  std::mutex watch_mu_;
-  std::condition_variable watch_cv_;
-  std::chrono::milliseconds timeout_;
-  struct Pending {
-    c10::weak_intrusive_ptr<CGXWork> work;  // never the last owner: no tensors freed here
-    std::shared_ptr<std::atomic<bool>> done;
-  };
-  std::deque<Pending> pending_;
-  std::atomic<bool> stopped_{false};
-  std::chrono::steady_clock::time_point callbacks_since_ =
-      std::chrono::steady_clock::time_point::max();
-  int callback_depth_ = 0;  // worker thread only
-  bool watch_stop_ = false;
-  std::thread watchdog_;
-
-  SerialExecutor worker_;  // last: stops (after running what is queued) before the rest goes
+  Worker worker_;  // last: stops (after running what is queued) before the rest goes
 };
 
 }  // namespace cgx::binding
