@@ -82,10 +82,11 @@ def stage(
         rotations = [(0, padded(pos, bucket, True), seeds[0])]
     end = max([pos] + [st + sz for st, sz, _ in rotations])
     out = torch.empty(end, dtype=dtype)
-    # One foreach call per step instead of one copy per layer: per-op dispatch, not bytes,
-    # is most of a hook's own time on small layers.
-    parts = [out.narrow(0, start, n) for (_, n, _), start in zip(spans, starts)]
-    torch._foreach_copy_(parts, [buf.narrow(0, o, n) for o, n, _ in spans])
+    # One split and one foreach call per step instead of a slice and a copy per layer:
+    # per-op dispatch, not bytes, is most of a hook's own time on small layers.
+    lengths = [n for _, n, _ in spans]
+    parts = views(out, starts, lengths)
+    torch._foreach_copy_(parts, views(buf, [o for o, _, _ in spans], lengths))
     fed = [(part, res.to(dtype)) for part, res in zip(parts, residuals) if res is not None]
     if fed:
         torch._foreach_add_([part for part, _ in fed], [res for _, res in fed])
@@ -107,15 +108,24 @@ def unstage(staged: Staged, buf: torch.Tensor, bucket: int) -> List[torch.Tensor
         _C.rotate_(out[start : start + size], bucket, seed, False)
         if res is not None:  # R^T (R x - Q(R x)) = x - R^T Q(R x): the error where x lives
             _C.rotate_(res[start : start + size], bucket, seed, False)
-    spans, starts = staged.spans, staged.starts
+    lengths = [n for _, n, _ in staged.spans]
     if out is not buf:
-        torch._foreach_copy_(
-            [buf.narrow(0, o, n) for o, n, _ in spans],
-            [out.narrow(0, start, n) for (_, n, _), start in zip(spans, starts)],
-        )
+        offsets = [o for o, _, _ in staged.spans]
+        torch._foreach_copy_(views(buf, offsets, lengths), views(out, staged.starts, lengths))
     if res is None:
         return []
-    return [res.narrow(0, start, n) for (_, n, _), start in zip(spans, starts)]
+    return views(res, staged.starts, lengths)
+
+
+def views(tensor: torch.Tensor, starts: Sequence[int], lengths: Sequence[int]) -> List:
+    """``tensor[start : start + length]`` for each (start, length), in one ``split`` call
+    (``starts`` increasing, the spans not overlapping)."""
+    sizes, pos = [], 0
+    for start, length in zip(starts, lengths):
+        sizes += (start - pos, length)
+        pos = start + length
+    sizes.append(tensor.numel() - pos)
+    return list(tensor.split(sizes)[1::2])
 
 
 def range_energy(tensor: torch.Tensor, start: int, size: int, bucket: int) -> float:
