@@ -32,13 +32,13 @@ MIN_BITS, MAX_BITS = 1, 8
 GAUSSIAN_MSE = (0.0, 0.3634, 0.1188, 0.03744, 0.01154, 0.003495, 0.001040, 0.0003043, 0.00008769)
 
 
-def padded(numel: int, bucket: int, split: bool) -> int:
+def padded(numel: int, bucket_size: int, split: bool) -> int:
     """Values a layer of ``numel`` takes in the staged buffer."""
-    return -(-numel // bucket) * bucket if split else numel
+    return -(-numel // bucket_size) * bucket_size if split else numel
 
 
-def valid_rotation_block(bucket: int) -> bool:
-    return bucket >= 2 and bucket <= (1 << 20) and bucket & (bucket - 1) == 0
+def valid_rotation_block(bucket_size: int) -> bool:
+    return bucket_size >= 2 and bucket_size <= (1 << 20) and bucket_size & (bucket_size - 1) == 0
 
 
 def rotation_seed(stream: int, layer: int) -> int:
@@ -62,7 +62,7 @@ class Staged:
 def stage(
     buf: torch.Tensor,
     spans: List[tuple],
-    bucket: int,
+    bucket_size: int,
     split: bool,
     dtype: torch.dtype,
     residuals: Sequence,
@@ -72,14 +72,14 @@ def stage(
     pads each to whole buckets when ``split``, and rotates each layer's span with its seed when
     ``seeds`` are given (without ``split``: the concatenation, padded at its end, with the
     first seed)."""
-    sizes = [padded(n, bucket, split) for _, n, _ in spans]
+    sizes = [padded(n, bucket_size, split) for _, n, _ in spans]
     starts, pos = [], 0
     for s in sizes:
         starts.append(pos)
         pos += s
     rotations = [(st, sz, seed) for st, sz, seed in zip(starts, sizes, seeds)]
     if seeds and not split:
-        rotations = [(0, padded(pos, bucket, True), seeds[0])]
+        rotations = [(0, padded(pos, bucket_size, True), seeds[0])]
     end = max([pos] + [st + sz for st, sz, _ in rotations])
     out = torch.empty(end, dtype=dtype)
     # One split and one foreach call per step instead of a slice and a copy per layer:
@@ -96,18 +96,18 @@ def stage(
     if end > pos:  # the last value sent (with its residual)
         out[pos:end].copy_(out[pos - 1 : pos].expand(end - pos))
     for start, size, seed in rotations:
-        _C.rotate_(out[start : start + size], bucket, seed, True)
+        _C.rotate_(out[start : start + size], bucket_size, seed, True)
     return Staged(out, spans, starts, sizes, rotations)
 
 
-def unstage(staged: Staged, buf: torch.Tensor, bucket: int) -> List[torch.Tensor]:
+def unstage(staged: Staged, buf: torch.Tensor, bucket_size: int) -> List[torch.Tensor]:
     """Writes the reduced layers back into ``buf`` (rotated back first) and returns each layer's
     residual in the gradient's own domain (rotated back too), or an empty list."""
     out, res = staged.tensor, staged.residual
     for start, size, seed in staged.rotations:
-        _C.rotate_(out[start : start + size], bucket, seed, False)
+        _C.rotate_(out[start : start + size], bucket_size, seed, False)
         if res is not None:  # R^T (R x - Q(R x)) = x - R^T Q(R x): the error where x lives
-            _C.rotate_(res[start : start + size], bucket, seed, False)
+            _C.rotate_(res[start : start + size], bucket_size, seed, False)
     lengths = [n for _, n, _ in staged.spans]
     if out is not buf:
         offsets = [o for o, _, _ in staged.spans]
@@ -128,27 +128,27 @@ def views(tensor: torch.Tensor, starts: Sequence[int], lengths: Sequence[int]) -
     return list(tensor.split(sizes)[1::2])
 
 
-def range_energy(tensor: torch.Tensor, start: int, size: int, bucket: int) -> float:
+def range_energy(tensor: torch.Tensor, start: int, size: int, bucket_size: int) -> float:
     """``sum_k n_k r_k^2`` over the buckets of a staged layer (n_k values of range r_k; a short
     last bucket counts its own length), in fp64: the numerator of the layer's error at any bit
     width."""
     span = tensor[start : start + size]
-    full = size - size % bucket
-    lo, hi = torch.aminmax(span[:full].view(-1, bucket), dim=1)
+    full = size - size % bucket_size
+    lo, hi = torch.aminmax(span[:full].view(-1, bucket_size), dim=1)
     r = hi.double() - lo.double()
-    energy = bucket * float(torch.dot(r, r))
+    energy = bucket_size * float(torch.dot(r, r))
     if full < size:
         t_lo, t_hi = torch.aminmax(span[full:])
         energy += (size - full) * (float(t_hi) - float(t_lo)) ** 2
     return energy
 
 
-def spread_energy(tensor: torch.Tensor, start: int, size: int, bucket: int) -> float:
+def spread_energy(tensor: torch.Tensor, start: int, size: int, bucket_size: int) -> float:
     """``sum_k n_k sd_k^2`` over the buckets of a staged layer, in fp64: with the clipped range,
     the numerator of the layer's error at any bit width."""
     span = tensor[start : start + size].double()
-    full = size - size % bucket
-    energy = bucket * float(span[:full].view(-1, bucket).var(dim=1, correction=0).sum())
+    full = size - size % bucket_size
+    energy = bucket_size * float(span[:full].view(-1, bucket_size).var(dim=1, correction=0).sum())
     if full < size:
         energy += (size - full) * float(span[full:].var(correction=0))
     return energy
