@@ -32,12 +32,17 @@ from torch_cgx.config import CGXConfig
 from torch_cgx.hooks import levers
 
 __all__ = [
+    "LayerState",
     "NativeCalls",
+    "call_stream",
+    "check_min_size",
+    "clip_rule",
+    "feedback",
     "finish",
     "grad_spans",
-    "call_stream",
     "issue",
     "native_calls",
+    "rotation_rule",
     "settled",
     "stage",
 ]
