@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ThreadSanitizer over the C++ tests whose ranks, workers and codec threads run concurrently
-# (build/tsan, `make tsan`): the allreduce algorithms with ranks as threads over the in-memory
-# transport, the serial executor (the pipeline's comm thread), the shared-memory node segment,
+# (build/tsan, `make tsan`): the allreduce algorithms (flat, hierarchical with its shared-memory
+# pipeline, rotated, reduce-scatter) with ranks as threads over the in-memory transport, the
+# serial executor (the pipeline's comm thread), the shared-memory node segment,
 # and the codec's thread pool. Any report fails (halt_on_error).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,4 +13,4 @@ if ! build/tsan/cgx_core_tests --gtest_filter='SerialExecutor.*' >/dev/null 2>&1
   command -v setarch >/dev/null && runner=(setarch "$(uname -m)" -R)
 fi
 "${runner[@]}" build/tsan/cgx_core_tests \
-  --gtest_filter='Allreduce*:AllreduceCompressors*:SerialExecutor*:ShmNode*:Codec*:EveryCompressor*'
+  --gtest_filter='Allreduce*:AllreduceCompressors*:SerialExecutor*:ShmNode*:Codec*:EveryCompressor*:Hierarchical*:Rotated*:ReduceScatter*'

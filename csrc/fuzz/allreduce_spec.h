@@ -11,6 +11,15 @@
 
 namespace cgx::fuzz {
 
+// What runs over the fuzzed rank's transports: the flat allreduce, or one of the algorithms
+// composed around it or beside it (csrc/algorithms: rotated.h, reduce_scatter.h, hierarchical.h).
+enum class Structure : uint8_t {
+  kAllreduce = 0,
+  kRotated = 1,        // blocks of 16 values rotated around the allreduce (fp32)
+  kReduceScatter = 2,  // the one-shot reduce-scatter of `world` chunks of `count` values
+  kHierarchical = 3,   // `world` nodes of 2 ranks over node and cross-node transports (fp32)
+};
+
 struct RunSpec {
   static constexpr size_t kBytes = 5;
   static constexpr int64_t kMaxCount = 2048;
@@ -24,13 +33,21 @@ struct RunSpec {
   DType dtype = DType::kFloat32;
   bool average = false;
   // Byte 2: bit 0 error feedback, bit 1 SRA segments of 256 bytes (the comm thread's pipeline),
-  // bit 2 pieces of 1 KiB (fusion).
+  // bit 2 pieces of 1 KiB (fusion; hierarchical: slices instead of leaders), bits 3-4 the
+  // structure.
   bool feedback = false;
   bool pipelined = false;
   bool small_pieces = false;
+  Structure structure = Structure::kAllreduce;
   int64_t count = 0;  // bytes 3-4, modulo kMaxCount
 
   int rank() const { return last_rank ? world - 1 : 0; }
+  // Hierarchical: the fuzzed rank is local rank 0 (a leader) or 1 of node 0.
+  int local_rank() const { return last_rank ? 1 : 0; }
+  // The honest group's threads (corpus): nodes x 2 ranks for the hierarchical structure.
+  int ranks() const { return structure == Structure::kHierarchical ? 2 * world : world; }
+  // The fuzzed rank among ranks() (hierarchical ranks are node * 2 + local rank).
+  int fuzzed_rank() const { return structure == Structure::kHierarchical ? local_rank() : rank(); }
 
   static RunSpec parse(const uint8_t* p) {
     RunSpec s;
@@ -43,6 +60,7 @@ struct RunSpec {
     s.feedback = (p[2] & 1) != 0;
     s.pipelined = (p[2] & 2) != 0;
     s.small_pieces = (p[2] & 4) != 0;
+    s.structure = Structure((p[2] >> 3) & 3);
     s.count = (int64_t(p[3]) | int64_t(p[4]) << 8) % kMaxCount;
     return s;
   }
@@ -51,7 +69,7 @@ struct RunSpec {
     p[0] = pick;
     p[1] = uint8_t(int(algorithm) | (world - 2) << 2 | int(dtype) << 4 | average << 6 |
                    last_rank << 7);
-    p[2] = uint8_t(feedback | pipelined << 1 | small_pieces << 2);
+    p[2] = uint8_t(feedback | pipelined << 1 | small_pieces << 2 | int(structure) << 3);
     p[3] = uint8_t(count & 0xff);
     p[4] = uint8_t(count >> 8);
   }

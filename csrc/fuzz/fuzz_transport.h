@@ -2,7 +2,10 @@
 // byte from another rank comes from the fuzz input, in the order this rank receives them (zeros
 // once it runs out); what the rank sends to itself is its own. Recorder: wraps an honest
 // transport and logs the bytes FuzzWire would hand out, in the same order, so that a real run
-// becomes a valid seed input.
+// becomes a valid seed input. A rank in two groups (the hierarchical allreduce's node and
+// cross-node groups) has one FuzzWire per group over one shared WireBytes, and one Recorder per
+// group writing one shared log. The exact collectives (broadcast, sums) are transport.h's
+// defaults over alltoallv, so their bytes flow through the same two functions.
 #pragma once
 
 #include <algorithm>
@@ -13,10 +16,25 @@
 
 namespace cgx::fuzz {
 
+// The fuzz input's received bytes, handed out in order (zeros once they run out).
+struct WireBytes {
+  const uint8_t* at;
+  size_t left;
+  void take(uint8_t* dst, size_t n) {
+    const size_t k = std::min(n, left);
+    if (k > 0) std::memcpy(dst, at, k);
+    if (n > k) std::memset(dst + k, 0, n - k);
+    at += k;
+    left -= k;
+  }
+};
+
 class FuzzWire : public Transport {
  public:
   FuzzWire(int rank, int size, const uint8_t* wire, size_t bytes)
-      : rank_(rank), size_(size), wire_(wire), left_(bytes) {}
+      : rank_(rank), size_(size), own_{wire, bytes}, wire_(&own_) {}
+  FuzzWire(int rank, int size, WireBytes& shared)
+      : rank_(rank), size_(size), own_{nullptr, 0}, wire_(&shared) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
@@ -54,22 +72,18 @@ class FuzzWire : public Transport {
     if (k > 0) std::memcpy(dst, src, k);
     if (n > k) std::memset(dst + k, 0, n - k);
   }
-  void take(uint8_t* dst, size_t n) {
-    const size_t k = std::min(n, left_);
-    own(dst, n, wire_, k);
-    wire_ += k;
-    left_ -= k;
-  }
+  void take(uint8_t* dst, size_t n) { wire_->take(dst, n); }
 
   int rank_, size_;
-  const uint8_t* wire_;
-  size_t left_;
+  WireBytes own_;
+  WireBytes* wire_;
 };
 
 class Recorder : public Transport {
  public:
-  explicit Recorder(Transport& inner) : t_(inner) {}
-  const std::vector<uint8_t>& log() const { return log_; }
+  explicit Recorder(Transport& inner) : t_(inner), log_(&own_) {}
+  Recorder(Transport& inner, std::vector<uint8_t>& shared) : t_(inner), log_(&shared) {}
+  const std::vector<uint8_t>& log() const { return *log_; }
   int rank() const override { return t_.rank(); }
   int size() const override { return t_.size(); }
 
@@ -100,10 +114,11 @@ class Recorder : public Transport {
   }
 
  private:
-  void keep(const uint8_t* p, size_t n) { log_.insert(log_.end(), p, p + n); }
+  void keep(const uint8_t* p, size_t n) { log_->insert(log_->end(), p, p + n); }
 
   Transport& t_;
-  std::vector<uint8_t> log_;
+  std::vector<uint8_t> own_;
+  std::vector<uint8_t>* log_;
 };
 
 }  // namespace cgx::fuzz

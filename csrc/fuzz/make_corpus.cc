@@ -20,6 +20,7 @@
 #include "fuzz/fuzz_cases.h"
 #include "fuzz/fuzz_transport.h"
 #include "fuzz/mailbox_transport.h"
+#include "fuzz/structures.h"
 
 namespace {
 
@@ -68,37 +69,45 @@ int decode_seeds(const std::string& dir, const std::vector<Case>& cases) {
   return files;
 }
 
-// Runs an honest group of s.world ranks; returns what rank s.rank() received from the others.
+// Runs an honest group of s.ranks() ranks (hierarchical: s.world nodes of 2, over one mailbox
+// per node and one per cross-node group); returns what rank s.fuzzed_rank() received from the
+// others, both of its groups in one log, in the order it received them.
 std::vector<uint8_t> record(const Case& c, const RunSpec& s) {
-  cgx::fuzz::Mailbox box;
+  const bool hierarchical = s.structure == cgx::fuzz::Structure::kHierarchical;
+  const int ranks = s.ranks();
+  std::vector<cgx::fuzz::Mailbox> groups(size_t(hierarchical ? s.world : 1));
+  std::vector<cgx::fuzz::Mailbox> crosses(2);
   std::vector<uint8_t> log;
-  std::vector<std::exception_ptr> errors(size_t(s.world));
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < s.world; ++r) {
-    ranks.emplace_back([&, r] {
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
       try {
-        cgx::fuzz::MailboxTransport t(box, r, s.world);
-        cgx::fuzz::Recorder rec(t);
-        std::vector<uint8_t> x = cgx::fuzz::rank_values(s.count, r, s.dtype);
-        std::vector<float> residual(size_t(s.count));
-        cgx::CompressedAllreduce allreduce;
-        allreduce.run(rec, x.data(), s.dtype, s.count,
-                      s.options(c, s.feedback ? residual.data() : nullptr));
-        if (r == s.rank()) log = rec.log();
+        const int node = hierarchical ? r / 2 : 0, local = hierarchical ? r % 2 : r;
+        cgx::fuzz::MailboxTransport t(groups[size_t(node)], local, hierarchical ? 2 : s.world);
+        // Leaders: one cross-node group (local ranks 0); slices: one per local rank.
+        cgx::fuzz::MailboxTransport x(crosses[size_t(s.small_pieces ? local : 0)], node, s.world);
+        std::vector<uint8_t> mine;
+        cgx::fuzz::Recorder rec(t, mine), rec_cross(x, mine);
+        const bool crosses_nodes = hierarchical && (s.small_pieces || local == 0);
+        cgx::fuzz::run_rank(s, c, r, rec, crosses_nodes ? &rec_cross : nullptr);
+        if (r == s.fuzzed_rank()) log = mine;
       } catch (...) {
         errors[size_t(r)] = std::current_exception();
       }
     });
   }
-  for (auto& t : ranks) t.join();
+  for (auto& t : threads) t.join();
   for (auto& e : errors) {
     if (e) std::rethrow_exception(e);
   }
   return log;
 }
 
-// cgx_fuzz_allreduce: five runs of every case (each algorithm, group sizes 2-4, both ranks,
-// every dtype, error feedback, the pipeline, several pieces).
+// cgx_fuzz_allreduce: nine runs of every case (each algorithm, group sizes 2-4, both ranks,
+// every dtype, error feedback, the pipeline, several pieces; then each structure of
+// allreduce_spec.h: the rotation, the reduce-scatter, the hierarchical allreduce's leaders and
+// slices).
 int allreduce_seeds(const std::string& dir, const std::vector<Case>& cases) {
   using cgx::Algorithm;
   using cgx::DType;
@@ -110,13 +119,23 @@ int allreduce_seeds(const std::string& dir, const std::vector<Case>& cases) {
     DType dtype;
     int64_t count;
     uint8_t flags;  // bit 0 average, 1 feedback, 2 pipelined, 3 small pieces
+    cgx::fuzz::Structure structure = cgx::fuzz::Structure::kAllreduce;
   };
+  using cgx::fuzz::Structure;
   const Run runs[] = {
       {"sra", Algorithm::kScatterReduceAllgather, 2, false, DType::kFloat32, 300, 0},
       {"ring", Algorithm::kRing, 3, true, DType::kFloat16, 901, 1 | 8},
       {"tree", Algorithm::kTree, 3, false, DType::kBFloat16, 77, 2},
       {"allgather", Algorithm::kAllgather, 4, true, DType::kFloat32, 150, 0},
       {"sra-pipeline", Algorithm::kScatterReduceAllgather, 3, false, DType::kFloat32, 1100, 4},
+      {"rotated", Algorithm::kScatterReduceAllgather, 3, true, DType::kFloat32, 300, 2,
+       Structure::kRotated},
+      {"reduce-scatter", Algorithm::kScatterReduceAllgather, 3, false, DType::kFloat16, 250, 1,
+       Structure::kReduceScatter},
+      {"hierarchical", Algorithm::kRing, 2, false, DType::kFloat32, 200, 2,
+       Structure::kHierarchical},
+      {"hierarchical-slices", Algorithm::kScatterReduceAllgather, 3, true, DType::kFloat32, 130,
+       1 | 8, Structure::kHierarchical},
   };
   int files = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -132,6 +151,7 @@ int allreduce_seeds(const std::string& dir, const std::vector<Case>& cases) {
       s.feedback = run.flags & 2;
       s.pipelined = run.flags & 4;
       s.small_pieces = run.flags & 8;
+      s.structure = run.structure;
       std::vector<uint8_t> prefix(RunSpec::kBytes);
       s.write(prefix.data());
       write(dir + "/" + cgx::fuzz::file_name(cases[i].label) + "-" + run.name, prefix,
