@@ -120,7 +120,14 @@ Compressor::SummableSection Compressor::summable_section(const uint8_t*, size_t)
 }
 
 int64_t EnvelopeCompressor::payload_count(const uint8_t* payload, size_t size) const {
-  return read_envelope(payload, size, id_, name_).count;
+  const Envelope e = read_envelope(payload, size, id_, name_);
+  // A caller without an output buffer sizes one by this count (Python's decode without out=):
+  // refuse what the body cannot hold. Every dense compressor spends at least one bit per value,
+  // whatever its parameters; a sparse payload's count is not bounded by its body (trusted).
+  CGX_CHECK_ARG(traits().sparse || uint64_t(e.count) <= 8 * e.body_bytes, name_,
+                " payload corrupt: a body of ", e.body_bytes, " bytes cannot hold ", e.count,
+                " values");
+  return e.count;
 }
 
 uint8_t* EnvelopeCompressor::begin_payload(const void* in, DType dtype, int64_t count,

@@ -80,7 +80,11 @@ class Compressor {
   virtual void decode(const uint8_t* payload, size_t size, void* out, DType out_dtype,
                       int64_t count, bool add) const = 0;
 
-  // The element count a (validated) payload describes.
+  // The element count a payload's header describes, after the header's checks and, where the
+  // compressor allows, a check that the body could hold that many values (dense compressors:
+  // at least one bit per value; max-min: the exact size). A sparse compressor's count is not
+  // bounded by its payload: a receiver must compare it with the count it expects (decode()
+  // does) before it allocates from it.
   virtual int64_t payload_count(const uint8_t* payload, size_t size) const = 0;
 
   // Splitting a buffer at multiples of this keeps its encoding's buckets intact (an algorithm
