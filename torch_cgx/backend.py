@@ -8,8 +8,14 @@ Store keys. Every instance of a group gets its own key space ``cgx/<generation>/
 ``wire/`` for the two Gloo rendezvous, ``config/<version>/`` for settings agreements), the
 generation counted in the store itself. So a group destroyed and created again under the same
 name and store (test suites with setUp / tearDown) never reads the previous instance's
-addresses or settings. Agreement keys are deleted once every rank has read them. The C++ object
-holds all per-group state, the store included: nothing outlives the group.
+addresses or settings. The C++ object holds all per-group state, the store included: nothing
+outlives the group.
+
+Store traffic ends together. Under env:// and tcp:// rank 0 hosts the TCPStore, and its server
+goes when rank 0 destroys the group; a rank still reading the store then fails ("Failed to recv,
+got 0 bytes"). So every exchange ends with :func:`_release`, which every rank passes and rank 0
+leaves last (it waits for the others' reports, then deletes the keys), creation ends with one,
+and destruction touches no store (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -27,18 +33,33 @@ from torch_cgx.topology import attach_hierarchy
 __all__ = ["get_config", "set_config", "cgx_backend", "is_cgx_group"]
 
 
+def _release(store, rank: int, size: int, key: str, keys=()) -> None:
+    """Ends an exchange through the store so that no rank touches the store after the rank that
+    hosts it may have gone: every rank reports that it is done; rank 0 (the TCPStore's host under
+    env:// and tcp://) waits for all reports, then deletes ``keys`` and the report keys. The
+    other ranks' last store operation thus comes before rank 0 can leave."""
+    if store.add(f"{key}/done", 1) == size:
+        store.set(f"{key}/all", "1")
+    if rank != 0:
+        return
+    store.wait([f"{key}/all"])
+    for k in [*keys, f"{key}/done", f"{key}/all"]:
+        try:
+            store.delete_key(k)
+        except (RuntimeError, NotImplementedError):
+            break  # a store without deletion (FileStore on some versions): keys are unique
+
+
 def _agree(store, rank: int, size: int, key: str, config: CGXConfig) -> None:
     """Every rank publishes its settings and checks all others': a mismatch raises everywhere.
-    The last rank to finish reading deletes the keys."""
+    Agreed, the exchange ends with :func:`_release` (rank 0 deletes the keys last); on a
+    mismatch, which every rank sees alike, the keys stay (a rank that refused its own settings
+    in ``set_config`` never reports) and every rank raises."""
     mine = config.describe()
     store.set(f"{key}/{rank}", mine)
     theirs = [store.get(f"{key}/{other}").decode() for other in range(size)]
-    if store.add(f"{key}/read", 1) == size:
-        for k in [f"{key}/{r}" for r in range(size)] + [f"{key}/read"]:
-            try:
-                store.delete_key(k)
-            except (RuntimeError, NotImplementedError):
-                break  # a store without deletion (FileStore on some versions): keys are unique
+    if all(text == theirs[0] for text in theirs):
+        _release(store, rank, size, key, [f"{key}/{r}" for r in range(size)])
     for other, text in enumerate(theirs):
         if text != mine:
             raise ValueError(
@@ -50,7 +71,8 @@ def _agree(store, rank: int, size: int, key: str, config: CGXConfig) -> None:
 def _generation(store, size: int) -> int:
     """0, 1, 2, ... for successive instances of a group under this store. Every rank adds 1; an
     instance's adds all happen before any rank gets past its Gloo rendezvous, which waits for
-    every rank, so the next instance's adds come after them."""
+    every rank, so the next instance's adds come after them (and no rank can be done with the
+    group before this add)."""
     return (store.add("cgx/instances", 1) - 1) // size
 
 
@@ -78,6 +100,9 @@ def _create(opts, pg_options=None):
         from torch_cgx.plan import auto
 
         auto.install(backend, config, "plan/0")
+    # The node layout and the plan end with reads that rank 0 does not wait for: creation's
+    # last store operation is one every rank passes, rank 0 last.
+    _release(group_store, rank, size, "created")
     return backend
 
 
@@ -144,6 +169,7 @@ def set_config(group: Optional[dist.ProcessGroup] = None, **changes) -> CGXConfi
         from torch_cgx.plan import auto
 
         auto.install(backend, new, f"plan/{key}")
+        _release(backend.store(), backend.rank(), backend.size(), f"plan/{key}/installed")
     else:
         backend.set_plan([])
     return new
