@@ -17,6 +17,13 @@ at::Tensor bytes_view(const uint8_t* p, size_t n) {
                        at::TensorOptions().dtype(at::kByte));
 }
 
+// A float tensor over caller-owned memory, like bytes_view.
+at::Tensor floats_view(const float* p, size_t n) {
+  static float dummy = 0;
+  return at::from_blob(const_cast<float*>(n ? p : &dummy), {int64_t(n)},
+                       at::TensorOptions().dtype(at::kFloat));
+}
+
 std::vector<int64_t> as_splits(const std::vector<size_t>& sizes) {
   return std::vector<int64_t>(sizes.begin(), sizes.end());
 }
@@ -80,6 +87,32 @@ void C10dTransport::recv(int from, uint8_t* data, size_t bytes) {
   maybe_fault();
   std::vector<at::Tensor> in = {bytes_view(data, bytes)};
   inner_->recv(in, from, 0)->wait();
+}
+
+void C10dTransport::broadcast(uint8_t* data, size_t bytes, int root) {
+  maybe_fault();
+  std::vector<at::Tensor> v = {bytes_view(data, bytes)};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  inner_->broadcast(v, o)->wait();
+}
+
+void C10dTransport::reduce_sum(float* data, size_t count, int root) {
+  maybe_fault();
+  std::vector<at::Tensor> v = {floats_view(data, count)};
+  c10d::ReduceOptions o;
+  o.rootRank = root;
+  o.reduceOp = c10d::ReduceOp::SUM;
+  inner_->reduce(v, o)->wait();
+}
+
+void C10dTransport::reduce_scatter_sum(const float* in, float* out, size_t count) {
+  maybe_fault();
+  at::Tensor input = floats_view(in, count * size_t(size()));
+  at::Tensor output = floats_view(out, count);
+  c10d::ReduceScatterOptions o;
+  o.reduceOp = c10d::ReduceOp::SUM;
+  inner_->_reduce_scatter_base(output, input, o)->wait();
 }
 
 }  // namespace cgx::binding

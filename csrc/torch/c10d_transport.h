@@ -1,5 +1,7 @@
 // cgx::Transport carried by an inner torch backend (Gloo): the bytes of the compressed
-// algorithms travel as uint8 tensors through its alltoall_base, _allgather_base, send and recv.
+// algorithms travel as uint8 tensors through its alltoall_base, _allgather_base, send, recv and
+// broadcast; the exact fp32 sums (the hierarchical allreduce's node sums) are its own reduce
+// and _reduce_scatter_base on float tensors.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -28,6 +30,9 @@ class C10dTransport : public Transport {
                 size_t recv_bytes) override;
   void send(int to, const uint8_t* data, size_t bytes) override;
   void recv(int from, uint8_t* data, size_t bytes) override;
+  void broadcast(uint8_t* data, size_t bytes, int root) override;
+  void reduce_sum(float* data, size_t count, int root) override;
+  void reduce_scatter_sum(const float* in, float* out, size_t count) override;
 
  private:
   c10::intrusive_ptr<c10d::Backend> inner_;

@@ -73,4 +73,16 @@ void TimedTransport::recv(int from, uint8_t* data, size_t bytes) {
   timed([&] { inner_.recv(from, data, bytes); });
 }
 
+void TimedTransport::broadcast(uint8_t* data, size_t bytes, int root) {
+  timed([&] { inner_.broadcast(data, bytes, root); });
+}
+
+void TimedTransport::reduce_sum(float* data, size_t count, int root) {
+  timed([&] { inner_.reduce_sum(data, count, root); });
+}
+
+void TimedTransport::reduce_scatter_sum(const float* in, float* out, size_t count) {
+  timed([&] { inner_.reduce_scatter_sum(in, out, count); });
+}
+
 }  // namespace cgx::binding

@@ -83,6 +83,9 @@ class TimedTransport : public Transport {
                 size_t recv_bytes) override;
   void send(int to, const uint8_t* data, size_t bytes) override;
   void recv(int from, uint8_t* data, size_t bytes) override;
+  void broadcast(uint8_t* data, size_t bytes, int root) override;
+  void reduce_sum(float* data, size_t count, int root) override;
+  void reduce_scatter_sum(const float* in, float* out, size_t count) override;
 
  private:
   template <typename F>

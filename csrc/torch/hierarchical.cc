@@ -1,18 +1,17 @@
-// The hierarchical compressed allreduce (process_group_cgx.h, Hierarchy): exact inside a node,
-// compressed across nodes. The node sum is taken in fp32 over the node's Gloo group; each
-// value crosses nodes compressed as part of a node sum (the cross algorithm runs over
-// `nodes` ranks, so its bound is the flat one with W = nodes and the ranges of the node sums).
-// The shared-memory intra-node path is in hierarchical_shm.cc.
-// Every rank ends with the same bytes: the leaders' (or each slice owner's) results are
-// bit-identical across nodes, and the intra-node broadcast / allgather copies them.
+// The hierarchical compressed allreduce's c10d side (process_group_cgx.h, Hierarchy): builds the
+// node's and the cross-node transports from the Gloo groups and runs the torch-free algorithm
+// (csrc/algorithms/hierarchical.h: exact inside a node, over its Gloo group or its shared-memory
+// segment; compressed across nodes with the group's settings).
+#include "algorithms/hierarchical.h"
+
 #include <ATen/ops/from_blob.h>
-#include <ATen/ops/zeros.h>
 
-#include <algorithm>
-#include <vector>
+#include <optional>
 
+#include "c10d_transport.h"
 #include "call_options.h"
 #include "core/error.h"
+#include "engine_stats.h"
 #include "process_group_cgx.h"
 
 namespace cgx::binding {
@@ -20,6 +19,12 @@ namespace {
 
 // Per local rank: two piece buffers of 8 MiB (hierarchical_shm.cc); larger buffers in pieces.
 constexpr size_t kShmSlotBytes = size_t(16) << 20;
+
+DType intra_dtype(const std::string& intra_compress) {
+  return intra_compress == "bf16"   ? DType::kBFloat16
+         : intra_compress == "fp16" ? DType::kFloat16
+                                    : DType::kFloat32;
+}
 
 }  // namespace
 
@@ -49,53 +54,40 @@ void ProcessGroupCGX::unlink_node_segment() {
 void ProcessGroupCGX::reduce_hierarchical(at::Tensor& t, const BackendConfig& c, bool average,
                                           float* residual) {
   const Hierarchy& h = *hierarchy_;
-  if (h.shm) {
-    // In fp32, in place where t allows: the node sum is exact in fp32 whatever the dtype.
-    const Fp32Work work = fp32_work(t);
-    shm_allreduce(work.flat.data_ptr<float>(), work.flat.numel(), c,
-                  average ? float(getSize()) : 0.0f, residual);
-    work.finish(t);
-    return;
-  }
-  // A private fp32 copy: the node sum is exact in fp32 whatever t's dtype.
-  at::Tensor work = t.to(at::kCPU, at::kFloat, false, true).contiguous().view({-1});
-  const int64_t n = work.numel();
-  if (h.intra_broadcast) {
-    std::vector<at::Tensor> v = {work};
-    c10d::ReduceOptions ro;
-    ro.rootRank = 0;
-    ro.reduceOp = c10d::ReduceOp::SUM;
-    h.intra->reduce(v, ro)->wait();
-    if (h.local_rank == 0) {
-      run_algorithm(h.cross, work, c, false, residual);
-    } else {
-      last_bytes_sent_ = 0;
-    }
-    c10d::BroadcastOptions bo;
-    bo.rootRank = 0;
-    h.intra->broadcast(v, bo)->wait();
-  } else {
-    // Slices: local rank l owns [l * per, (l + 1) * per) of the (padded) buffer; per is a
-    // multiple of the compressor's bucket, so that slices cut no bucket.
-    const int64_t align = c.compressor == "maxmin" ? c.bucket_size : compressor_for(c).alignment();
-    const int64_t per = ((n + h.local_size - 1) / h.local_size + align - 1) / align * align;
-    at::Tensor padded = at::zeros({per * h.local_size}, work.options());
-    padded.narrow(0, 0, n).copy_(work);
-    at::Tensor slice = at::empty({per}, work.options());
-    c10d::ReduceScatterOptions rso;
-    rso.reduceOp = c10d::ReduceOp::SUM;
-    h.intra->_reduce_scatter_base(slice, padded, rso)->wait();
-    at::Tensor res = residual ? at::zeros({per}, work.options()) : at::Tensor();
-    run_algorithm(h.cross, slice, c, false, residual ? res.data_ptr<float>() : nullptr);
-    h.intra->_allgather_base(padded, slice)->wait();
-    work = padded.narrow(0, 0, n);
-    if (residual) {  // this rank's compression errors sit on its slice; zero elsewhere
-      const int64_t begin = std::min(n, h.local_rank * per), end = std::min(n, begin + per);
-      std::copy(res.data_ptr<float>(), res.data_ptr<float>() + (end - begin), residual + begin);
-    }
-  }
-  if (average) work.div_(getSize());
-  t.copy_(work.view(t.sizes()));
+  // The node's exact steps count as time on the wire (the cross-node calls time their own).
+  C10dTransport intra_c10d(h.intra);
+  TimedTransport intra(intra_c10d, stats_.wire_ns);
+  std::optional<C10dTransport> cross;
+  if (h.cross) cross.emplace(h.cross);
+  NodeGroups groups;
+  groups.intra = &intra;
+  groups.cross = cross ? &*cross : nullptr;
+  groups.shm = h.shm.get();
+  groups.cross_exec = h.cross_exec.get();
+  HierarchicalOptions o;
+  o.local_rank = h.local_rank;
+  o.local_size = h.local_size;
+  o.intra_broadcast = h.intra_broadcast;
+  o.intra_dtype = h.shm ? intra_dtype(h.intra_compress) : DType::kFloat32;
+  o.alignment = c.compressor == "maxmin" ? c.bucket_size : compressor_for(c).alignment();
+  o.divisor = average ? float(getSize()) : 0.0f;
+  o.residual = residual;
+  // Each cross-node allreduce is one compressed call of the group (its own call index); the
+  // transport it is given is `cross`, which run_algorithm builds again over the same group.
+  const CrossAllreduce across = [this, &h, &c](Transport&, float* data, int64_t n, float* res) {
+    at::Tensor part = at::from_blob(data, {n}, at::TensorOptions().dtype(at::kFloat));
+    run_algorithm(h.cross, part, c, false, res);
+    return size_t(last_bytes_sent_.load());
+  };
+  // The node sum is exact in fp32 whatever t's dtype: over shared memory in place where t allows,
+  // otherwise on a private fp32 copy.
+  Fp32Work work =
+      h.shm ? fp32_work(t)
+            : Fp32Work{t.to(at::kCPU, at::kFloat, false, true).contiguous().view({-1}), false};
+  const size_t sent =
+      hierarchical_allreduce(groups, o, work.flat.data_ptr<float>(), work.flat.numel(), across);
+  last_bytes_sent_ = int64_t(sent);
+  work.finish(t);
 }
 
 }  // namespace cgx::binding

@@ -1,10 +1,12 @@
-// The compressed reduce-scatter (FSDP2's gradients): chunk j of the input belongs to rank j. Each
-// rank encodes the W - 1 chunks it does not own (each value quantized once), one alltoall
-// delivers them (sizes first: data-dependent compressors), and the owner adds them, decoded, to
-// its own chunk in fp32. Bound and bytes: docs/algorithms.md ("One-shot reduce-scatter").
+// The compressed reduce-scatter's c10d side (FSDP2's gradients): which calls compress, the
+// list and coalesced forms as one input, and the worker's job. The algorithm itself is torch-free
+// (csrc/algorithms/reduce_scatter.h).
+#include "algorithms/reduce_scatter.h"
+
+#include <ATen/ops/empty.h>
+
 #include <vector>
 
-#include "algorithms/payload.h"
 #include "c10d_transport.h"
 #include "call_options.h"
 #include "call_settings.h"
@@ -112,47 +114,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter_tensor_coalesced(
                  });
 }
 
+// The algorithm is csrc/algorithms/reduce_scatter.cc; this adapts the tensors and counts bytes.
 void ProcessGroupCGX::reduce_scatter_compressed(at::Tensor& output, const at::Tensor& input,
                                                 const BackendConfig& c, bool average) {
   AllreduceOptions o = to_options(c, average, calls_++);
   if (c.compressor != "maxmin") o.compressor = &compressor_for(c);
-  const int world = getSize(), me = getRank();
-  const int64_t n = output.numel();
   const at::Tensor in = input.cpu();
-  const DType dtype = to_cgx_dtype(in.scalar_type());
-  const size_t cap = payload_size(o, n, dtype), elem = in.element_size();
-  std::vector<uint8_t> send(cap * static_cast<size_t>(world));
-  std::vector<size_t> send_sizes(static_cast<size_t>(world), 0);
-  size_t at = 0;
-  for (int j = 0; j < world; ++j) {
-    if (j == me) continue;
-    const auto* chunk = static_cast<const uint8_t*>(in.data_ptr()) + size_t(j) * size_t(n) * elem;
-    const Streams s = streams_for(o, 0, me, j, 0);
-    send_sizes[size_t(j)] = encode_payload(o, chunk, dtype, n, s, send.data() + at, cap);
-    at += send_sizes[size_t(j)];
-  }
+  at::Tensor acc = at::empty({output.numel()}, in.options().dtype(at::kFloat));
   C10dTransport transport(wire_);
-  std::vector<uint64_t> my_sizes(send_sizes.begin(), send_sizes.end());
-  std::vector<uint64_t> their_sizes(static_cast<size_t>(world));
-  const std::vector<size_t> eight(static_cast<size_t>(world), sizeof(uint64_t));
-  transport.alltoallv(reinterpret_cast<const uint8_t*>(my_sizes.data()), eight,
-                      reinterpret_cast<uint8_t*>(their_sizes.data()), eight);
-  std::vector<size_t> recv_sizes(their_sizes.begin(), their_sizes.end());
-  size_t total = 0;
-  for (size_t b : recv_sizes) total += b;
-  std::vector<uint8_t> recv(total);
-  transport.alltoallv(send.data(), send_sizes, recv.data(), recv_sizes);
-  at::Tensor acc = in.narrow(0, int64_t(me) * n, n).to(at::kFloat, false, true);
-  size_t from = 0;
-  for (int j = 0; j < world; ++j) {
-    if (j == me) continue;
-    decode_payload(o, recv.data() + from, recv_sizes[size_t(j)], acc.data_ptr<float>(),
-                   DType::kFloat32, n, /*add=*/true);
-    from += recv_sizes[size_t(j)];
-  }
-  if (average) acc.div_(world);
+  CompressedReduceScatter rs;
+  rs.run(transport, in.data_ptr(), to_cgx_dtype(in.scalar_type()), output.numel(), o,
+         acc.data_ptr<float>());
   output.copy_(acc.view(output.sizes()));
-  last_bytes_sent_ = int64_t(at + eight.size() * sizeof(uint64_t));
+  last_bytes_sent_ = int64_t(rs.bytes_sent());
   total_bytes_sent_ += last_bytes_sent_;
 }
 
