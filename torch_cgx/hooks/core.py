@@ -93,23 +93,22 @@ class NativeCalls:
     ``set_config``); :meth:`options` then builds ``make(group_settings)`` the first time a key
     is asked for, and returns the same native object until the settings change."""
 
-    __slots__ = ("group", "backend", "builds", "_version", "_cache")
+    __slots__ = ("builds", "_pg", "_version", "_cache")
 
-    def __init__(self, group: Optional[dist.ProcessGroup] = None) -> None:
-        self.group, self.backend, self.builds = group, None, 0
-        self._version, self._cache = None, {}
+    def __init__(self) -> None:
+        self.builds = 0
+        self._pg, self._version, self._cache = None, None, {}
 
     def refresh(self, group: Optional[dist.ProcessGroup]):
-        """The backend of ``group`` (None: the default group, looked up on every call: it may
-        have been created again); the cache is dropped when the group or its settings changed."""
-        backend = self.backend
-        if backend is None or group is None or group is not self.group:
-            backend = cgx_backend(group)  # ValueError for a group that is not cgx
-            if group is not self.group or backend is not self.backend:
-                self.group, self.backend, self._version = group, backend, None
+        """The backend of ``group`` (None: the default group, which may have been created
+        again); the cache is dropped when the group or its settings changed. Holds neither the
+        group nor its backend (a weak reference to the group): a cache never keeps a destroyed
+        group's threads alive."""
+        pg = group if group is not None else dist.distributed_c10d._get_default_group()
+        backend = cgx_backend(pg)  # ValueError for a group that is not cgx
         version = backend.settings_version()  # moves with set_config and set_plan
-        if version != self._version:
-            self._version, self._cache = version, {}
+        if self._pg is None or self._pg() is not pg or version != self._version:
+            self._pg, self._version, self._cache = weakref.ref(pg), version, {}
         return backend
 
     def cached(self, key, build: Callable[[CGXConfig], object]):
@@ -120,7 +119,7 @@ class NativeCalls:
             pass
         config = self._cache.get(_SETTINGS)
         if config is None:
-            config = self._cache[_SETTINGS] = get_config(self.group)
+            config = self._cache[_SETTINGS] = get_config(self._pg())
         value = self._cache[key] = build(config)
         return value
 
@@ -230,7 +229,7 @@ def native_calls(group: Optional[dist.ProcessGroup]) -> NativeCalls:
         group = dist.distributed_c10d._get_default_group()
     calls = _BY_GROUP.get(group)
     if calls is None:
-        calls = _BY_GROUP[group] = NativeCalls(group)
+        calls = _BY_GROUP[group] = NativeCalls()
     return calls
 
 
@@ -275,7 +274,7 @@ class LayerState:
         self.residuals: Dict = {}
         self.steps = 0  # DDP steps seen: numbers the random streams
         self._names: Dict[int, str] = {}
-        self._calls = NativeCalls(process_group)
+        self._calls = NativeCalls()
         if module is not None:
             self._names = {id(p): name for name, p in module.named_parameters()}
 
