@@ -77,3 +77,35 @@ def body_stats(rank, world):
 
 def test_stats_count_against_the_math():
     run_ranks(body_stats, 2)
+
+
+def body_reduce_scatter_stats(rank, world):
+    import torch_cgx
+
+    dist.init_process_group("cgx")
+    backend = torch_cgx.cgx_backend()
+    torch_cgx.set_config(bits=4, bucket_size=512)
+    backend.reset_stats()
+    n = 2048  # this rank's chunk: whole buckets
+    x = torch.randn(world * n, generator=torch.Generator().manual_seed(rank))
+    out = torch.empty(n)
+    dist.reduce_scatter_tensor(out, x)
+    s = backend.stats()
+    # One payload of the other rank's chunk, after the payloads' sizes (8 bytes per rank).
+    assert s["bytes_sent"] == (world - 1) * maxmin_payload(n, 4, 512) + 8 * world, s
+    assert s["bytes_exact"] == (world - 1) * 4 * world * n // world, s
+    assert (s["reduce_scatter_compressed"], s["reduce_scatter_exact"]) == (1, 0), s
+    assert (s["calls_compressed"], s["calls_exact"]) == (0, 0), s
+    assert s["codec_seconds"] > 0 and s["wire_seconds"] > 0, s
+    # 32 bits: exact, on the worker's connection; a ring reduce-scatter's bytes.
+    torch_cgx.set_config(bits=32)
+    dist.reduce_scatter_tensor(out, x)
+    t = backend.stats()
+    exact = (world - 1) * 4 * world * n // world
+    assert (t["reduce_scatter_compressed"], t["reduce_scatter_exact"]) == (1, 1), t
+    assert t["bytes_sent"] - s["bytes_sent"] == exact == t["bytes_exact"] - s["bytes_exact"], t
+    dist.destroy_process_group()
+
+
+def test_reduce_scatter_stats():
+    run_ranks(body_reduce_scatter_stats, 2)

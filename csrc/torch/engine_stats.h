@@ -4,13 +4,16 @@
 // Bytes: `bytes_sent` is what this rank handed to the transport; `bytes_exact` what an exact
 // reduction of the same calls would have sent: for an allreduce of n values a ring over fp32,
 // 2 (W - 1) / W * 4 n bytes (an exact call's own dtype where it is not floating), for a
-// reduce-scatter of an input of n values (W - 1) / W * 4 n.
+// reduce-scatter of an input of n values (W - 1) / W * 4 n. Exact calls count what a ring sends
+// in both (an exact reduce-scatter only here, not in total_bytes_sent, which predates it).
+// Allreduces forwarded to the inner Gloo group (a plan's exact sizes) are not counted.
 //
 // Time: `wire` is the time spent inside transport calls (timed by TimedTransport, on whichever
 // thread makes them); `codec` is the rest of the compressed call's time on the worker (encode,
 // decode, reduction, rotation, copies), its wall time minus the wire time of the call, at least
 // 0. With the pipeline (CaSync) encoding overlaps the wire, so `codec` is the codec time the
-// pipeline did not hide, and codec + wire is the calls' wall time.
+// pipeline did not hide, and codec + wire is the calls' wall time. The exact calls' Gloo
+// operations and the hierarchical path's node steps count as wire time.
 #pragma once
 
 #include <atomic>

@@ -11,8 +11,8 @@
 #include "c10d_transport.h"
 #include "call_options.h"
 #include "core/error.h"
+#include "engine.h"
 #include "engine_stats.h"
-#include "process_group_cgx.h"
 
 namespace cgx::binding {
 namespace {
@@ -28,7 +28,7 @@ DType intra_dtype(const std::string& intra_compress) {
 
 }  // namespace
 
-void ProcessGroupCGX::set_hierarchy(const Hierarchy& h) {
+void Engine::set_hierarchy(const Hierarchy& h) {
   CGX_CHECK_ARG(h.intra && h.local_size >= 1 && h.nodes >= 1 && h.local_rank >= 0 &&
                     h.local_rank < h.local_size && h.local_size * h.nodes <= getSize(),
                 "set_hierarchy: inconsistent node layout");
@@ -47,12 +47,12 @@ void ProcessGroupCGX::set_hierarchy(const Hierarchy& h) {
   }
 }
 
-void ProcessGroupCGX::unlink_node_segment() {
+void Engine::unlink_node_segment() {
   if (hierarchy_ && hierarchy_->shm && hierarchy_->local_rank == 0) hierarchy_->shm->unlink();
 }
 
-void ProcessGroupCGX::reduce_hierarchical(at::Tensor& t, const BackendConfig& c, bool average,
-                                          float* residual) {
+void Engine::reduce_hierarchical(at::Tensor& t, const BackendConfig& c, bool average,
+                                 float* residual) {
   const Hierarchy& h = *hierarchy_;
   // The node's exact steps count as time on the wire (the cross-node calls time their own).
   C10dTransport intra_c10d(h.intra);

@@ -26,10 +26,9 @@ ProcessGroupCGX::ProcessGroupCGX(int rank, int size, c10::intrusive_ptr<c10d::Ba
                                  std::chrono::milliseconds timeout)
     : c10d::Backend(rank, size),
       inner_(std::move(inner)),
-      wire_(std::move(wire)),
       store_(std::move(store)),
       settings_(config),
-      timeout_(timeout),
+      engine_(rank, size, std::move(wire), timeout),
       worker_(timeout) {
   std::lock_guard<std::mutex> lk(g_live_mu);
   g_live.insert(this);
@@ -52,8 +51,7 @@ void ProcessGroupCGX::stop_threads() {
     // Gloo's threads go too, now: they may free the last reference to a tensor with a Python
     // object, which needs the GIL, and at interpreter exit a thread that asks for it is killed.
     inner_.reset();
-    wire_.reset();
-    hierarchy_.reset();  // the node and cross-node Gloo groups, and the shared-memory mapping
+    engine_.release();
   };
   if (Py_IsInitialized() && PyGILState_Check()) {
     pybind11::gil_scoped_release no_gil;
@@ -79,85 +77,8 @@ const c10::intrusive_ptr<c10d::Backend>& ProcessGroupCGX::inner() const {
 
 void ProcessGroupCGX::setTimeout(std::chrono::milliseconds timeout) {
   inner()->setTimeout(timeout);
-  if (wire_) wire_->setTimeout(timeout);
+  engine_.set_timeout(timeout);
   worker_.set_timeout(timeout);
-  timeout_ = timeout;
-}
-
-// The worker's compressor for `c`, made again only when the settings change (not per call).
-const Compressor& ProcessGroupCGX::compressor_for(const BackendConfig& c) {
-  if (call_compressor_) return *call_compressor_;  // allreduce_call's, built with its options
-  if (!compressor_ || compressor_name_ != c.compressor ||
-      compressor_params_ != c.compressor_params) {
-    compressor_ = make_compressor(c.compressor, c.compressor_params);
-    compressor_name_ = c.compressor;
-    compressor_params_ = c.compressor_params;
-  }
-  return *compressor_;
-}
-
-void ProcessGroupCGX::reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average,
-                                        float* residual) {
-  CallClock clock(stats_);
-  const int64_t sent0 = total_bytes_sent_;
-  ++stats_.calls_compressed;
-  stats_.bytes_exact += GroupStats::ring_allreduce_bytes(getSize(), 4 * t.numel());
-  if (rotates(c)) {
-    reduce_rotated(t, c, average, residual);
-  } else {
-    reduce_unrotated(t, c, average, residual);
-  }
-  stats_.bytes_sent += total_bytes_sent_ - sent0;
-}
-
-void ProcessGroupCGX::reduce_unrotated(at::Tensor& t, const BackendConfig& c, bool average,
-                                       float* residual) {
-  if (hierarchy_) return reduce_hierarchical(t, c, average, residual);
-  // Works on a contiguous CPU copy when t is not one (CUDA tensors: staged through the host).
-  at::Tensor work = t.contiguous().cpu();
-  run_algorithm(wire_, work, c, average, residual);
-  if (!work.is_same(t)) t.copy_(work);
-}
-
-// The compressed algorithm of `c` over the ranks of `over`, in place on `work` (contiguous CPU).
-void ProcessGroupCGX::run_algorithm(const c10::intrusive_ptr<c10d::Backend>& over, at::Tensor& work,
-                                    const BackendConfig& c, bool average, float* residual) {
-  AllreduceOptions o = to_options(c, average, calls_++);
-  if (c.compressor != "maxmin") o.compressor = &compressor_for(c);
-  o.residual = residual;
-  C10dTransport c10d(over);
-  TimedTransport transport(c10d, stats_.wire_ns);
-  algorithm_.run(transport, work.data_ptr(), to_cgx_dtype(work.scalar_type()), work.numel(), o);
-  last_bytes_sent_ = int64_t(algorithm_.bytes_sent());
-  total_bytes_sent_ += last_bytes_sent_;
-}
-
-void ProcessGroupCGX::reduce_exact(at::Tensor& t, const c10d::ReduceOp& op) {
-  // Gloo has no bfloat16 reduction and no AVG: reduce in fp32 (fp16 too: no overflow of the
-  // sum) and divide afterwards.
-  const bool low = t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
-  const bool avg = op.op_ == c10d::ReduceOp::AVG;
-  // Always a tensor of our own, never the caller's: Gloo's threads may hold the last reference
-  // to what they reduce, and freeing a tensor that has a Python object takes the GIL, which a
-  // thread cannot get while the interpreter exits (it is killed mid-unwind: std::terminate).
-  at::Tensor work =
-      low ? t.to(at::kCPU, at::kFloat, false, true)
-          : t.to(at::kCPU, t.scalar_type(), false, true, at::MemoryFormat::Contiguous);
-  std::vector<at::Tensor> v = {work};
-  c10d::AllreduceOptions o;
-  o.reduceOp = avg ? c10d::ReduceOp(c10d::ReduceOp::SUM) : op;
-  const auto start = std::chrono::steady_clock::now();
-  wire_->allreduce(v, o)->wait();
-  stats_.wire_ns +=
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
-          .count();
-  const int64_t sent = GroupStats::ring_allreduce_bytes(getSize(), int64_t(work.nbytes()));
-  total_bytes_sent_ += sent;
-  ++stats_.calls_exact;
-  stats_.bytes_sent += sent;
-  stats_.bytes_exact += sent;
-  if (avg) work.div_(getSize());
-  if (!work.is_same(t)) t.copy_(work);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce(std::vector<at::Tensor>& tensors,
@@ -204,21 +125,20 @@ std::function<void()> ProcessGroupCGX::reduce_job(at::Tensor t, const BackendCon
   if (sum && c.settings_per_call && !c.planned && eligible(t, c) && getSize() > 1) {
     // The ranks agree on this call's settings first, then all take the same branch.
     return [this, t, c, rop]() mutable {
-      C10dTransport transport(wire_);
-      agree_call_settings(transport, c);
+      engine_.agree(c);
       if (compressible(t, c)) {
-        reduce_compressed(t, c, rop.op_ == c10d::ReduceOp::AVG);
+        engine_.allreduce(t, c, rop.op_ == c10d::ReduceOp::AVG, nullptr);
       } else {
-        reduce_exact(t, rop);
+        engine_.allreduce_exact(t, rop);
       }
     };
   }
   if (sum && compressible(t, c)) {
     const bool average = op == c10d::ReduceOp::AVG;
-    return [this, t, c, average]() mutable { reduce_compressed(t, c, average); };
+    return [this, t, c, average]() mutable { engine_.allreduce(t, c, average, nullptr); };
   }
   // Exact, on the worker too: every allreduce of the group in one order (see the header).
-  return [this, t, rop]() mutable { reduce_exact(t, rop); };
+  return [this, t, rop]() mutable { engine_.allreduce_exact(t, rop); };
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_with(at::Tensor tensor,
@@ -248,21 +168,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_call(at::Tensor tensor
   if (options.compressed() && eligible(tensor, options.config())) {
     return enqueue(outputs, c10d::OpType::ALLREDUCE,
                    [this, tensor, options, average, residual]() mutable {
-                     // The options' compressor serves this call (compressor_for), not the cache.
-                     call_compressor_ = options.shared_compressor();
-                     try {
-                       reduce_compressed(tensor, options.config(), average,
-                                         residual ? residual->data_ptr<float>() : nullptr);
-                     } catch (...) {
-                       call_compressor_.reset();
-                       throw;
-                     }
-                     call_compressor_.reset();
+                     // The options' compressor serves this call, not the engine's cache.
+                     engine_.allreduce(tensor, options.config(), average,
+                                       residual ? residual->data_ptr<float>() : nullptr,
+                                       options.shared_compressor());
                    });
   }
   const auto op = c10d::ReduceOp(average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM);
   return enqueue(outputs, c10d::OpType::ALLREDUCE,
-                 [this, tensor, op]() mutable { reduce_exact(tensor, op); });
+                 [this, tensor, op]() mutable { engine_.allreduce_exact(tensor, op); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::barrier(const c10d::BarrierOptions& opts) {

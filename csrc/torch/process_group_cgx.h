@@ -3,7 +3,8 @@
 // float16 / bfloat16 with SUM or AVG are compressed (csrc/algorithms), the rest reduced exactly.
 // Every other operation is forwarded unchanged to the inner Gloo backend (`inner`), called from
 // the user's thread, so both keep their own call order and cannot overhear each other. The
-// group's settings live in a SettingsStore (settings_store.h).
+// group's settings live in a SettingsStore (settings_store.h); how a call runs is the engine's
+// (engine.h).
 #pragma once
 
 #include <atomic>
@@ -15,42 +16,16 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "algorithms/allreduce.h"
 #include "backend_config.h"
 #include "call_settings.h"
 #include "cgx_work.h"
-#include "core/serial_executor.h"
-#include "core/shm_node.h"
-#include "engine_stats.h"
+#include "engine.h"
 #include "settings_store.h"
 #include "worker.h"
 
 namespace cgx::binding {
 
 class CallOptions;
-
-// Node-aware (hierarchical) compressed allreduce, hierarchical.cc: ranks on one node reduce
-// exactly among themselves (`intra`, the node's Gloo group), and only node sums cross nodes,
-// compressed (`cross`): among the node leaders (intra_broadcast, CGX's default; others: no
-// cross group) followed by an intra-node broadcast, or with every local rank owning a slice of
-// the buffer (cross: the ranks of its local rank across nodes) followed by an intra allgather.
-struct Hierarchy {
-  c10::intrusive_ptr<c10d::Backend> intra;
-  c10::intrusive_ptr<c10d::Backend> cross;  // null on non-leaders with intra_broadcast
-  int local_rank = 0;
-  int local_size = 1;
-  int nodes = 1;
-  bool intra_broadcast = true;
-  // Non-empty: the node's shared-memory segment (core/shm_node.h) carries the intra-node steps
-  // instead of `intra` (CGX_INNER_COMMUNICATOR_TYPE=SHM, the default); local rank 0 creates it.
-  std::string shm_name;
-  // With shm: how values travel to the owner of their node sum (CGX_INTRA_COMPRESS): fp32
-  // (exact), or rounded to fp16 / bf16 (the owner's own values stay fp32).
-  std::string intra_compress = "off";
-  std::shared_ptr<ShmNode> shm;  // set by set_hierarchy
-  // With shm: runs the cross-node step of piece k while piece k + 1 is summed in the node.
-  std::shared_ptr<SerialExecutor> cross_exec;
-};
 
 class ProcessGroupCGX : public c10d::Backend {
  public:
@@ -107,21 +82,21 @@ class ProcessGroupCGX : public c10d::Backend {
   void set_plan(const std::vector<PlanRule>& plan) { settings_.set_plan(plan); }
   std::vector<PlanRule> plan() const { return settings_.plan(); }
   // Turns on the hierarchical path for compressed allreduces (before the group's first use).
-  void set_hierarchy(const Hierarchy& h);
-  bool hierarchical() const { return hierarchy_ != nullptr; }
+  void set_hierarchy(const Hierarchy& h) { engine_.set_hierarchy(h); }
+  bool hierarchical() const { return engine_.hierarchical(); }
   // Removes the node segment's name once every local rank has mapped it (leader; idempotent).
-  void unlink_node_segment();
+  void unlink_node_segment() { engine_.unlink_node_segment(); }
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
   // 1, 2, ...: numbers the settings agreements of this group (keys in the store).
   int64_t next_config_version() { return settings_.next_agreement(); }
   // Bytes this rank handed to the transport in its last compressed allreduce.
-  int64_t last_bytes_sent() const { return last_bytes_sent_; }
+  int64_t last_bytes_sent() const { return engine_.last_bytes_sent(); }
   // Bytes this rank sent in all allreduces it ran itself (compressed, and exact ones counted as a
   // ring allreduce's 2 (W - 1) / W * size), since creation.
-  int64_t total_bytes_sent() const { return total_bytes_sent_; }
+  int64_t total_bytes_sent() const { return engine_.total_bytes_sent(); }
   // The group's counters since creation or the last reset_stats (engine_stats.h).
-  StatsSnapshot stats() const { return stats_.snapshot(); }
-  void reset_stats() { stats_.reset(); }
+  StatsSnapshot stats() const { return engine_.stats(); }
+  void reset_stats() { engine_.reset_stats(); }
 
   // ---- forwarded to the inner backend ----
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -168,26 +143,10 @@ class ProcessGroupCGX : public c10d::Backend {
   // Runs what is queued and stops the worker and the watchdog, then lets Gloo's threads go;
   // later work raises. Idempotent.
   void stop_threads();
-  const Compressor& compressor_for(const BackendConfig& c);
-  void reduce_rotated(at::Tensor& t, const BackendConfig& c, bool average, float* residual);
-  void reduce_unrotated(at::Tensor& t, const BackendConfig& c, bool average, float* residual);
-  void reduce_compressed(at::Tensor& t, const BackendConfig& c, bool average,
-                         float* residual = nullptr);
-  void reduce_exact(at::Tensor& t, const c10d::ReduceOp& op);
   // The worker's job for a reduce-scatter of input into output (the settings agreement when per
   // call, then compressed or exact); empty when the call is to be forwarded as it is.
   std::function<void()> reduce_scatter_job(at::Tensor output, at::Tensor input,
                                            const c10d::ReduceScatterOptions& opts);
-  // Compressed reduce-scatter (csrc/torch/reduce_scatter.cc): one alltoall of the chunks this
-  // rank does not own, each encoded once; the owner adds them, decoded, to its own in fp32.
-  void reduce_scatter_compressed(at::Tensor& output, const at::Tensor& input,
-                                 const BackendConfig& c, bool average);
-  void reduce_hierarchical(at::Tensor& t, const BackendConfig& c, bool average, float* residual);
-  // The intra-node steps over the node's shared memory, pipelined (hierarchical_shm.cc); the
-  // result, divided by `divisor` unless 0, replaces w.
-  void shm_allreduce(float* w, int64_t n, const BackendConfig& c, float divisor, float* residual);
-  void run_algorithm(const c10::intrusive_ptr<c10d::Backend>& over, at::Tensor& work,
-                     const BackendConfig& c, bool average, float* residual);
   // The group's settings for an allreduce of `numel` values issued now (per-call variables and
   // the plan applied; numel < 0: no plan).
   BackendConfig call_config(int64_t numel = -1) { return settings_.call_config(numel); }
@@ -196,26 +155,11 @@ class ProcessGroupCGX : public c10d::Backend {
   std::function<void()> reduce_job(at::Tensor t, const BackendConfig& c, const c10d::ReduceOp& rop);
 
   c10::intrusive_ptr<c10d::Backend> inner_;
-  c10::intrusive_ptr<c10d::Backend> wire_;
 
   c10::intrusive_ptr<c10d::Store> store_;
   SettingsStore settings_;
-  std::chrono::milliseconds timeout_;  // the transports' (shared-memory node)
 
-  std::unique_ptr<Hierarchy> hierarchy_;
-
-  // Worker-thread state.
-  CompressedAllreduce algorithm_;
-  std::shared_ptr<const Compressor> compressor_;       // compressor_for's cache
-  std::shared_ptr<const Compressor> call_compressor_;  // allreduce_call's, while it runs
-  std::string compressor_name_;
-  std::map<std::string, double> compressor_params_;
-  uint64_t calls_ = 0;
-  uint64_t rotated_calls_ = 0;  // the rotation's call index (the same on every rank)
-  std::atomic<int64_t> last_bytes_sent_{0};
-  std::atomic<int64_t> total_bytes_sent_{0};
-  GroupStats stats_;
-
+  Engine engine_;  // the worker's: only jobs call it
   Worker worker_;  // last: stops (after running what is queued) before the rest goes
 };
 

@@ -4,15 +4,14 @@
 
 #include "algorithms/rotated.h"
 #include "call_options.h"
-#include "process_group_cgx.h"
+#include "engine.h"
 
 namespace cgx::binding {
 
 // Every full bucket of an fp32 copy rotated (the same seed on every rank: the group's seed and
 // the call's agreed stream, or the count of rotated calls before this one), reduced, and rotated
 // back, with the residual.
-void ProcessGroupCGX::reduce_rotated(at::Tensor& t, const BackendConfig& c, bool average,
-                                     float* residual) {
+void Engine::reduce_rotated(at::Tensor& t, const BackendConfig& c, bool average, float* residual) {
   const uint64_t call = rotated_calls_++;
   const uint64_t seed = rotation_seed(c.seed, c.stream >= 0 ? uint64_t(c.stream) : call);
   Fp32Work work = fp32_work(t);

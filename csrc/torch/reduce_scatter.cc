@@ -29,14 +29,11 @@ std::function<void()> ProcessGroupCGX::reduce_scatter_job(at::Tensor output, at:
   // On the worker, so that the ranks agree on this call's settings (and run the exact path, if
   // any, on the worker's own connection, in one order with the compressed allreduces).
   return [this, output, input, c, opts, per_call, average]() mutable {
-    if (per_call) {
-      C10dTransport transport(wire_);
-      agree_call_settings(transport, c);
-    }
+    if (per_call) engine_.agree(c);
     if (compressible(output, c)) {
-      reduce_scatter_compressed(output, input, c, average);
+      engine_.reduce_scatter(output, input, c, average);
     } else {
-      wire_->_reduce_scatter_base(output, input, opts)->wait();
+      engine_.reduce_scatter_exact(output, input, opts);
     }
   };
 }
@@ -115,13 +112,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter_tensor_coalesced(
 }
 
 // The algorithm is csrc/algorithms/reduce_scatter.cc; this adapts the tensors and counts bytes.
-void ProcessGroupCGX::reduce_scatter_compressed(at::Tensor& output, const at::Tensor& input,
-                                                const BackendConfig& c, bool average) {
+void Engine::reduce_scatter_compressed(at::Tensor& output, const at::Tensor& input,
+                                       const BackendConfig& c, bool average) {
   AllreduceOptions o = to_options(c, average, calls_++);
   if (c.compressor != "maxmin") o.compressor = &compressor_for(c);
   const at::Tensor in = input.cpu();
   at::Tensor acc = at::empty({output.numel()}, in.options().dtype(at::kFloat));
-  C10dTransport transport(wire_);
+  C10dTransport c10d(wire_);
+  TimedTransport transport(c10d, stats_.wire_ns);
   CompressedReduceScatter rs;
   rs.run(transport, in.data_ptr(), to_cgx_dtype(in.scalar_type()), output.numel(), o,
          acc.data_ptr<float>());
