@@ -1,10 +1,10 @@
 // The `cgx` c10d backend: the adapter between c10d and the units that do the work. Every allreduce
-// runs on the group's worker (worker.h), which owns a private Gloo backend (`wire`): float32 /
-// float16 / bfloat16 with SUM or AVG are compressed (csrc/algorithms), the rest reduced exactly.
-// Every other operation is forwarded unchanged to the inner Gloo backend (`inner`), called from
-// the user's thread, so both keep their own call order and cannot overhear each other. The
-// group's settings live in a SettingsStore (settings_store.h); how a call runs is the engine's
-// (engine.h).
+// runs on the group's worker thread (worker.h), through the engine (engine.h), which owns a
+// private Gloo backend (`wire`): float32 / float16 / bfloat16 with SUM or AVG are compressed
+// (csrc/algorithms), the rest reduced exactly. Every other operation is forwarded unchanged to
+// the inner Gloo backend (`inner`), called from the user's thread, so both keep their own call
+// order and cannot overhear each other. The group's settings live in a SettingsStore
+// (settings_store.h); the adapter decides what runs where, and when.
 #pragma once
 
 #include <atomic>
