@@ -97,7 +97,8 @@ class CompressedReduceScatter(_MinSizeAlias, _ReduceScatter):
             )
         chunks = input_tensor.detach().view(world, n)
         payloads = self._encode(chunks, rank, world)
-        received = self._exchange(payloads, group, rank, world)
+        limit = self.codec.encoded_size(n, input_tensor.dtype)  # the largest honest payload
+        received = self._exchange(payloads, group, rank, world, limit)
         acc = chunks[rank].to(torch.float32, copy=True).cpu()
         for j, payload in enumerate(received):
             if j != rank:
@@ -118,15 +119,30 @@ class CompressedReduceScatter(_MinSizeAlias, _ReduceScatter):
             for j in range(world)
         ]
 
-    def _exchange(self, payloads, group, rank: int, world: int) -> List[torch.Tensor]:
+    def _exchange(self, payloads, group, rank: int, world: int, limit: int) -> List[torch.Tensor]:
         """payloads[j] to rank j; returns what each rank sent to this one (sizes first: the
-        payloads of data-dependent compressors differ in size)."""
-        sizes = torch.tensor([p.numel() for p in payloads], dtype=torch.int64)
-        incoming = torch.empty(world, dtype=torch.int64)
-        dist.all_to_all_single(incoming, sizes, group=group)
+        payloads of data-dependent compressors differ in size). Each size travels with its
+        sender's ``limit``, the largest payload of a chunk: ranks whose limits differ (other
+        settings) all raise before the payloads move, and a size above the limit is refused
+        before anything is allocated for it."""
+        head = torch.tensor([[p.numel(), limit] for p in payloads], dtype=torch.int64)
+        heads = torch.empty(world, 2, dtype=torch.int64)
+        dist.all_to_all_single(heads.view(-1), head.view(-1), group=group)
+        incoming, limits = heads[:, 0], heads[:, 1].tolist()
+        if any(other != limit for other in limits):
+            raise ValueError(
+                f"reduce-scatter: the ranks' compressor settings differ (largest payload of a "
+                f"chunk per rank: {limits}); give every rank the same CompressedReduceScatter"
+            )
+        bad = [(j, int(b)) for j, b in enumerate(incoming.tolist()) if not 0 <= b <= limit]
+        if bad:
+            raise ValueError(
+                f"reduce-scatter: rank(s) {[j for j, _ in bad]} announced payloads of "
+                f"{[b for _, b in bad]} bytes, above the {limit} bytes a chunk can take"
+            )
         send = torch.cat(payloads)
         recv = torch.empty(int(incoming.sum()), dtype=torch.uint8)
-        dist.all_to_all_single(recv, send, incoming.tolist(), sizes.tolist(), group=group)
+        dist.all_to_all_single(recv, send, incoming.tolist(), head[:, 0].tolist(), group=group)
         self.bytes_sent += send.numel()
         return list(recv.split(incoming.tolist()))
 
