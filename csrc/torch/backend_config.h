@@ -76,6 +76,12 @@ struct PlanRule {
 // Whether an allreduce with `c` rotates its buckets: rotation_rule (call_options.h) of its fields.
 bool rotates(const BackendConfig& c);
 
+// Whether `compressor` names the max-min codec (core/codec.h), whose parameters are
+// BackendConfig's own fields (bits, bucket_size, skip_incomplete_buckets, stochastic, clip) and
+// which the algorithms run directly (AllreduceOptions::compressor null: the codec's fast path).
+// The one place the binding compares the name (call_options.cc).
+bool uses_codec(const std::string& compressor);
+
 // `c` with the plan's rule for an allreduce of `numel` values applied (unchanged without one).
 BackendConfig planned(const BackendConfig& c, const std::vector<PlanRule>& plan, int64_t numel);
 

@@ -19,7 +19,7 @@ bool eligible(const at::Tensor& t, const BackendConfig& c) {
 // Compression is on with max-min at 1..8 bits, or with any other compressor.
 bool compressible(const at::Tensor& t, const BackendConfig& c) {
   if (c.compressor == kAutoCompressor) return false;  // no plan rule for this call: exact
-  const bool on = c.compressor != "maxmin" || (c.bits >= 1 && c.bits <= 8);
+  const bool on = !uses_codec(c.compressor) || (c.bits >= 1 && c.bits <= 8);
   return on && eligible(t, c);
 }
 
@@ -30,9 +30,11 @@ Fp32Work fp32_work(const at::Tensor& t) {
   return {t.to(at::kCPU, at::kFloat, false, true).contiguous().view({-1}), false};
 }
 
+bool uses_codec(const std::string& compressor) { return compressor == "maxmin"; }
+
 bool rotation_rule(const std::string& rotation, int bits, int64_t bucket_size,
                    const std::string& compressor) {
-  if (compressor != "maxmin" || rotation == "off") return false;
+  if (!uses_codec(compressor) || rotation == "off") return false;
   return rotation::valid_block(bucket_size) && (rotation == "on" || bits <= 4);
 }
 
@@ -48,11 +50,11 @@ CallOptions::CallOptions(const BackendConfig& config) : config_(config) {
   validate_fields(config_);
   const bool automatic = config_.compressor == kAutoCompressor;
   compressed_ =
-      !automatic && (config_.compressor != "maxmin" || (config_.bits >= 1 && config_.bits <= 8));
+      !automatic && (!uses_codec(config_.compressor) || (config_.bits >= 1 && config_.bits <= 8));
   rotates_ = rotation_rule(config_.rotation, config_.bits, config_.bucket_size, config_.compressor);
-  clips_ = config_.compressor == "maxmin" && clip_rule(config_.clip, rotates_);
+  clips_ = uses_codec(config_.compressor) && clip_rule(config_.clip, rotates_);
   // Built here, once: also what names a bad compressor name or parameter.
-  if (!automatic && config_.compressor != "maxmin") {
+  if (!automatic && !uses_codec(config_.compressor)) {
     compressor_ = make_compressor(config_.compressor, config_.compressor_params);
   }
 }
@@ -77,7 +79,7 @@ AllreduceOptions to_options(const BackendConfig& c, bool average, uint64_t call_
   o.codec.skip_incomplete_buckets = c.skip_incomplete_buckets;
   o.codec.rounding = c.stochastic ? Rounding::kStochastic : Rounding::kNearest;
   o.codec.seed = c.seed;
-  o.codec.clip = c.compressor == "maxmin" && clip_rule(c.clip, rotates(c));
+  o.codec.clip = uses_codec(c.compressor) && clip_rule(c.clip, rotates(c));
   o.algorithm = algorithm_from_int(c.algorithm);
   o.average = average;
   o.fusion_bytes = size_t(c.fusion_buffer_bytes);
@@ -112,7 +114,7 @@ void validate_fields(const BackendConfig& c) {
                 c.rotation, " (bucket_size ", c.bucket_size, ")");
   CGX_CHECK_ARG(c.clip == "auto" || c.clip == "on" || c.clip == "off",
                 "clip must be auto, on or off, got ", c.clip);
-  CGX_CHECK_ARG(c.compressor != "maxmin" || c.compressor_params.empty(),
+  CGX_CHECK_ARG(!uses_codec(c.compressor) || c.compressor_params.empty(),
                 "maxmin takes its parameters from bits, bucket_size, skip_incomplete_buckets and "
                 "stochastic, not from compressor_params");
   CGX_CHECK_ARG(c.compressor != kAutoCompressor || c.compressor_params.empty(),

@@ -84,7 +84,7 @@ void Engine::reduce_unrotated(at::Tensor& t, const BackendConfig& c, bool averag
 void Engine::run_algorithm(const c10::intrusive_ptr<c10d::Backend>& over, at::Tensor& work,
                            const BackendConfig& c, bool average, float* residual) {
   AllreduceOptions o = to_options(c, average, calls_++);
-  if (c.compressor != "maxmin") o.compressor = &compressor_for(c);
+  if (!uses_codec(c.compressor)) o.compressor = &compressor_for(c);
   o.residual = residual;
   C10dTransport c10d(over);
   TimedTransport transport(c10d, stats_.wire_ns);
