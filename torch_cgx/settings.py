@@ -303,7 +303,8 @@ def markdown() -> str:
     lines = [
         "# Settings reference",
         "",
-        "Generated from `torch_cgx/settings.py` by `make settings-doc` (a test checks that the two agree). Every setting can be given as a "
+        "Generated from `torch_cgx/settings.py` by `make settings-doc` (a test checks that the "
+        "two agree). Every setting can be given as a "
         "keyword of `torch_cgx.Options(...)` (passed as `pg_options` to `init_process_group` / "
         "`new_group`) or of `torch_cgx.set_config(group, ...)`, or as its environment variable; "
         "a keyword given to `Options` wins over the variable.",
