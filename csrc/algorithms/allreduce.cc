@@ -71,7 +71,7 @@ CompressedAllreduce::~CompressedAllreduce() = default;
 
 void CompressedAllreduce::run(Transport& t, void* data, DType dtype, int64_t count,
                               const AllreduceOptions& o) {
-  if (o.compressor == nullptr) validate(o.codec);
+  if (const CodecParams* codec = codec_of(o)) validate(*codec);
   algorithm_from_int(int(o.algorithm));
   CGX_CHECK_ARG(count >= 0, "element count must be >= 0, got ", count);
   CGX_CHECK_ARG(o.fusion_bytes >= elem_size(dtype), "fusion buffer must hold one element");

@@ -31,7 +31,8 @@ Algorithm algorithm_from_int(int value);
 
 struct AllreduceOptions {
   CodecParams codec;  // bits, bucket size, raw tail, rounding, seed (streams are set per message)
-  // A registered compressor instead of max-min (then only codec.seed is read). Sparse
+  // The registered compressor; null: the max-min codec of `codec`. For any compressor but the
+  // codec itself (Compressor::codec()), only codec.seed is read. Sparse
   // compressors and those whose payload size depends on the data always use kAllgather, but
   // summable sparse ones (random-k), which use sum-reduce unless kAllgather is asked for.
   const Compressor* compressor = nullptr;

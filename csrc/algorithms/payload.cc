@@ -14,32 +14,41 @@ Streams streams_for(const AllreduceOptions& o, uint64_t piece, int rank, int chu
   return Streams{mix(uint64_t(uint32_t(rank))), mix(0xffffffffull)};
 }
 
+const CodecParams* codec_of(const AllreduceOptions& o) {
+  return o.compressor ? o.compressor->codec() : &o.codec;
+}
+
 int64_t chunk_alignment(const AllreduceOptions& o) {
-  return o.compressor ? o.compressor->alignment() : o.codec.bucket_size;
+  const CodecParams* codec = codec_of(o);
+  return codec ? codec->bucket_size : o.compressor->alignment();
 }
 
 size_t payload_size(const AllreduceOptions& o, int64_t n, DType dtype) {
-  return o.compressor ? o.compressor->max_encoded_size(n, dtype) : encoded_size(n, dtype, o.codec);
+  const CodecParams* codec = codec_of(o);
+  return codec ? encoded_size(n, dtype, *codec) : o.compressor->max_encoded_size(n, dtype);
 }
 
 bool fixed_size(const AllreduceOptions& o) {
-  return o.compressor == nullptr || o.compressor->traits().fixed_size;
+  return codec_of(o) != nullptr || o.compressor->traits().fixed_size;
 }
 
 bool gather_only(const AllreduceOptions& o) {
-  return o.compressor != nullptr &&
-         (!o.compressor->traits().fixed_size || o.compressor->traits().sparse);
+  if (codec_of(o) != nullptr) return false;
+  const CompressorTraits t = o.compressor->traits();
+  return !t.fixed_size || t.sparse;
 }
 
 bool sum_in_transit(const AllreduceOptions& o) {
-  return o.compressor != nullptr && o.compressor->traits().summable &&
-         o.compressor->traits().sparse && o.compressor->traits().fixed_size;
+  if (codec_of(o) != nullptr) return false;
+  const CompressorTraits t = o.compressor->traits();
+  return t.summable && t.sparse && t.fixed_size;
 }
 
 size_t encode_payload(const AllreduceOptions& o, const void* in, DType dtype, int64_t n, Streams s,
                       uint8_t* out, size_t capacity) {
-  if (o.compressor == nullptr) {
-    CodecParams p = o.codec;
+  if (const CodecParams* codec = codec_of(o)) {
+    CodecParams p = *codec;
+    p.seed = o.codec.seed;
     p.stream = s.stream;
     encode(in, dtype, n, p, out, capacity);
     return capacity;
@@ -50,7 +59,7 @@ size_t encode_payload(const AllreduceOptions& o, const void* in, DType dtype, in
 
 void decode_payload(const AllreduceOptions& o, const uint8_t* payload, size_t size, void* out,
                     DType dtype, int64_t n, bool add) {
-  if (o.compressor) {
+  if (codec_of(o) == nullptr) {
     o.compressor->decode(payload, size, out, dtype, n, add);
   } else if (add) {
     decode_add(payload, size, out, dtype, n);

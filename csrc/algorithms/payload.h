@@ -1,11 +1,17 @@
-// How the allreduce algorithms encode and decode, whatever the compressor: the max-min codec of
-// `opts.codec` (the default), or the registered compressor `opts.compressor`. The algorithms call
-// only these, so they do not know which compressor they run.
+// How the allreduce algorithms encode and decode, whatever the compressor: the registered
+// compressor `opts.compressor`, or, when it is null, the max-min codec of `opts.codec`. A
+// compressor that is the codec (Compressor::codec()) takes the codec's direct path. The
+// algorithms call only these, so they do not know which compressor they run.
 #pragma once
 
 #include "allreduce.h"
 
 namespace cgx {
+
+// The max-min codec parameters a call encodes with: the compressor's when it is the codec,
+// `o.codec` when there is no compressor, null for any other compressor. Seeds and streams are
+// not read from it (o.codec.seed and each message's stream are).
+const CodecParams* codec_of(const AllreduceOptions& o);
 
 Streams streams_for(const AllreduceOptions& o, uint64_t piece, int rank, int chunk, int phase);
 

@@ -9,7 +9,7 @@ namespace cgx {
 
 void CompressedReduceScatter::run(Transport& t, const void* input, DType dtype, int64_t count,
                                   const AllreduceOptions& o, float* out) {
-  if (o.compressor == nullptr) validate(o.codec);
+  if (const CodecParams* codec = codec_of(o)) validate(*codec);
   CGX_CHECK_ARG(count >= 0, "element count must be >= 0, got ", count);
   const int world = t.size(), me = t.rank();
   const size_t n = size_t(count), esize = elem_size(dtype);

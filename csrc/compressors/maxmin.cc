@@ -23,6 +23,7 @@ class MaxMin final : public Compressor {
     return t;
   }
   int64_t alignment() const override { return params_.bucket_size; }
+  const CodecParams* codec() const override { return &params_; }
   size_t max_encoded_size(int64_t count, DType dtype) const override {
     return encoded_size(count, dtype, params_);
   }

@@ -19,6 +19,8 @@
 
 namespace cgx {
 
+struct CodecParams;  // core/codec.h
+
 // What the algorithms read to choose how a compressor's payloads travel.
 struct CompressorTraits {
   bool biased = false;     // E[decode(encode(x))] != x: needs error feedback to converge
@@ -100,6 +102,12 @@ class Compressor {
     DType dtype = DType::kFloat32;
   };
   virtual SummableSection summable_section(const uint8_t* payload, size_t size) const;
+
+  // The max-min codec's parameters when this compressor is that codec (its payloads are the
+  // codec's, docs/FORMAT.md), else null. The algorithms then call the codec directly: the same
+  // bytes without a virtual call per message. The seed and stream of the returned parameters are
+  // not read: each message takes its own (EncodeContext).
+  virtual const CodecParams* codec() const { return nullptr; }
 };
 
 // ---- the envelope shared by all compressors except max-min (docs/FORMAT.md) -----------------

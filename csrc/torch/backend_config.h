@@ -76,10 +76,10 @@ struct PlanRule {
 // Whether an allreduce with `c` rotates its buckets: rotation_rule (call_options.h) of its fields.
 bool rotates(const BackendConfig& c);
 
-// Whether `compressor` names the max-min codec (core/codec.h), whose parameters are
-// BackendConfig's own fields (bits, bucket_size, skip_incomplete_buckets, stochastic, clip) and
-// which the algorithms run directly (AllreduceOptions::compressor null: the codec's fast path).
-// The one place the binding compares the name (call_options.cc).
+// Whether `compressor` names the max-min codec (core/codec.h): a registered compressor whose
+// codec() trait is set. Its parameters are BackendConfig's own fields (bits, bucket_size,
+// skip_incomplete_buckets, stochastic, clip: compressor_params_of in call_options.h), and the
+// algorithms recognise it by the same trait to take the codec's direct path.
 bool uses_codec(const std::string& compressor);
 
 // `c` with the plan's rule for an allreduce of `numel` values applied (unchanged without one).

@@ -2,6 +2,7 @@
 #include "call_options.h"
 
 #include <algorithm>
+#include <set>
 
 #include "compressors/registry.h"
 #include "core/error.h"
@@ -30,7 +31,30 @@ Fp32Work fp32_work(const at::Tensor& t) {
   return {t.to(at::kCPU, at::kFloat, false, true).contiguous().view({-1}), false};
 }
 
-bool uses_codec(const std::string& compressor) { return compressor == "maxmin"; }
+bool uses_codec(const std::string& compressor) {
+  // Asked once of every registered compressor, built with its defaults: no name is special here.
+  static const std::set<std::string> codecs = [] {
+    std::set<std::string> names;
+    for (const CompressorEntry& e : compressor_registry()) {
+      if (make_compressor(e.name)->codec() != nullptr) names.insert(e.name);
+    }
+    return names;
+  }();
+  return codecs.count(compressor) != 0;
+}
+
+std::map<std::string, double> compressor_params_of(const BackendConfig& c) {
+  if (!uses_codec(c.compressor)) return c.compressor_params;
+  return {{"bits", double(c.bits)},
+          {"bucket_size", double(c.bucket_size)},
+          {"skip_incomplete_buckets", c.skip_incomplete_buckets ? 1.0 : 0.0},
+          {"stochastic", c.stochastic ? 1.0 : 0.0},
+          {"clip", clip_rule(c.clip, rotates(c)) ? 1.0 : 0.0}};
+}
+
+std::unique_ptr<Compressor> make_call_compressor(const BackendConfig& c) {
+  return make_compressor(c.compressor, compressor_params_of(c));
+}
 
 bool rotation_rule(const std::string& rotation, int bits, int64_t bucket_size,
                    const std::string& compressor) {
@@ -53,10 +77,9 @@ CallOptions::CallOptions(const BackendConfig& config) : config_(config) {
       !automatic && (!uses_codec(config_.compressor) || (config_.bits >= 1 && config_.bits <= 8));
   rotates_ = rotation_rule(config_.rotation, config_.bits, config_.bucket_size, config_.compressor);
   clips_ = uses_codec(config_.compressor) && clip_rule(config_.clip, rotates_);
-  // Built here, once: also what names a bad compressor name or parameter.
-  if (!automatic && !uses_codec(config_.compressor)) {
-    compressor_ = make_compressor(config_.compressor, config_.compressor_params);
-  }
+  // Built here, once: also what names a bad compressor name or parameter. Max-min at 32 bits
+  // does not compress, so it has no compressor (bits 32 is outside the codec's range).
+  if (compressed_) compressor_ = make_call_compressor(config_);
 }
 
 void CallOptions::set_stream(int64_t stream) {

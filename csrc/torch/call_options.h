@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -21,6 +22,13 @@ namespace cgx::binding {
 bool rotation_rule(const std::string& rotation, int bits, int64_t bucket_size,
                    const std::string& compressor);
 bool clip_rule(const std::string& clip, bool rotates);
+
+// The parameters `c`'s compressor is built with: for the max-min codec, the fields bits,
+// bucket_size, skip_incomplete_buckets, stochastic and the clip rule's result; for any other
+// compressor, c.compressor_params.
+std::map<std::string, double> compressor_params_of(const BackendConfig& c);
+// The registered compressor of `c` with those parameters (max-min needs bits in 1..8).
+std::unique_ptr<Compressor> make_call_compressor(const BackendConfig& c);
 
 // A call's settings, validated and resolved once (a hook builds one per group-settings version
 // and reuses it for every gradient bucket). Copies share the compressor; changing the stream
@@ -39,7 +47,8 @@ class CallOptions {
   // >= 0: the call's random-stream index; -1: the group's call counter (BackendConfig::stream).
   int64_t stream() const { return config_.stream; }
   void set_stream(int64_t stream);
-  // The compressor other than max-min, built once; null for max-min (the codec's own path).
+  // The call's compressor (max-min too), built once; null when the call does not compress or
+  // its compressor is "auto" (the plan's rule decides per call).
   const Compressor* compressor() const { return compressor_.get(); }
   const std::shared_ptr<const Compressor>& shared_compressor() const { return compressor_; }
 

@@ -38,15 +38,15 @@ void Engine::agree(const BackendConfig& c) {
   agree_call_settings(transport, c);
 }
 
-// The worker's compressor for `c`: the call's own, else the cache's, made again only when the
-// settings change (not per call).
+// The worker's compressor for `c` (max-min too): the call's own, else the cache's, made again
+// only when the settings change (not per call).
 const Compressor& Engine::compressor_for(const BackendConfig& c) {
   if (call_compressor_) return *call_compressor_;
-  if (!compressor_ || compressor_name_ != c.compressor ||
-      compressor_params_ != c.compressor_params) {
-    compressor_ = make_compressor(c.compressor, c.compressor_params);
+  std::map<std::string, double> params = compressor_params_of(c);
+  if (!compressor_ || compressor_name_ != c.compressor || compressor_params_ != params) {
+    compressor_ = make_compressor(c.compressor, params);
     compressor_name_ = c.compressor;
-    compressor_params_ = c.compressor_params;
+    compressor_params_ = std::move(params);
   }
   return *compressor_;
 }
@@ -84,7 +84,7 @@ void Engine::reduce_unrotated(at::Tensor& t, const BackendConfig& c, bool averag
 void Engine::run_algorithm(const c10::intrusive_ptr<c10d::Backend>& over, at::Tensor& work,
                            const BackendConfig& c, bool average, float* residual) {
   AllreduceOptions o = to_options(c, average, calls_++);
-  if (!uses_codec(c.compressor)) o.compressor = &compressor_for(c);
+  o.compressor = &compressor_for(c);
   o.residual = residual;
   C10dTransport c10d(over);
   TimedTransport transport(c10d, stats_.wire_ns);

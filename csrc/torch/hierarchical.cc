@@ -69,7 +69,7 @@ void Engine::reduce_hierarchical(at::Tensor& t, const BackendConfig& c, bool ave
   o.local_size = h.local_size;
   o.intra_broadcast = h.intra_broadcast;
   o.intra_dtype = h.shm ? intra_dtype(h.intra_compress) : DType::kFloat32;
-  o.alignment = uses_codec(c.compressor) ? c.bucket_size : compressor_for(c).alignment();
+  o.alignment = compressor_for(c).alignment();
   o.divisor = average ? float(getSize()) : 0.0f;
   o.residual = residual;
   // Each cross-node allreduce is one compressed call of the group (its own call index); the

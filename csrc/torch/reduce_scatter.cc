@@ -115,7 +115,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter_tensor_coalesced(
 void Engine::reduce_scatter_compressed(at::Tensor& output, const at::Tensor& input,
                                        const BackendConfig& c, bool average) {
   AllreduceOptions o = to_options(c, average, calls_++);
-  if (!uses_codec(c.compressor)) o.compressor = &compressor_for(c);
+  o.compressor = &compressor_for(c);
   const at::Tensor in = input.cpu();
   at::Tensor acc = at::empty({output.numel()}, in.options().dtype(at::kFloat));
   C10dTransport c10d(wire_);
