@@ -82,6 +82,41 @@ TEST(AllreduceCompressors, EveryCompressorAndAlgorithmGivesIdenticalReplicas) {
   }
 }
 
+// The registered max-min is the codec itself (its codec() trait), so the algorithms give the
+// same bits with it as with a null compressor and the same parameters in `codec`; no other
+// compressor claims the trait.
+TEST(AllreduceCompressors, MaxMinCompressorIsTheCodecPath) {
+  for (const std::string& name : compressor_names()) {
+    EXPECT_EQ(make_compressor(name)->codec() != nullptr, name == "maxmin") << name;
+  }
+  auto c = make_compressor("maxmin", {{"bits", 3},
+                                      {"bucket_size", 64},
+                                      {"skip_incomplete_buckets", 1},
+                                      {"stochastic", 1},
+                                      {"clip", 1}});
+  const CodecParams& p = *c->codec();
+  EXPECT_EQ(p.bits, 3);
+  EXPECT_EQ(p.bucket_size, 64);
+  EXPECT_TRUE(p.skip_incomplete_buckets && p.clip && p.rounding == Rounding::kStochastic);
+  for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing, Algorithm::kAllgather,
+                   Algorithm::kTree}) {
+    const int world = 3;
+    const int64_t n = 4099;
+    auto with = run(*c, alg, world, n, 8192, 2048);
+    auto without = normal_inputs(world, n, uint32_t(n + world));
+    on_ranks(without, n, [&](int) {
+      AllreduceOptions o;
+      o.codec = p;
+      o.codec.seed = 3;
+      o.algorithm = alg;
+      o.fusion_bytes = 8192;
+      o.segment_bytes = 2048;
+      return o;
+    });
+    EXPECT_EQ(with, without) << "alg " << int(alg);
+  }
+}
+
 TEST(AllreduceCompressors, AllgatherSumsExactlyWhatWasSent) {
   // fp16 through the allgather path: the sum, in rank order in fp32, of the fp16-rounded inputs.
   auto c = make_compressor("fp16");
