@@ -58,7 +58,7 @@ class Engine {
 
   // Compressed allreduce of t in place with c: rotated when c rotates, hierarchical when the
   // group has a node layout, else flat. `compressor`: the call's own (CallOptions), or null for
-  // the engine's cache (max-min needs none). `residual`: AllreduceOptions::residual.
+  // the engine's cache (max-min included). `residual`: AllreduceOptions::residual.
   void allreduce(at::Tensor& t, const BackendConfig& c, bool average, float* residual,
                  std::shared_ptr<const Compressor> compressor = nullptr);
   // Exact allreduce of t in place over the wire (any dtype and op; AVG divides after a SUM).
