@@ -79,14 +79,14 @@ def test_typed_api_validates_and_names_the_field():
 
 
 def test_codec_threads_share_the_host_among_its_ranks():
-    from torch_cgx.config import _usable_cores, process_settings_from_env
+    from torch_cgx.settings import ProcessSettings, process_settings, usable_cores
 
-    cores = _usable_cores()
-    assert process_settings_from_env({}) == (cores, True)
-    assert process_settings_from_env({"LOCAL_WORLD_SIZE": "2"})[0] == max(1, cores // 2)
-    assert process_settings_from_env({"LOCAL_WORLD_SIZE": str(4 * cores)})[0] == 1
-    assert process_settings_from_env({"CGX_CODEC_THREADS": "3", "LOCAL_WORLD_SIZE": "8"})[0] == 3
-    assert process_settings_from_env({"CGX_DISABLE_AVX2": "1"})[1] is False
+    cores = usable_cores()
+    assert process_settings({}) == ProcessSettings(cores, True)
+    assert process_settings({"LOCAL_WORLD_SIZE": "2"}).codec_threads == max(1, cores // 2)
+    assert process_settings({"LOCAL_WORLD_SIZE": str(4 * cores)}).codec_threads == 1
+    assert process_settings({"CGX_CODEC_THREADS": "3", "LOCAL_WORLD_SIZE": "8"}).codec_threads == 3
+    assert process_settings({"CGX_DISABLE_AVX2": "1"}).avx2 is False
 
 
 @pytest.mark.parametrize(
@@ -100,10 +100,10 @@ def test_codec_threads_share_the_host_among_its_ranks():
     ],
 )
 def test_bad_process_setting_names_the_variable(var, value):
-    from torch_cgx.config import process_settings_from_env
+    from torch_cgx.settings import process_settings
 
     with pytest.raises(ValueError, match=var):
-        process_settings_from_env({var: value})
+        process_settings({var: value})
 
 
 def test_import_applies_process_settings_and_rejects_bad_ones():

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Mapping, Optional, Tuple
+from typing import Mapping, Optional
 
 from torch_cgx import _C
 from torch_cgx import settings as _settings
@@ -207,15 +207,6 @@ class Options:
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Options) and other.settings == self.settings
-
-
-def process_settings_from_env(env: Optional[Mapping[str, str]] = None) -> Tuple[int, bool]:
-    """(codec threads, AVX2 allowed): torch_cgx.settings.process_settings as a pair."""
-    s = _settings.process_settings(env)
-    return s.codec_threads, s.avx2
-
-
-_usable_cores = _settings.usable_cores
 
 
 def _parse_params(var: str, text) -> dict:

@@ -85,7 +85,7 @@ def stats(group: Optional[dist.ProcessGroup] = None) -> Stats:
         calls_exact=d["calls_exact"],
         reduce_scatter_compressed=d["reduce_scatter_compressed"],
         reduce_scatter_exact=d["reduce_scatter_exact"],
-        compute_seconds=d["codec_seconds"],
+        compute_seconds=d["compute_seconds"],
         wire_seconds=d["wire_seconds"],
     )
 

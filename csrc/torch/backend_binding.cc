@@ -151,12 +151,12 @@ void bind_backend(pybind11::module& m) {
             d["calls_exact"] = s.calls_exact;
             d["reduce_scatter_compressed"] = s.reduce_scatter_compressed;
             d["reduce_scatter_exact"] = s.reduce_scatter_exact;
-            d["codec_seconds"] = s.codec_seconds;
+            d["compute_seconds"] = s.compute_seconds;
             d["wire_seconds"] = s.wire_seconds;
             return d;
           },
           "This rank's counters for the group since creation or reset_stats(): bytes sent and "
-          "what exact calls would have sent, calls compressed / exact, seconds in the codec "
+          "what exact calls would have sent, calls compressed / exact, seconds of compute "
           "(not hidden by the pipeline) and on the wire (csrc/torch/engine_stats.h).")
       .def("reset_stats", &ProcessGroupCGX::reset_stats)
       .def_static("shutdown_all", &ProcessGroupCGX::shutdown_all);

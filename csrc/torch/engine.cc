@@ -9,15 +9,6 @@
 #include "dtype_map.h"
 
 namespace cgx::binding {
-namespace {
-
-int64_t ns_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
-                                                              start)
-      .count();
-}
-
-}  // namespace
 
 Engine::Engine(int rank, int size, c10::intrusive_ptr<c10d::Backend> wire,
                std::chrono::milliseconds timeout)

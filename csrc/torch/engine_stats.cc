@@ -3,15 +3,6 @@
 #include <algorithm>
 
 namespace cgx::binding {
-namespace {
-
-int64_t ns_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
-                                                              start)
-      .count();
-}
-
-}  // namespace
 
 StatsSnapshot GroupStats::snapshot() const {
   StatsSnapshot s;
@@ -21,7 +12,7 @@ StatsSnapshot GroupStats::snapshot() const {
   s.calls_exact = calls_exact.load();
   s.reduce_scatter_compressed = reduce_scatter_compressed.load();
   s.reduce_scatter_exact = reduce_scatter_exact.load();
-  s.codec_seconds = double(codec_ns.load()) * 1e-9;
+  s.compute_seconds = double(compute_ns.load()) * 1e-9;
   s.wire_seconds = double(wire_ns.load()) * 1e-9;
   return s;
 }
@@ -29,14 +20,14 @@ StatsSnapshot GroupStats::snapshot() const {
 void GroupStats::reset() {
   for (std::atomic<int64_t>* c :
        {&bytes_sent, &bytes_exact, &calls_compressed, &calls_exact, &reduce_scatter_compressed,
-        &reduce_scatter_exact, &codec_ns, &wire_ns}) {
+        &reduce_scatter_exact, &compute_ns, &wire_ns}) {
     c->store(0);
   }
 }
 
 CallClock::~CallClock() {
   const int64_t wire = stats_.wire_ns.load() - wire0_;
-  stats_.codec_ns += std::max<int64_t>(0, ns_since(start_) - wire);
+  stats_.compute_ns += std::max<int64_t>(0, ns_since(start_) - wire);
 }
 
 template <typename F>

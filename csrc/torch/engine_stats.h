@@ -9,10 +9,10 @@
 // Allreduces forwarded to the inner Gloo group (a plan's exact sizes) are not counted.
 //
 // Time: `wire` is the time spent inside transport calls (timed by TimedTransport, on whichever
-// thread makes them); `codec` is the rest of the compressed call's time on the worker (encode,
+// thread makes them); `compute` is the rest of the compressed call's time on the worker (encode,
 // decode, reduction, rotation, copies), its wall time minus the wire time of the call, at least
-// 0. With the pipeline (CaSync) encoding overlaps the wire, so `codec` is the codec time the
-// pipeline did not hide, and codec + wire is the calls' wall time. The exact calls' Gloo
+// 0. With the pipeline (CaSync) encoding overlaps the wire, so `compute` is the compute time the
+// pipeline did not hide, and compute + wire is the calls' wall time. The exact calls' Gloo
 // operations and the hierarchical path's node steps count as wire time.
 #pragma once
 
@@ -25,6 +25,13 @@
 
 namespace cgx::binding {
 
+// Nanoseconds from `start` to now (the stats' one clock).
+inline int64_t ns_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              start)
+      .count();
+}
+
 struct StatsSnapshot {
   int64_t bytes_sent = 0;
   int64_t bytes_exact = 0;
@@ -32,7 +39,7 @@ struct StatsSnapshot {
   int64_t calls_exact = 0;
   int64_t reduce_scatter_compressed = 0;
   int64_t reduce_scatter_exact = 0;
-  double codec_seconds = 0;
+  double compute_seconds = 0;
   double wire_seconds = 0;
 };
 
@@ -52,12 +59,12 @@ class GroupStats {
   std::atomic<int64_t> calls_exact{0};
   std::atomic<int64_t> reduce_scatter_compressed{0};
   std::atomic<int64_t> reduce_scatter_exact{0};
-  std::atomic<int64_t> codec_ns{0};
+  std::atomic<int64_t> compute_ns{0};
   std::atomic<int64_t> wire_ns{0};
 };
 
 // Times one compressed call on the worker: its wall time less the wire time that accrued during
-// it goes to codec_ns when the clock goes out of scope (exceptions included).
+// it goes to compute_ns when the clock goes out of scope (exceptions included).
 class CallClock {
  public:
   explicit CallClock(GroupStats& stats)
