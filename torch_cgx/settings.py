@@ -203,12 +203,25 @@ SETTINGS: Tuple[Setting, ...] = (
             "hierarchical over SHM: values travel to their node sum's owner as fp32 (off), "
             "fp16 or bf16 (1 / on: fp16)",
             _one_of(_INTRA_COMPRESS, "off, fp16 or bf16 (1 / on: fp16)"), native="intra_compress"),
+    Setting("data_plane", "CGX_DATA_PLANE", str, "auto", "creation",
+            "where tensors are compressed: auto (CUDA tensors on their GPU, carried by NCCL or, "
+            "where NCCL cannot serve, Gloo; CPU tensors by the native engine), device (every "
+            "tensor through the device plane's tensor operations: how the CPU tests run it) or "
+            "host (CUDA tensors through a host copy and the native engine)",
+            _one_of({"auto": "auto", "device": "device", "host": "host"},
+                    "auto, device or host"), native="data_plane"),
     Setting("codec_threads", "CGX_CODEC_THREADS", int, 0, "process",
             "codec threads per process for large buffers, 1..1024; default: the cores this "
             "process may use divided by `LOCAL_WORLD_SIZE`", _int_in(1, 1024),
             default_doc="cores / local ranks"),
     Setting("disable_avx2", "CGX_DISABLE_AVX2", bool, False, "process",
             "1: the portable codec kernels instead of AVX2 (the same bytes)", _flag),
+    Setting("device_kernels", "CGX_DEVICE_KERNELS", str, "auto", "process",
+            "the device plane's fused kernels: auto (each checks itself against the reference "
+            "at first use and falls back to it with a warning on a mismatch), fused (a "
+            "mismatch raises) or reference (tensor operations only)",
+            _one_of({"auto": "auto", "fused": "fused", "reference": "reference"},
+                    "auto, fused or reference")),
 )  # fmt: skip
 
 BY_NAME: Dict[str, Setting] = {s.name: s for s in SETTINGS}

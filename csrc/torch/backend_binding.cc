@@ -65,7 +65,8 @@ void bind_backend(pybind11::module& m) {
       .def_readwrite("intra_broadcast", &BackendConfig::intra_broadcast)
       .def_readwrite("inner_communicator", &BackendConfig::inner_communicator)
       .def_readwrite("cross_communicator", &BackendConfig::cross_communicator)
-      .def_readwrite("intra_compress", &BackendConfig::intra_compress);
+      .def_readwrite("intra_compress", &BackendConfig::intra_compress)
+      .def_readwrite("data_plane", &BackendConfig::data_plane);
 
   py::class_<CallOptions>(m, "CallOptions",
                           "A call's settings validated and resolved once (ValueError naming the "

@@ -47,6 +47,10 @@ struct BackendConfig {
   std::string inner_communicator;
   std::string cross_communicator;
   std::string intra_compress = "off";  // "off", "fp16", "bf16": see Hierarchy::intra_compress
+  // Where tensors are compressed (torch_cgx/settings.py): "auto" (CUDA tensors on the device
+  // plane), "device" (every tensor on the device plane), "host" (the native engine, CUDA tensors
+  // through a host copy).
+  std::string data_plane = "auto";
   // Set by planned(): the plan chose this call's settings, the same on every rank by
   // construction, so no per-call agreement is needed.
   bool planned = false;
