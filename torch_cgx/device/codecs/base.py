@@ -73,7 +73,7 @@ class DeviceCodec:
         v = self.values(payload, out.numel(), out.dtype)
         if out.dtype == torch.float32:
             return out.add_(v.view(out.shape))
-        return out.copy_((out.float() + v.view(out.shape)))
+        return out.copy_(out.float() + v.view(out.shape))
 
 
 def scalar_bytes(t: torch.Tensor) -> torch.Tensor:
