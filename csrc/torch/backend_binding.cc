@@ -3,12 +3,15 @@
 
 #include <ATen/ops/empty_like.h>
 #include <pybind11/chrono.h>
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "algorithms/error_bound.h"
+#include "bucket_call.h"
 #include "c10d_transport.h"
 #include "call_options.h"
+#include "core/error.h"
 #include "dtype_map.h"
 #include "process_group_cgx.h"
 
@@ -36,6 +39,31 @@ at::Tensor bucket_error_bound(const at::Tensor& range_sum, const at::Tensor& mag
   double* op = out.data_ptr<double>();
   for (int64_t i = 0; i < r.numel(); ++i) op[i] = cgx::bucket_error_bound(rp[i], mp[i], p);
   return out;
+}
+
+// reduce_bucket's parts from Python: (options, stream, offsets, numels, residuals,
+// residuals_out, seeds, bucket_size, split, fp32, whole) each (torch_cgx/hooks/core.py).
+c10::intrusive_ptr<c10d::Work> reduce_bucket(ProcessGroupCGX& pg, at::Tensor buf,
+                                             const std::vector<pybind11::tuple>& parts,
+                                             bool average) {
+  std::vector<BucketPart> ps;
+  ps.reserve(parts.size());
+  for (const pybind11::tuple& t : parts) {
+    CGX_CHECK_ARG(t.size() == 11, "a bucket part is a tuple of 11 fields, got ", t.size());
+    BucketPart& p = ps.emplace_back(t[0].cast<const CallOptions&>());
+    p.stream = t[1].cast<int64_t>();
+    p.offsets = t[2].cast<std::vector<int64_t>>();
+    p.numels = t[3].cast<std::vector<int64_t>>();
+    p.residuals = t[4].cast<std::vector<std::optional<at::Tensor>>>();
+    p.residuals_out = t[5].cast<std::vector<at::Tensor>>();
+    p.seeds = t[6].cast<std::vector<uint64_t>>();
+    p.bucket_size = t[7].cast<int64_t>();
+    p.split = t[8].cast<bool>();
+    p.fp32 = t[9].cast<bool>();
+    p.whole = t[10].cast<bool>();
+  }
+  pybind11::gil_scoped_release no_gil;
+  return pg.reduce_bucket(std::move(buf), std::move(ps), average);
 }
 
 }  // namespace
@@ -137,6 +165,13 @@ void bind_backend(pybind11::module& m) {
       .def("allreduce_call", &ProcessGroupCGX::allreduce_call, py::arg("tensor"),
            py::arg("options"), py::arg("average"), py::arg("residual") = std::nullopt,
            py::call_guard<py::gil_scoped_release>())
+      .def("set_device_plane", &ProcessGroupCGX::set_device_plane, py::arg("call"),
+           py::arg("backend"), py::arg("every_tensor"))
+      .def("has_device_plane", &ProcessGroupCGX::has_device_plane)
+      .def("reduce_bucket", &reduce_bucket, py::arg("buffer"), py::arg("parts"),
+           py::arg("average") = true,
+           "Reduces a gradient bucket's parts in one job: stages, reduces and writes back on the "
+           "worker (csrc/torch/bucket_call.h); the future's value is [buffer].")
       .def("settings_version", &ProcessGroupCGX::settings_version)
       .def("last_bytes_sent", &ProcessGroupCGX::last_bytes_sent)
       .def("total_bytes_sent", &ProcessGroupCGX::total_bytes_sent)

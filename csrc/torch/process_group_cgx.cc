@@ -55,11 +55,16 @@ void ProcessGroupCGX::stop_threads() {
     // about 25 ms under load, and the sooner rank 0 (the store's host) is done, the narrower
     // the window in which a group created next on the same port meets the old server
     // (docs/reliability.md, section 7).
-    std::thread inner_gone([inner = std::move(inner_)]() mutable { inner.reset(); });
+    std::thread inner_gone(
+        [inner = std::move(inner_), device = std::move(plane_.backend)]() mutable {
+          inner.reset();
+          device.reset();
+        });
     engine_.release();
     inner_gone.join();
   };
   if (Py_IsInitialized() && PyGILState_Check()) {
+    plane_.call = nullptr;  // a Python callable: goes while this thread holds the GIL
     pybind11::gil_scoped_release no_gil;
     stop();
   } else {
@@ -81,6 +86,14 @@ const c10::intrusive_ptr<c10d::Backend>& ProcessGroupCGX::inner() const {
   return inner_;
 }
 
+const c10::intrusive_ptr<c10d::Backend>& ProcessGroupCGX::inner(const at::Tensor& t) const {
+  if (plane_.backend && plane_.serves(t)) {
+    TORCH_CHECK(!worker_.stopped(), "cgx: the group has stopped (the process is exiting)");
+    return plane_.backend;
+  }
+  return inner();
+}
+
 void ProcessGroupCGX::setTimeout(std::chrono::milliseconds timeout) {
   inner()->setTimeout(timeout);
   engine_.set_timeout(timeout);
@@ -90,6 +103,7 @@ void ProcessGroupCGX::setTimeout(std::chrono::milliseconds timeout) {
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
   TORCH_CHECK_VALUE(tensors.size() == 1, "cgx allreduce takes one tensor, got ", tensors.size());
+  if (plane_.serves(tensors)) return plane_.call("allreduce", tensors, {}, opts.reduceOp.op_);
   const BackendConfig c = call_config(tensors[0].numel());
   if (c.compressor == kAutoCompressor && opts.reduceOp.op_ != c10d::ReduceOp::AVG) {
     return inner()->allreduce(tensors, opts);  // planned exact: Gloo's own, no worker hop
@@ -100,6 +114,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce(std::vector<at::Tensor
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   TORCH_CHECK_VALUE(!tensors.empty(), "allreduce_coalesced needs at least one tensor");
+  if (plane_.serves(tensors)) {
+    return plane_.call("allreduce_coalesced", tensors, {}, opts.reduceOp.op_);
+  }
   bool uniform = true;
   for (const at::Tensor& t : tensors) {
     uniform = uniform && t.scalar_type() == tensors[0].scalar_type() &&
@@ -183,6 +200,33 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_call(at::Tensor tensor
   const auto op = c10d::ReduceOp(average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM);
   return enqueue(outputs, c10d::OpType::ALLREDUCE,
                  [this, tensor, op]() mutable { engine_.allreduce_exact(tensor, op); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_bucket(at::Tensor buf,
+                                                              std::vector<BucketPart> parts,
+                                                              bool average) {
+  TORCH_CHECK_VALUE(at::isFloatingType(buf.scalar_type()) && buf.device().is_cpu() &&
+                        buf.dim() == 1 && buf.is_contiguous(),
+                    "reduce_bucket needs a contiguous 1-D floating-point CPU buffer, got ",
+                    buf.scalar_type(), " on ", buf.device(), " with ", buf.dim(), " dimensions");
+  for (BucketPart& p : parts) check_part(p, buf);
+  const auto op = c10d::ReduceOp(average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM);
+  std::vector<at::Tensor> outputs = {buf};
+  return enqueue(outputs, c10d::OpType::ALLREDUCE,
+                 [this, buf, parts = std::move(parts), average, op]() mutable {
+                   for (BucketPart& p : parts) stage_part(p, buf);
+                   for (BucketPart& p : parts) {
+                     if (p.options.compressed() && eligible(p.staged, p.options.config())) {
+                       BackendConfig c = p.options.config();
+                       c.stream = p.stream;
+                       float* res = p.residual.defined() ? p.residual.data_ptr<float>() : nullptr;
+                       engine_.allreduce(p.staged, c, average, res, p.options.shared_compressor());
+                     } else {
+                       engine_.allreduce_exact(p.staged, op);
+                     }
+                   }
+                   for (BucketPart& p : parts) unstage_part(p, buf);
+                 });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::barrier(const c10d::BarrierOptions& opts) {

@@ -17,8 +17,10 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "backend_config.h"
+#include "bucket_call.h"
 #include "call_settings.h"
 #include "cgx_work.h"
+#include "device_plane.h"
 #include "engine.h"
 #include "settings_store.h"
 #include "worker.h"
@@ -72,6 +74,12 @@ class ProcessGroupCGX : public c10d::Backend {
                                                 bool average,
                                                 std::optional<at::Tensor> residual = std::nullopt);
 
+  // The hooks' fused entry point (bucket_call.h): one job reducing every part of a gradient
+  // bucket's buffer `buf` (contiguous, 1-D, on the CPU) in order, staging and unstaging on the
+  // worker. The parts are checked here (ValueError); the work's future holds [buf].
+  c10::intrusive_ptr<c10d::Work> reduce_bucket(at::Tensor buf, std::vector<BucketPart> parts,
+                                               bool average);
+
   BackendConfig config() const { return settings_.config(); }
   void set_config(const BackendConfig& config) { settings_.set_config(config); }
   // Changes whenever set_config, set_plan or a changed per-call variable change the group's
@@ -81,6 +89,13 @@ class ProcessGroupCGX : public c10d::Backend {
   // the group's settings alone). The caller makes them identical on every rank.
   void set_plan(const std::vector<PlanRule>& plan) { settings_.set_plan(plan); }
   std::vector<PlanRule> plan() const { return settings_.plan(); }
+  // Routes CUDA tensors (every tensor with `every_tensor`) to the device plane (device_plane.h);
+  // set once, at creation, before the group's first use.
+  void set_device_plane(DevicePlane::Call call, c10::intrusive_ptr<c10d::Backend> backend,
+                        bool every_tensor) {
+    plane_ = DevicePlane{std::move(call), std::move(backend), every_tensor};
+  }
+  bool has_device_plane() const { return bool(plane_.call); }
   // Turns on the hierarchical path for compressed allreduces (before the group's first use).
   void set_hierarchy(const Hierarchy& h) { engine_.set_hierarchy(h); }
   bool hierarchical() const { return engine_.hierarchical(); }
@@ -140,6 +155,9 @@ class ProcessGroupCGX : public c10d::Backend {
   }
   // The forwarded collectives' backend; raises once the group has stopped.
   const c10::intrusive_ptr<c10d::Backend>& inner() const;
+  // The forwarded collectives' backend for tensors like `t`: the device plane's when it serves
+  // them, else inner().
+  const c10::intrusive_ptr<c10d::Backend>& inner(const at::Tensor& t) const;
   // Runs what is queued and stops the worker and the watchdog, then lets Gloo's threads go;
   // later work raises. Idempotent.
   void stop_threads();
@@ -155,6 +173,7 @@ class ProcessGroupCGX : public c10d::Backend {
   std::function<void()> reduce_job(at::Tensor t, const BackendConfig& c, const c10d::ReduceOp& rop);
 
   c10::intrusive_ptr<c10d::Backend> inner_;
+  DevicePlane plane_;
 
   c10::intrusive_ptr<c10d::Store> store_;
   SettingsStore settings_;

@@ -40,6 +40,9 @@ std::function<void()> ProcessGroupCGX::reduce_scatter_job(at::Tensor output, at:
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  if (plane_.serves(output)) {
+    return plane_.call("reduce_scatter_base", {output}, {input}, opts.reduceOp.op_);
+  }
   auto job = reduce_scatter_job(output, input, opts);
   if (!job) return inner()->_reduce_scatter_base(output, input, opts);  // Gloo checks the rest
   return enqueue({output}, c10d::OpType::_REDUCE_SCATTER_BASE, std::move(job));
@@ -68,6 +71,9 @@ at::Tensor joined_inputs(const std::vector<at::Tensor>& outputs,
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
+  if (plane_.serves(outputs) && inputs.size() == 1) {
+    return plane_.call("reduce_scatter", outputs, inputs[0], opts.reduceOp.op_);
+  }
   at::Tensor input = joined_inputs(outputs, inputs, getSize());
   auto job = input.defined() ? reduce_scatter_job(outputs[0], input, opts) : nullptr;
   if (!job) return inner()->reduce_scatter(outputs, inputs, opts);
@@ -77,6 +83,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter(
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
+  if (plane_.serves(outputs)) {
+    return plane_.call("reduce_scatter_coalesced", outputs, inputs, opts.reduceOp.op_);
+  }
   const int world = getSize();
   bool uniform = !outputs.empty() && outputs.size() == inputs.size();
   for (size_t i = 0; uniform && i < outputs.size(); ++i) {
