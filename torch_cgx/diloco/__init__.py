@@ -1,0 +1,255 @@
+"""DiLoCo and Streaming DiLoCo with compressed pseudo-gradients on any torch.distributed group.
+
+>>> from torch_cgx.diloco import DiLoCo
+>>> with DiLoCo(model, inner_opt, sync_every=100, compressor="maxmin",
+...             compressor_params={"bits": 4}) as diloco:
+...     for batch in data:
+...         loss = model(batch).sum(); loss.backward(); inner_opt.step(); inner_opt.zero_grad()
+
+Every ``inner_optimizer.step()`` counts (a step post-hook, removed on exit). Each fragment's
+pseudo-gradient ``global - local`` is averaged over ``group`` with the compressor every
+``sync_every`` inner steps (fragments staggered over the period: :mod:`.streaming`), the outer
+optimizer (default: Nesterov SGD, lr 0.7, momentum 0.9, one per fragment) steps from the global
+copy, and the fragment takes ``alpha * local + (1 - alpha) * new_global``. docs/diloco.md has
+the schedule, the compressors, error feedback, checkpoints and the hierarchical layout.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence, Union
+
+import torch
+import torch.distributed as dist
+
+from torch_cgx.diloco import state as _state
+from torch_cgx.diloco.fragment import Fragment
+from torch_cgx.diloco.reduce import Spec, start_average
+from torch_cgx.diloco.streaming import Schedule
+
+__all__ = ["DiLoCo", "Schedule", "hierarchical_groups", "outer_sgd"]
+
+OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9  # DiLoCo's outer Nesterov SGD (arXiv 2311.08105)
+
+
+def outer_sgd(params, lr: float = OUTER_LR, momentum: float = OUTER_MOMENTUM):
+    """DiLoCo's outer optimizer: SGD with Nesterov momentum."""
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=True)
+
+
+def _fragments(model_fragments) -> List[torch.nn.Module]:
+    if isinstance(model_fragments, torch.nn.Module):
+        model_fragments = [model_fragments]
+    if not isinstance(model_fragments, (list, tuple)) or not model_fragments:
+        raise ValueError("model_fragments must be a module or a non-empty list of modules")
+    seen = set()
+    for i, m in enumerate(model_fragments):
+        if not isinstance(m, torch.nn.Module):
+            raise ValueError(f"model_fragments[{i}] must be a torch.nn.Module, got {type(m)}")
+        ids = [id(p) for p in m.parameters()]
+        if not ids:
+            raise ValueError(f"model_fragments[{i}] has no parameters")
+        if seen.intersection(ids):
+            raise ValueError(f"model_fragments[{i}] shares parameters with an earlier fragment")
+        seen.update(ids)
+    return list(model_fragments)
+
+
+def _outer_optimizers(outer_optimizer, modules: Sequence[torch.nn.Module]) -> list:
+    """One optimizer per fragment, over exactly that fragment's parameters."""
+    k = len(modules)
+    if outer_optimizer is None:
+        return [outer_sgd(m.parameters()) for m in modules]
+    if callable(outer_optimizer) and not isinstance(outer_optimizer, torch.optim.Optimizer):
+        made = [outer_optimizer(m.parameters()) for m in modules]
+    elif isinstance(outer_optimizer, torch.optim.Optimizer):
+        if k != 1:
+            raise ValueError(
+                f"outer_optimizer: give a list of {k} optimizers (one per fragment) or a "
+                "factory params -> optimizer, not one optimizer for several fragments"
+            )
+        made = [outer_optimizer]
+    elif isinstance(outer_optimizer, (list, tuple)) and len(outer_optimizer) == k:
+        made = list(outer_optimizer)
+    else:
+        raise ValueError(
+            f"outer_optimizer must be None, an optimizer, a list of {k} optimizers or a "
+            f"factory params -> optimizer, got {outer_optimizer!r}"
+        )
+    for i, (opt, m) in enumerate(zip(made, modules)):
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise ValueError(f"outer_optimizer[{i}] is not a torch.optim.Optimizer: {opt!r}")
+        has = {id(p) for group in opt.param_groups for p in group["params"]}
+        if has != {id(p) for p in m.parameters()}:
+            raise ValueError(
+                f"outer_optimizer[{i}] must hold exactly the parameters of model_fragments[{i}]"
+            )
+    return made
+
+
+class DiLoCo:
+    """DiLoCo (arXiv 2311.08105) and Streaming DiLoCo (arXiv 2501.18512) as a context manager.
+
+    Args:
+        model_fragments: a module, or a list of modules (the fragments of Streaming DiLoCo,
+            synced in turn). Parameters may be DTensors (FSDP2): their local shards are used.
+        inner_optimizer: the optimizer of the training loop; its ``step()`` counts.
+        outer_optimizer: None (Nesterov SGD lr 0.7 momentum 0.9 per fragment), an optimizer
+            over the parameters of the single fragment, a list of one per fragment, or a
+            factory ``params -> optimizer`` called per fragment.
+        sync_every: inner steps between two syncs of a fragment (H; default 500).
+        group: the group the replicas average over (None: the default group); any backend.
+        compressor: a name of ``torch_cgx.compressors.names()`` or None (exact fp32).
+        compressor_params: its parameters (``compressors.params(name)``).
+        error_feedback: keep each parameter's compression residual and add it to the next
+            pseudo-gradient; None: for biased compressors (``traits["biased"]``).
+        fragment_sync_delay: inner steps between the start of a fragment's reduction and its
+            outer step (Streaming DiLoCo's tau; 0: blocking); < sync_every // fragments.
+        fragment_update_alpha: the fragment becomes ``alpha * local + (1 - alpha) * global``
+            after its outer step (torchft's meaning; 0: the global parameters).
+
+    The constructor broadcasts the group's rank 0 parameters (a collective): every replica
+    starts from the same point. Parameters are bitwise identical on every rank after each
+    outer step when ``fragment_update_alpha == 0``; the global copies always are.
+    """
+
+    def __init__(
+        self,
+        model_fragments: Union[torch.nn.Module, Sequence[torch.nn.Module]],
+        inner_optimizer: torch.optim.Optimizer,
+        outer_optimizer: Union[None, torch.optim.Optimizer, Sequence, Callable] = None,
+        sync_every: int = 500,
+        *,
+        group: Optional[dist.ProcessGroup] = None,
+        compressor: Optional[str] = "maxmin",
+        compressor_params: Optional[dict] = None,
+        error_feedback: Optional[bool] = None,
+        fragment_sync_delay: int = 0,
+        fragment_update_alpha: float = 0.0,
+    ) -> None:
+        modules = _fragments(model_fragments)
+        if not isinstance(inner_optimizer, torch.optim.Optimizer):
+            raise ValueError(f"inner_optimizer must be a torch.optim.Optimizer, got {inner_optimizer!r}")  # fmt: skip
+        self.schedule = Schedule(sync_every, len(modules), fragment_sync_delay)
+        alpha = fragment_update_alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
+            raise ValueError(f"fragment_update_alpha must be a number in [0, 1], got {alpha!r}")
+        self.spec = Spec(compressor, compressor_params)
+        if error_feedback is not None and not isinstance(error_feedback, bool):
+            raise ValueError(f"error_feedback must be a bool or None, got {error_feedback!r}")
+        if error_feedback and self.spec.name is None:
+            raise ValueError("error_feedback=True needs a compressor (compressor=None is exact)")
+        if error_feedback is None:
+            error_feedback = bool(self.spec.traits["biased"])
+        if group is not None and not isinstance(group, dist.ProcessGroup):
+            raise ValueError(f"group must be a ProcessGroup or None, got {group!r}")
+        self.group = group
+        self.error_feedback = error_feedback
+        self.fragment_update_alpha = float(alpha)
+        self.inner_optimizer = inner_optimizer
+        optimizers = _outer_optimizers(outer_optimizer, modules)
+        self._fragments = [Fragment(i, m, o) for i, (m, o) in enumerate(zip(modules, optimizers))]
+        self.step = 0  # inner steps taken
+        self.payload_bytes = 0  # this rank's compressed pseudo-gradient bytes, all syncs
+        self._hooks: list = []
+        if not dist.is_initialized():
+            raise ValueError("DiLoCo needs torch.distributed initialized (init_process_group)")
+        src = dist.get_global_rank(self._group(), 0) if group is not None else 0
+        for frag in self._fragments:
+            frag.broadcast(group, src)
+
+    def _group(self) -> dist.ProcessGroup:
+        return self.group if self.group is not None else dist.group.WORLD
+
+    @property
+    def num_fragments(self) -> int:
+        return len(self._fragments)
+
+    @property
+    def outer_optimizers(self) -> list:
+        return [f.optimizer for f in self._fragments]
+
+    def global_parameters(self, fragment: int = 0) -> dict:
+        """The global copies of fragment ``fragment`` by parameter name (local shards)."""
+        frag = self._fragments[fragment]
+        return dict(zip(frag.names, frag.globals))
+
+    # --- the context manager -----------------------------------------------------------------
+
+    def __enter__(self) -> DiLoCo:
+        if self._hooks:
+            raise RuntimeError("this DiLoCo is already entered")
+        self._hooks.append(self.inner_optimizer.register_step_post_hook(self._after_step))
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+        return False
+
+    def _after_step(self, _optimizer, _args, _kwargs) -> None:
+        self.step += 1
+        for f in self.schedule.starts_at(self.step):
+            self._start(self._fragments[f])
+        for f in self.schedule.applies_at(self.step):
+            self._apply(self._fragments[f])
+
+    # --- a sync ------------------------------------------------------------------------------
+
+    def _start(self, frag: Fragment) -> None:
+        if frag.pending is not None:  # cannot happen with a valid schedule
+            raise RuntimeError(f"fragment {frag.index}: a reduction is already in flight")
+        flat = frag.pseudo_gradient(self.error_feedback)
+        call = frag.syncs * self.num_fragments + frag.index  # the same on every rank
+        frag.pending = start_average(
+            self.group, flat, self.spec, residual=frag.new_residual, call=call
+        )
+        self.payload_bytes += frag.pending.payload_bytes
+
+    def _apply(self, frag: Fragment) -> None:
+        if frag.pending is None:  # cannot happen with a valid schedule
+            raise RuntimeError(f"fragment {frag.index}: nothing to apply")
+        average = frag.pending.wait()
+        frag.pending = None
+        frag.take_residuals()
+        frag.outer_step(average, self.fragment_update_alpha)
+
+    def sync_now(self) -> None:
+        """Starts and applies every fragment's sync at once, outside the schedule (e.g. before
+        evaluating or saving a final model); a reduction in flight is applied first. Every rank
+        must call it at the same point."""
+        for frag in self._fragments:
+            if frag.pending is not None:
+                self._apply(frag)
+        for frag in self._fragments:
+            self._start(frag)
+            self._apply(frag)
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Outer optimizers, global copies, residuals, inner-step count, the schedule and a
+        finished reduction not yet applied (docs/diloco.md#checkpoints)."""
+        return _state.save(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        _state.load(self, state)
+
+
+def hierarchical_groups(ranks_per_node: int, inner_backend=None, outer_backend=None):
+    """(inner, outer) groups of this rank for DDP inside a node and DiLoCo across nodes:
+    ``inner`` holds the ``ranks_per_node`` consecutive ranks of this rank's node, ``outer``
+    the ranks with this rank's local index on every node. Collective: every rank calls it
+    (each group is created on all ranks, in one order)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    n = ranks_per_node
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1 or world % n:
+        raise ValueError(f"ranks_per_node must divide the world size {world}, got {n!r}")
+    inner = outer = None
+    for node in range(world // n):
+        g = dist.new_group(list(range(node * n, node * n + n)), backend=inner_backend)
+        inner = g if rank // n == node else inner
+    for local in range(n):
+        g = dist.new_group(list(range(local, world, n)), backend=outer_backend)
+        outer = g if rank % n == local else outer
+    return inner, outer
