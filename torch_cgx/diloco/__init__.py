@@ -128,7 +128,8 @@ class DiLoCo:
     ) -> None:
         modules = _fragments(model_fragments)
         if not isinstance(inner_optimizer, torch.optim.Optimizer):
-            raise ValueError(f"inner_optimizer must be a torch.optim.Optimizer, got {inner_optimizer!r}")  # fmt: skip
+            got = type(inner_optimizer).__name__
+            raise ValueError(f"inner_optimizer must be a torch.optim.Optimizer, got {got}")
         self.schedule = Schedule(sync_every, len(modules), fragment_sync_delay)
         alpha = fragment_update_alpha
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:

@@ -36,7 +36,7 @@ def local_tensor(p: torch.Tensor) -> torch.Tensor:
 
 
 def _as_param_grad(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """``grad`` (local values) in the form ``p.grad`` takes: a DTensor like ``p`` where ``p`` is one."""
+    """``grad`` (local values) as ``p.grad`` takes it: a DTensor like ``p`` where ``p`` is one."""
     dtensor = _dtensor_type()
     if dtensor is not None and isinstance(p, dtensor):
         return dtensor.from_local(
