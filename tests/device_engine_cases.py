@@ -1,0 +1,243 @@
+"""What tests/test_device_engine*.py run on each rank: the device engine beside the native CPU
+engine on the same inputs, over real ranks (Gloo carries the device engine's payloads, a cgx
+group the native engine's), with the results compared on every rank and written to a JSON file
+that the tests read.
+
+Codecs: the device codecs of torch_cgx.device.codecs where their module imports, else
+:class:`NativeAdapter` (the native CPU compressor behind the DeviceCodec interface), which kept
+the engine testable before the device codecs landed; each case records which one it used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+CASES = [
+    # name, config changes, dtype, numel, average, algorithm
+    ("maxmin4_sra", dict(bits=4, bucket_size=64), torch.float32, 1000, True),
+    ("maxmin4_sra_sum", dict(bits=4, bucket_size=64), torch.float32, 1000, False),
+    ("maxmin3_ring", dict(bits=3, bucket_size=32, algorithm="ring"), torch.float32, 999, True),
+    ("maxmin4_tree", dict(bits=4, bucket_size=64, algorithm="tree"), torch.float32, 777, True),
+    ("maxmin8_allgather", dict(bits=8, bucket_size=128, algorithm="allgather"), torch.float32,
+     500, True),  # fmt: skip
+    ("maxmin4_fp16", dict(bits=4, bucket_size=64), torch.float16, 1000, True),
+    ("maxmin4_bf16_ring", dict(bits=4, bucket_size=64, algorithm="ring"), torch.bfloat16, 600,
+     True),  # fmt: skip
+    ("maxmin4_raw_tail", dict(bits=4, bucket_size=100, skip_incomplete_buckets=True),
+     torch.float32, 1037, True),  # fmt: skip
+    ("maxmin2_stochastic", dict(bits=2, bucket_size=64, stochastic=True), torch.float32, 1000,
+     True),  # fmt: skip
+    ("maxmin4_rotation", dict(bits=4, bucket_size=64, rotation="on"), torch.float32, 1000, True),
+    ("maxmin4_segments", dict(bits=4, bucket_size=512, fusion_buffer_mb=2,
+                              pipeline_segment_mb=1), torch.float32, 300_000, True),  # fmt: skip
+    ("maxmin4_pieces_ring", dict(bits=4, bucket_size=512, fusion_buffer_mb=1,
+                                 pipeline_segment_mb=1, algorithm="ring"), torch.float32,
+     300_000, True),  # fmt: skip
+    ("fp16_sra", dict(compressor="fp16"), torch.float32, 1000, True),
+    ("fp16_tree", dict(compressor="fp16", algorithm="tree"), torch.float32, 1000, False),
+    ("topk", dict(compressor="topk", compressor_params="ratio=0.05"), torch.float32, 1000, True),
+    ("randomk", dict(compressor="randomk", compressor_params="ratio=0.1"), torch.float32, 1000,
+     True),  # fmt: skip
+    ("randomk_allgather", dict(compressor="randomk", compressor_params="ratio=0.1",
+                               algorithm="allgather"), torch.float32, 1000, True),  # fmt: skip
+    ("threshold", dict(compressor="threshold", compressor_params="tau=1.0"), torch.float32, 1000,
+     True),  # fmt: skip
+]
+# reduce-scatter cases: name, config changes, dtype, output numel, average
+RS_CASES = [
+    ("rs_maxmin4", dict(bits=4, bucket_size=64), torch.float32, 300, True),
+    ("rs_fp16", dict(compressor="fp16"), torch.float32, 300, False),
+    ("rs_topk", dict(compressor="topk", compressor_params="ratio=0.1"), torch.float32, 300, True),
+    ("rs_threshold", dict(compressor="threshold", compressor_params="tau=1.0"), torch.float32,
+     300, True),  # fmt: skip
+]
+
+
+class NativeAdapter:
+    """The native CPU compressor ``torch_cgx.compressors.get(name)`` as a DeviceCodec (CPU
+    tensors only)."""
+
+    def __init__(self, name: str, **params) -> None:
+        from torch_cgx import compressors
+
+        self.name, self.params = name, params
+        self._c = compressors.get(name, **params)
+        self.fixed_size = self._c.traits["fixed_size"]
+
+    def encoded_size(self, numel: int, dtype=torch.float32) -> int:
+        return self._c.encoded_size(numel, dtype)
+
+    def encode(self, x, *, seed=0, stream=0, shared=0):
+        return self._c.encode(x, seed, stream, shared)
+
+    def values(self, payload, numel, dtype):
+        out = torch.empty(numel, dtype=torch.float32)
+        return self._c.decode(payload, out=out)
+
+    def header_ok(self, payload, numel, dtype):
+        return torch.tensor(True)
+
+
+def codec_factory(kind: str):
+    """``kind``: "native" (the adapter) or "device" (torch_cgx.device.codecs, the adapter for
+    a name whose module does not import yet)."""
+    from torch_cgx.device import codecs
+
+    def make(name, **params):
+        if kind == "device":
+            try:
+                return codecs.get(name, **params)
+            except ImportError:
+                pass
+        return NativeAdapter(name, **params)
+
+    return make
+
+
+def _inputs(rank: int, dtype, n: int, salt: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * salt + rank)
+    x = torch.randn(n, generator=g) * (1 + rank)
+    x[:: max(1, n // 7)] *= 8  # a few outliers per bucket range
+    return x.to(dtype)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def _same_everywhere(t: torch.Tensor, group) -> bool:
+    world = dist.get_world_size(group)
+    mine = _bits(t)
+    out = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(out, mine, group=group)
+    return all(torch.equal(o, mine) for o in out)
+
+
+def _compare(dev: torch.Tensor, nat: torch.Tensor) -> Dict:
+    diff = (dev.float() - nat.float()).abs()
+    return {"bitwise": torch.equal(_bits(dev), _bits(nat)),
+            "max_diff": float(diff.max()) if diff.numel() else 0.0,
+            "scale": float(nat.float().abs().max())}  # fmt: skip
+
+
+def run_cases(rank: int, world: int, out_path: str, kind: str) -> None:
+    import torch_cgx
+    from torch_cgx import _C
+    from torch_cgx.device.engine import DeviceCall, DeviceEngine
+    from torch_cgx.device.transport import GroupTransport
+
+    dist.init_process_group("cgx")
+    gloo = dist.new_group(backend="gloo")
+    backend = torch_cgx.cgx_backend()
+    engine = DeviceEngine(GroupTransport(gloo, rank, world), codecs=codec_factory(kind))
+    base = torch_cgx.get_config()
+    results: Dict[str, Dict] = {}
+    for salt, (name, changes, dtype, n, average) in enumerate(CASES):
+        config = base.replace(**changes)
+        call = DeviceCall.from_config(config, average)
+        x = _inputs(rank, dtype, n, salt)
+        stream = 7 + salt
+        nat, nres = x.clone(), torch.empty(n)
+        options = _C.CallOptions(config.to_native()).with_stream(stream)
+        backend.allreduce_call(nat, options, average, nres).wait()
+        dev, dres = x.clone(), torch.empty(n)
+        engine.allreduce(dev, call, stream=stream, residual=dres)
+        r = _compare(dev, nat)
+        r["residual_bitwise"] = torch.equal(_bits(dres), _bits(nres))
+        r["residual_max_diff"] = float((dres - nres).abs().max())
+        r["replicas"] = _same_everywhere(dev, gloo)
+        r["codec"] = type(engine._plan(call).codec).__module__
+        results[name] = r
+    results.update(_reduce_scatter_cases(rank, world, engine, base, gloo))
+    results["stats"] = engine.stats()
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+    dist.barrier(gloo)
+    dist.destroy_process_group()
+
+
+def _reduce_scatter_cases(rank, world, engine, base, gloo) -> Dict[str, Dict]:
+    import torch_cgx
+    from torch_cgx.device.engine import DeviceCall
+
+    results = {}
+    for salt, (name, changes, dtype, n, average) in enumerate(RS_CASES):
+        config = base.replace(**changes)
+        sub = dist.new_group(backend="cgx")  # a fresh group: its call counter starts at 0
+        torch_cgx.set_config(sub, **changes)
+        x = _inputs(rank, dtype, n * world, 100 + salt)
+        nat = torch.empty(n, dtype=dtype)
+        op = dist.ReduceOp.AVG if average else dist.ReduceOp.SUM
+        dist.reduce_scatter_tensor(nat, x.clone(), op=op, group=sub)
+        dev = torch.empty(n, dtype=dtype)
+        engine.reduce_scatter(dev, x.clone(), DeviceCall.from_config(config, average), stream=0)
+        results[name] = _compare(dev, nat)
+        dist.destroy_process_group(sub)
+    return results
+
+
+def host_reads(fn) -> List[str]:
+    """Runs ``fn()`` and lists the host reads of tensor values it made ("func at file:line")."""
+    import traceback
+
+    from torch.overrides import TorchFunctionMode
+
+    watched = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.numpy,
+               torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__,
+               torch.Tensor.__index__}  # fmt: skip
+    seen: List[str] = []
+
+    class Recorder(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            to_cpu = func is torch.Tensor.to and any(
+                str(a) == "cpu" or (isinstance(a, torch.device) and a.type == "cpu")
+                for a in list(args[1:]) + list(kwargs.values())
+            )
+            if func in watched or to_cpu:
+                frame = traceback.extract_stack(limit=2)[0]
+                seen.append(f"{getattr(func, '__name__', func)} at "
+                            f"{os.path.basename(frame.filename)}:{frame.lineno}")  # fmt: skip
+            return func(*args, **kwargs)
+
+    with Recorder():
+        fn()
+    return seen
+
+
+def run_host_reads(rank: int, world: int, out_path: str, kind: str) -> None:
+    """The engine under a recorder of host reads, for a dense and a data-sized compressor."""
+    import torch_cgx
+    from torch_cgx.device.engine import DeviceCall, DeviceEngine
+    from torch_cgx.device.transport import GroupTransport
+
+    dist.init_process_group("gloo")
+    transport = GroupTransport(dist.group.WORLD, rank, world)
+    engine = DeviceEngine(transport, codecs=codec_factory(kind), check="deferred")
+    base = torch_cgx.CGXConfig()
+    out: Dict[str, Optional[List[str]]] = {}
+    for name, changes in (
+        ("maxmin_sra", dict(bits=4, bucket_size=64)),
+        ("maxmin_ring_rotation", dict(bits=4, bucket_size=64, algorithm="ring", rotation="on")),
+        ("maxmin_tree", dict(bits=4, bucket_size=64, algorithm="tree")),
+        ("fp16", dict(compressor="fp16")),
+        ("randomk", dict(compressor="randomk", compressor_params="ratio=0.1")),
+        ("threshold", dict(compressor="threshold", compressor_params="tau=1.0")),
+    ):
+        call = DeviceCall.from_config(base.replace(**changes), True)
+        x, res = _inputs(rank, torch.float32, 1000, 3), torch.empty(1000)
+        engine._plan(call)  # the codec built outside: construction is not the data path
+        out[name] = host_reads(lambda: engine.allreduce(x, call, stream=1, residual=res))
+        rs_out = torch.empty(500)
+        out[name + "_rs"] = host_reads(lambda: engine.reduce_scatter(rs_out, x, call, stream=1))
+    engine.check_headers()
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(out, f)
+    dist.destroy_process_group()

@@ -1,0 +1,127 @@
+"""The device engine (torch_cgx/device) on CPU tensors over real ranks, against the native CPU
+engine: every case of tests/device_engine_cases.py runs once per world size (2 and 3 ranks) in
+one spawn, and the tests below read what the ranks measured."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import torch_cgx
+from device_engine_cases import CASES, RS_CASES, run_cases, run_host_reads
+from dist_helpers import run_ranks
+
+KIND = os.environ.get("CGX_TEST_DEVICE_CODECS", "device")  # "native": the adapter only
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["W2", "W3"])
+def results(request, tmp_path_factory):
+    world = request.param
+    path = str(tmp_path_factory.mktemp(f"engine{world}") / "results.json")
+    run_ranks(run_cases, world, path, KIND, timeout=120)
+    with open(path) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("case", [c[0] for c in CASES])
+def test_allreduce_equals_native(results, case):
+    """Result, residual and replicas: bitwise the native engine's (the same chunks, streams,
+    decode-add order and averaging point)."""
+    r = results[case]
+    assert r["replicas"], f"{case}: replicas differ across ranks"
+    assert r["bitwise"], f"{case}: differs from the native engine by {r['max_diff']} ({r['codec']})"
+    assert r["residual_bitwise"], f"{case}: residual differs by {r['residual_max_diff']}"
+
+
+@pytest.mark.parametrize("case", [c[0] for c in RS_CASES])
+def test_reduce_scatter_equals_native(results, case):
+    r = results[case]
+    assert r["bitwise"], f"{case}: differs from the native reduce-scatter by {r['max_diff']}"
+
+
+def test_stats_count_calls(results):
+    s = results["stats"]
+    assert s["calls_compressed"] == len(CASES)
+    assert s["reduce_scatter_compressed"] == len(RS_CASES)
+    assert 0 < s["bytes_sent"] < s["bytes_exact"]
+
+
+def test_host_reads_only_size_exchange(tmp_path):
+    """Under a TorchFunctionMode recording item / tolist / cpu / numpy / to(cpu) / bool / int /
+    float: dense compressors read nothing; threshold (data-sized payloads) reads only its size
+    exchange, in transport.py."""
+    path = str(tmp_path / "reads.json")
+    run_ranks(run_host_reads, 2, path, KIND, timeout=90)
+    with open(path) as f:
+        reads = json.load(f)
+    for name, seen in reads.items():
+        if name.startswith("threshold"):
+            assert seen and all(s.startswith("tolist at transport.py") for s in seen), seen
+        else:
+            assert seen == [], f"{name}: host reads {seen}"
+
+
+# ---- single process: argument checks ----
+
+
+class _Solo:
+    """A one-rank transport: the engine's checks run before any message."""
+
+    rank, size, device = 0, 1, torch.device("cpu")
+
+    def allreduce_exact(self, t, average):
+        pass
+
+
+def _engine():
+    from device_engine_cases import codec_factory
+    from torch_cgx.device.engine import DeviceEngine
+
+    return DeviceEngine(_Solo(), codecs=codec_factory(KIND))
+
+
+def _call(**changes):
+    from torch_cgx.device.engine import DeviceCall
+
+    return DeviceCall.from_config(torch_cgx.CGXConfig(**changes), True)
+
+
+def test_from_config_exact_settings_are_none():
+    assert _call() is None  # bits 32
+    assert _call(compressor="auto") is None
+    c = _call(bits=4, bucket_size=64, rotation="on")
+    assert c.rotation and dict(c.params)["clip"] == 1.0  # clip auto follows the rotation
+    assert _call(bits=4, bucket_size=100).rotation is False
+    assert _call(compressor="topk", compressor_params="ratio=0.1").params == (("ratio", 0.1),)
+
+
+def test_bad_input_raises_value_error():
+    engine, call = _engine(), _call(bits=4, bucket_size=64)
+    with pytest.raises(ValueError, match="floating-point"):
+        engine.allreduce(torch.arange(100), call)
+    with pytest.raises(ValueError, match="tensor"):
+        engine.allreduce([1.0, 2.0], call)
+    with pytest.raises(ValueError, match="residual"):
+        engine.allreduce(torch.randn(100), call, residual=torch.empty(99))
+    with pytest.raises(ValueError, match="residual"):
+        engine.allreduce(torch.randn(100), call, residual=torch.empty(100, dtype=torch.float16))
+    with pytest.raises(ValueError, match="stream"):
+        engine.allreduce(torch.randn(100), call, stream=-2)
+    with pytest.raises(ValueError, match="input has"):
+        engine.reduce_scatter(torch.empty(10), torch.empty(11), call)
+    with pytest.raises(ValueError, match="dtype"):
+        engine.reduce_scatter(torch.empty(10), torch.empty(10, dtype=torch.float16), call)
+    with pytest.raises(ValueError, match="algorithm"):
+        type(call)("maxmin", (), algorithm="butterfly")
+
+
+def test_non_contiguous_tensor_is_reduced_in_place():
+    engine, call = _engine(), _call(bits=4, bucket_size=64)
+    base = torch.randn(64, 8)
+    view = base.t()  # non-contiguous
+    before = view.clone()
+    engine.allreduce(view, call)  # one rank: the values stay (only rotation could move them)
+    assert torch.equal(view, before)
