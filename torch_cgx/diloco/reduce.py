@@ -110,7 +110,9 @@ def _cgx_settings(spec: Spec):
     def make(config):
         if spec.name != "maxmin":
             return config.replace(compressor=spec.name, compressor_params=spec.params)
-        fields = {"compressor": "maxmin", "compressor_params": ""}
+        # bits: the compressor's default (4) unless given, whatever the group's (32: exact)
+        bits = next(p["default"] for p in compressors.params("maxmin") if p["name"] == "bits")
+        fields = {"compressor": "maxmin", "compressor_params": "", "bits": int(bits)}
         for key, value in spec.params.items():
             if key == "clip":
                 fields["clip"] = "on" if value else "off"
