@@ -12,6 +12,7 @@ from torch_cgx import (
 )
 from torch_cgx import backend as _backend
 from torch_cgx import settings as _settings
+from torch_cgx import warn as _warn
 from torch_cgx.backend import cgx_backend, get_config, is_cgx_group, set_config
 from torch_cgx.config import CGXConfig, Options
 from torch_cgx.counters import Stats, reset_stats, stats
@@ -42,3 +43,4 @@ codec.set_num_threads(_process.codec_threads)
 if not _process.avx2:
     _native._C.set_isa(False)
 _backend._register()
+_warn.watch_env()  # an exit check, only when CGX_* variables ask for compression

@@ -19,6 +19,11 @@ reset (csrc/torch/engine_stats.h):
   pipeline did not hide, and the two add up to the calls' wall time.
 
 Collectives forwarded to Gloo unchanged (broadcast, all_gather, ...) are not counted.
+``plan`` says what the group's allreduce does now (its settings, or its planned rules).
+
+``torch_cgx.stats(state)`` with a DDP hook state (registered through
+``torch_cgx.hook_stats.counted``, as the Trainer callback and ``CGXStrategy`` do) gives the
+hook's own counters: :class:`torch_cgx.hook_stats.HookStats`.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import torch.distributed as dist
 
 from torch_cgx.backend import cgx_backend
 
-__all__ = ["Stats", "stats", "reset_stats"]
+__all__ = ["Stats", "plan", "stats", "reset_stats"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +50,7 @@ class Stats:
     reduce_scatter_exact: int
     compute_seconds: float
     wire_seconds: float
+    plan: str = ""
 
     @property
     def bytes_saved(self) -> int:
@@ -67,6 +73,7 @@ class Stats:
             f"{self.calls_exact} exact allreduces, {self.reduce_scatter_compressed} compressed / "
             f"{self.reduce_scatter_exact} exact reduce-scatters, compute "
             f"{self.compute_seconds:.3f} s, wire {self.wire_seconds:.3f} s"
+            + (f", plan: {self.plan}" if self.plan else "")
         )
 
 
@@ -74,9 +81,32 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
-def stats(group: Optional[dist.ProcessGroup] = None) -> Stats:
+def plan(group: Optional[dist.ProcessGroup] = None) -> str:
+    """What the cgx ``group``'s allreduce does now, in a few words: its planned rules
+    (``CGX_COMPRESSOR=auto``) or its settings."""
+    backend = cgx_backend(group)
+    if backend.plan():
+        from torch_cgx.plan import auto
+
+        return "planned: " + auto.describe(auto.rules_of(backend))
+    from torch_cgx.backend import get_config
+
+    c = get_config(group)
+    if c.compressor == "maxmin":
+        if c.bits >= 32:
+            return "exact"
+        return f"maxmin {c.bits} bits, bucket {c.bucket_size}, {c.algorithm}"
+    return f"{c.compressor}({c.compressor_params}), {c.algorithm}"
+
+
+def stats(group=None):
     """This rank's counters of the cgx ``group`` (default: the world); ValueError when the group
-    is not a cgx group. Not collective."""
+    is not a cgx group. Given a hook state instead of a group: that state's counters
+    (:func:`torch_cgx.hook_stats.hook_stats`). Not collective."""
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        from torch_cgx.hook_stats import hook_stats
+
+        return hook_stats(group)
     d = cgx_backend(group).stats()
     return Stats(
         bytes_sent=d["bytes_sent"],
@@ -87,9 +117,15 @@ def stats(group: Optional[dist.ProcessGroup] = None) -> Stats:
         reduce_scatter_exact=d["reduce_scatter_exact"],
         compute_seconds=d["compute_seconds"],
         wire_seconds=d["wire_seconds"],
+        plan=plan(group),
     )
 
 
-def reset_stats(group: Optional[dist.ProcessGroup] = None) -> None:
-    """Sets this rank's counters of the cgx ``group`` to zero. Not collective."""
+def reset_stats(group=None) -> None:
+    """Sets this rank's counters of the cgx ``group`` (or of a hook state) to zero. Not
+    collective."""
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        from torch_cgx import hook_stats
+
+        return hook_stats.reset(group)
     cgx_backend(group).reset_stats()

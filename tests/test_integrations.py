@@ -1,0 +1,284 @@
+"""transformers' Trainer on torch_cgx (torch_cgx.integrations): a tiny GPT-2 built from a config
+(no download) on random tokens, 2 real ranks (torchrun's variables, Gloo rendezvous on
+127.0.0.1). One pair of processes serves every cgx case (importing transformers dominates the
+time): the backend at 4 bits, a hook through the callback, resume from a Trainer checkpoint,
+and the "nothing compressed" checks; a second pair lets Trainer create a Gloo group."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+from dist_helpers import free_port, run_ranks
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None
+    or importlib.util.find_spec("accelerate") is None,
+    reason="transformers and accelerate are needed (requirements-dev.txt)",
+)
+
+STEPS = 6
+
+
+def tiny_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=256, n_positions=32,
+                        bos_token_id=0, eos_token_id=0)  # fmt: skip
+    return GPT2LMHeadModel(config)
+
+
+def tokens(n=96, seq=32):
+    ids = torch.randint(0, 256, (n, seq), generator=torch.Generator().manual_seed(1))
+    return [{"input_ids": r, "labels": r} for r in ids]
+
+
+def trainer_for(out, steps=STEPS, callbacks=(), **kw):
+    from transformers import Trainer, TrainingArguments
+
+    kw = {"save_strategy": "no", **kw}
+    args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, max_steps=steps,
+                             use_cpu=True, report_to=[], logging_steps=2, disable_tqdm=True,
+                             learning_rate=1e-3, seed=0, **kw)  # fmt: skip
+    return Trainer(model=tiny_gpt2(), args=args, train_dataset=tokens(), callbacks=list(callbacks))
+
+
+def ours(record):
+    from torch_cgx.warn import NothingCompressedWarning
+
+    return [w for w in record if issubclass(w.category, NothingCompressedWarning)]
+
+
+def flat_params(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def assert_replicas_agree(model):
+    mine = flat_params(model)
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, mine)
+    assert all(torch.equal(out[0], o) for o in out[1:]), "replicas differ"
+
+
+def backend_case(out):
+    """The backend's settings compress DDP's allreduce; the callback only logs the stats."""
+    import torch_cgx
+    from torch_cgx.integrations import attach
+
+    torch_cgx.reset_stats()
+    trainer = trainer_for(out)
+    cb = attach(trainer)
+    assert trainer.callback_handler.callbacks[0] is cb  # before the loggers
+    trainer.train()
+    s = torch_cgx.stats()
+    assert s.calls_compressed >= STEPS and 0 < s.bytes_sent < s.bytes_exact / 6, s
+    assert s.plan.startswith("maxmin 4 bits"), s.plan
+    logged = [h for h in trainer.state.log_history if "cgx/ratio" in h]
+    assert len(logged) >= STEPS // 2 and logged[-1]["cgx/bytes_sent"] == s.bytes_sent
+    assert logged[0]["cgx/bytes_per_step"] > 0
+    assert_replicas_agree(trainer.model)
+
+
+class Snapshot:
+    """A test callback (after CGXCallback): the hook state's residuals at a save and at the
+    start of training."""
+
+    def __init__(self, cb):
+        from transformers import TrainerCallback
+
+        self.cb, self.saved, self.begin = cb, {}, None
+        snap = self
+
+        class _C(TrainerCallback):
+            def on_save(self, args, state, control, **kw):
+                snap.saved[state.global_step] = snap.copy()
+
+            def on_train_begin(self, args, state, control, **kw):
+                snap.begin = snap.copy()
+
+        self.callback = _C()
+
+    def copy(self):
+        st = self.cb.state
+        return st.steps, {k: v.clone() for k, v in st.residuals.items()}
+
+
+def hook_case(out):
+    """cgx_hook (4 bits, error feedback) through the callback on an exact group; a checkpoint
+    at step 3; resume from it restores the residuals bit for bit."""
+    import torch_cgx
+    from torch_cgx.integrations import attach
+
+    torch_cgx.set_config(None, bits=32)  # only the hook compresses
+    params = {"error_feedback": True}
+    trainer = trainer_for(out, save_strategy="steps", save_steps=3)
+    cb = attach(trainer, hook="cgx", bits=4, params=params)
+    snap = Snapshot(cb)
+    trainer.add_callback(snap.callback)
+    trainer.train()
+    h = torch_cgx.stats(cb.state)
+    assert h.hook == "cgx_hook" and h.steps == STEPS and cb.state.steps == STEPS, h
+    assert h.calls_compressed >= STEPS and 0 < h.bytes_sent < h.bytes_exact / 4, h
+    assert h.bytes_sent <= torch_cgx.stats().bytes_sent
+    assert "cgx_hook/ratio" in trainer.state.log_history[-2]
+    assert_replicas_agree(trainer.model)
+    steps3, res3 = snap.saved[3]
+    assert steps3 == 3 and res3, "no residuals saved at step 3"
+    final = flat_params(trainer.model)
+
+    resumed = trainer_for(out, save_strategy="steps", save_steps=3)
+    cb2 = attach(resumed, hook="cgx", bits=4, params=params)
+    snap2 = Snapshot(cb2)
+    resumed.add_callback(snap2.callback)
+    resumed.train(resume_from_checkpoint=os.path.join(out, "checkpoint-3"))
+    steps, res = snap2.begin
+    assert steps == 3 and res.keys() == res3.keys()
+    assert all(torch.equal(res[k], res3[k]) for k in res3), "residuals differ after resume"
+    assert cb2.state.steps == STEPS and torch_cgx.stats(cb2.state).steps == STEPS - 3
+    assert_replicas_agree(resumed.model)
+    # The continued run is the uninterrupted one, up to DDP's first-step bucket order
+    # (docs/hooks.md "Checkpoints"): close, not necessarily bit-identical.
+    assert torch.allclose(flat_params(resumed.model), final, rtol=0, atol=1e-3)
+
+
+def quiet_checks(out):
+    """The "never compress silently nothing" checks that must stay silent or fire once on a
+    cgx group: a hook that never ran; a compressing group that compressed nothing."""
+    from transformers import TrainerControl, TrainerState
+
+    import torch_cgx
+    from torch_cgx import hook_stats, hooks
+    from torch_cgx.integrations import CGXCallback
+
+    cb = CGXCallback(check_after=2)
+    cb.state = hooks.CGXState(None, compression_params={"bits": 4})
+    hook_stats.counted(hooks.cgx_hook, cb.state)  # made, never run
+    cb._check_at = 2
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for step in (1, 2, 3):
+            cb.on_step_end(None, TrainerState(global_step=step), TrainerControl())
+    assert len(ours(record)) == 1 and "did not run in 2 steps" in str(ours(record)[0].message)
+
+    torch_cgx.set_config(None, bits=4, min_size=1 << 40)  # every bucket under min_size
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer = trainer_for(out, steps=3)
+        from torch_cgx.integrations import attach
+
+        attach(trainer, check_after=2)
+        trainer.train()
+    assert len(ours(record)) == 1, [str(w.message) for w in ours(record)]
+    assert "no allreduce of the last 2 steps was compressed" in str(ours(record)[0].message)
+
+
+def body_cgx(rank, world, out):
+    import torch_cgx
+    from torch_cgx.integrations import init_cgx
+
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        group = init_cgx(bits=4)
+        assert torch_cgx.is_cgx_group(group) and init_cgx() is group
+        with pytest.raises(ValueError, match="set_config"):
+            init_cgx(bits=8)
+        backend_case(os.path.join(out, "backend"))
+        hook_case(os.path.join(out, "hook"))
+    assert ours(record) == [], [str(w.message) for w in ours(record)]  # no false alarms
+    quiet_checks(os.path.join(out, "quiet"))
+    dist.destroy_process_group()
+
+
+def test_trainer_on_cgx_backend_hook_resume_and_checks(tmp_path):
+    run_ranks(body_cgx, 2, str(tmp_path), env={"CGX_COMPRESSION_QUANTIZATION_BITS": "4"},
+              timeout=240)  # fmt: skip
+
+
+def body_gloo(rank, world, out):
+    """Trainer creates the group (Gloo) while CGX_* asks for compression: one warning naming
+    the setting and the backend; init_cgx afterwards is a ValueError naming the backend."""
+    from torch_cgx.integrations import attach, init_cgx
+
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer = trainer_for(out, steps=2)
+        attach(trainer)
+        trainer.train()
+        with pytest.raises(ValueError, match="hook 'cgx' runs on a cgx group"):
+            t = trainer_for(out, steps=1)
+            attach(t, hook="cgx")
+            t.train()
+    msgs = [str(w.message) for w in ours(record)]
+    assert len(msgs) == 1, msgs
+    assert "CGX_COMPRESSION_QUANTIZATION_BITS=4" in msgs[0] and "'gloo'" in msgs[0], msgs
+    assert dist.get_backend() == "gloo"
+    with pytest.raises(ValueError, match="already initialized with backend 'gloo'"):
+        init_cgx()
+    dist.destroy_process_group()
+
+
+def test_trainer_on_gloo_with_cgx_settings_warns_once(tmp_path):
+    run_ranks(body_gloo, 2, str(tmp_path), env={"CGX_COMPRESSION_QUANTIZATION_BITS": "4"},
+              timeout=180)  # fmt: skip
+
+
+EXIT_SCRIPT = """
+import torch.distributed as dist, torch_cgx
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+"""
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"CGX_COMPRESSION_QUANTIZATION_BITS": "4"}, 1),
+    ({"CGX_COMPRESSOR": "topk"}, 1),
+    ({"CGX_COMPRESSION_QUANTIZATION_BITS": "32"}, 0),
+    ({}, 0),
+])  # fmt: skip
+def test_exit_check_after_a_gloo_only_run(env, expected):
+    """``import torch_cgx`` arms an exit check only when CGX_* asks for compression: a process
+    that ends with a Gloo default group and no cgx group is told once, at exit."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CGX_")}
+    code = EXIT_SCRIPT.format(port=free_port())
+    run = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.count("NothingCompressedWarning") == expected, run.stderr
+    if expected:
+        name = next(iter(env))
+        assert f"{name}={env[name]}" in run.stderr and "'gloo'" in run.stderr
+
+
+def test_requested_settings():
+    from torch_cgx.warn import requested
+
+    assert requested({"CGX_COMPRESSION_QUANTIZATION_BITS": "4"}) == [
+        "CGX_COMPRESSION_QUANTIZATION_BITS=4"
+    ]
+    assert requested({"CGX_COMPRESSION_QUANTIZATION_BITS": "32", "CGX_COMPRESSOR": "maxmin"}) == []
+    assert requested({"CGX_COMPRESSOR": "auto"}) == ["CGX_COMPRESSOR=auto"]
+    assert requested({"CGX_COMPRESSION_QUANTIZATION_BITS": "x"}) == []  # creation names it
+    assert requested({}) == []
+
+
+def test_bad_callback_arguments_are_value_errors():
+    from torch_cgx.integrations import CGXCallback, init_cgx
+
+    with pytest.raises(ValueError, match="check_after"):
+        CGXCallback(check_after=0)
+    with pytest.raises(ValueError, match="params must be a dict"):
+        CGXCallback("cgx", params=[1])
+    with pytest.raises(TypeError, match="torch_cgx.Options"):
+        init_cgx({"bits": 4})
+    with pytest.raises(ValueError, match="not both"):
+        import torch_cgx
+
+        init_cgx(torch_cgx.Options(bits=4), bits=4)
+    with pytest.raises(ValueError, match="needs its trainer"):
+        CGXCallback("cgx").on_train_begin(None, None, None)
