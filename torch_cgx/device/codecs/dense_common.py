@@ -7,6 +7,7 @@ element counts only, never from tensor values.
 
 from __future__ import annotations
 
+import struct
 from typing import Dict, Optional
 
 import torch
@@ -158,14 +159,34 @@ def lane_sum(grid: torch.Tensor) -> torch.Tensor:
     return quad[:, 0] + quad[:, 1]
 
 
+def abs_max(grid: torch.Tensor) -> torch.Tensor:
+    """Per row of a (buckets, width) grid: max |x|, NaN where the row holds a NaN (amax
+    propagates NaN; one reduction, where isfinite().all(1) is a slow boolean one on the CPU)."""
+    if grid.shape[0] == 0 or grid.shape[1] == 0:
+        return grid.new_zeros(grid.shape[0])
+    return grid.abs().amax(1)
+
+
+def non_finite_flag(x: torch.Tensor) -> torch.Tensor:
+    """0-d uint8: 1 if ``x`` holds NaN or Inf (the envelope's flag bit 0)."""
+    if x.numel() == 0:
+        return torch.zeros((), dtype=torch.uint8, device=x.device)
+    return (~(x.abs().amax() < float("inf"))).to(torch.uint8)
+
+
 def nan_where(ok: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """``value`` where ``ok``, else the quiet NaN 0x7fc00000 (C's NAN)."""
     return torch.where(ok, value, torch.full_like(value, _NAN))
 
 
 def f32_bits(value: float) -> int:
-    """The bits of ``value`` rounded to float32."""
-    return int(torch.tensor([value], dtype=torch.float32).view(torch.int32)[0]) & 0xFFFFFFFF
+    """The bits of ``value`` rounded to float32 (host arithmetic)."""
+    return struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+def to_f32(value: float) -> float:
+    """``value`` rounded to float32 (C's ``float(double)``), as a Python float."""
+    return struct.unpack("<f", struct.pack("<f", value))[0]
 
 
 # ---- the codec base -----------------------------------------------------------------------------

@@ -8,29 +8,25 @@ formats decodes to NaN and makes ``header_ok`` False (the native decoder raises 
 
 from __future__ import annotations
 
-import struct
-
 import torch
 
 from torch_cgx.device.codecs.base import pack_bits, uniform
 from torch_cgx.device.codecs.dense_common import (
     ENVELOPE_BYTES,
     DenseCodec,
+    abs_max,
     as_bytes,
     check_input,
     check_keys,
     f32_bits,
     lane_sum,
     nan_where,
+    non_finite_flag,
+    to_f32,
     widen,
 )
 
 __all__ = ["QSGD", "TBQ", "TernGrad"]
-
-
-def _f32(value: float) -> float:
-    """``value`` rounded to float32 (C's ``float(double)``), as a Python float."""
-    return struct.unpack("<f", struct.pack("<f", value))[0]
 
 
 def level_codes(v, num: float, den, clip, levels: int, neg: int, u=None) -> torch.Tensor:
@@ -81,15 +77,15 @@ class TernGrad(_Levels):
     def __init__(self, **params) -> None:
         super().__init__(**params)
         self.bucket_size = int(self.config["bucket_size"])
-        self.clip = _f32(self.config["clip"])
+        self.clip = to_f32(self.config["clip"])
         self.param1 = f32_bits(self.clip)
 
     def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
         x, v = self._prepare(x, seed, stream, shared)
         layout = self.layout(v.numel())
         grid = layout.grid(v)
-        finite = torch.isfinite(grid).all(1)
-        s = grid.abs().amax(1) if layout.count else grid.new_zeros(0)
+        s = abs_max(grid)
+        finite = s < float("inf")
         if self.clip > 0:
             g64 = grid.double()
             sigma = torch.sqrt(lane_sum(g64 * g64) / layout.lengths(v.device))
@@ -125,7 +121,7 @@ class QSGD(_Levels):
         layout = self.layout(v.numel())
         grid = layout.grid(v)
         g64 = grid.double()
-        norm = nan_where(torch.isfinite(grid).all(1), torch.sqrt(lane_sum(g64 * g64)).float())
+        norm = nan_where(abs_max(grid) < float("inf"), torch.sqrt(lane_sum(g64 * g64)).float())
         ok = torch.isfinite(norm) & (norm > 0)
         inf = float("inf")
         codes = self._codes(
@@ -153,14 +149,14 @@ class TBQ(_Levels):
 
     def __init__(self, **params) -> None:
         super().__init__(**params)
-        self.tau = _f32(self.config["tau"])
+        self.tau = to_f32(self.config["tau"])
         self.param1 = f32_bits(self.tau)
 
     def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
         x, v = self._prepare(x, seed, stream, shared)
         tau = torch.full((1,), self.tau, device=v.device)
         codes = level_codes(v, 1.0, tau, float("inf"), 1, 1)
-        flags = (~torch.isfinite(v).all()).to(torch.uint8)
+        flags = non_finite_flag(v)
         return self.wrap(x, [pack_bits(codes, 2)], flags)
 
     def values(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:

@@ -9,15 +9,19 @@ import torch
 from torch_cgx.device.codecs.base import pack_bits
 from torch_cgx.device.codecs.dense_common import (
     DenseCodec,
+    abs_max,
     as_bytes,
     check_input,
     check_keys,
     lane_sum,
     nan_where,
+    non_finite_flag,
     widen,
 )
 
 __all__ = ["EFSignSGD", "OneBit", "SignSGD", "Signum"]
+
+inf = float("inf")
 
 
 class _Signs(DenseCodec):
@@ -43,7 +47,7 @@ class SignSGD(_Signs):
 
     def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
         x = self._encode(x, seed, stream, shared)
-        flags = (~torch.isfinite(x).all()).to(torch.uint8)
+        flags = non_finite_flag(x)
         return self.wrap(x, [pack_bits(x < 0, 1)], flags)
 
     def values(self, payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -69,7 +73,7 @@ class _Bucketed(_Signs):
         layout = self.layout(x.numel())
         grid = layout.grid(widen(x))
         g64 = grid.double()
-        return layout, grid, torch.isfinite(grid).all(1), lane_sum(g64), lane_sum(g64.abs())
+        return layout, grid, abs_max(grid) < inf, lane_sum(g64), lane_sum(g64.abs())
 
 
 class OneBit(_Bucketed):
