@@ -144,10 +144,37 @@ class MaxMin(DeviceCodec):
     # ---- encode ---------------------------------------------------------------------------------
 
     def encode(self, x: torch.Tensor, *, seed: int = 0, stream: int = 0, shared: int = 0):
+        """The payload; through a fused kernel where one applies and passed its self-check
+        (torch_cgx/device/kernels.py), else :meth:`reference_encode`."""
         x = _flat_input(x)
-        for what, v in (("seed", seed), ("stream", stream)):
-            if not isinstance(v, int) or not 0 <= v < 2**64:
-                raise ValueError(f"{what} must be an integer in [0, 2^64), got {v!r}")
+        _check_seed(seed, stream)
+        from torch_cgx.device import kernels
+
+        fused = kernels.fused_for(self, x.device, x.dtype)
+        if fused is not None:
+            return fused.encode(self, x, seed, stream)
+        return self.reference_encode(x, seed=seed, stream=stream)
+
+    def decode_add_(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
+        """``out += decode(payload)`` in fp32, rounded once to ``out``'s dtype; through a fused
+        kernel where one applies (the header is not checked here: :meth:`header_ok`)."""
+        self._check_payload(payload, out.numel(), out.dtype)
+        if out.is_contiguous() and payload.is_contiguous():
+            from torch_cgx.device import kernels
+
+            fused = kernels.fused_for(self, out.device, out.dtype)
+            if fused is not None:
+                fused.decode_add_(self, out.view(-1), payload)
+                return out
+        return self.reference_decode_add_(out, payload)
+
+    def reference_decode_add_(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
+        return DeviceCodec.decode_add_(self, out, payload)
+
+    def reference_encode(self, x: torch.Tensor, *, seed: int = 0, stream: int = 0):
+        """The payload computed with tensor operations only."""
+        x = _flat_input(x)
+        _check_seed(seed, stream)
         n, dev = x.numel(), x.device
         nq, _ = self.layout(n)
         B = self.bucket_size
@@ -269,6 +296,12 @@ class MaxMin(DeviceCodec):
 def _check_dtype(dtype) -> None:
     if dtype not in DTYPE_CODES:
         raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+
+
+def _check_seed(seed, stream) -> None:
+    for what, v in (("seed", seed), ("stream", stream)):
+        if not isinstance(v, int) or not 0 <= v < 2**64:
+            raise ValueError(f"{what} must be an integer in [0, 2^64), got {v!r}")
 
 
 def _flat_input(x) -> torch.Tensor:

@@ -1,0 +1,191 @@
+"""The fused-kernel selection (torch_cgx/device/kernels.py) on CPU tensors, with injected fake
+kernels: a correct one is used, a wrong one fails its self-check (auto: one warning naming it
+and the reference from then on; fused: RuntimeError), a missing library likewise; the real CUDA
+kernel never applies to CPU tensors."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from torch_cgx.device import codecs, kernels
+
+
+class Fake(kernels.FusedMaxMin):
+    """A 'kernel' on CPU tensors: the reference itself, optionally corrupted."""
+
+    def __init__(self, name="fake", corrupt_encode=False, corrupt_decode=False, load_error=None):
+        self.name = name
+        self.corrupt_encode, self.corrupt_decode, self.load_error = (
+            corrupt_encode, corrupt_decode, load_error)  # fmt: skip
+        self.loads = self.encodes = self.decodes = 0
+
+    def applies(self, device):
+        return device.type == "cpu"
+
+    def load(self):
+        self.loads += 1
+        if self.load_error:
+            raise OSError(self.load_error)
+
+    def encode(self, codec, x, seed, stream):
+        self.encodes += 1
+        p = codec.reference_encode(x, seed=seed, stream=stream)
+        if self.corrupt_encode:
+            p[-1] ^= 1  # one bit of the last code byte
+        return p
+
+    def decode_add_(self, codec, out, payload):
+        self.decodes += 1
+        codec.reference_decode_add_(out, payload)
+        if self.corrupt_decode:
+            out[out.numel() // 2] += 1
+        return out
+
+
+@pytest.fixture
+def mode(monkeypatch):
+    def set_mode(value):
+        monkeypatch.setenv("CGX_DEVICE_KERNELS", value)
+        kernels.reset()
+
+    yield set_mode
+    monkeypatch.delenv("CGX_DEVICE_KERNELS", raising=False)
+    kernels.reset()
+
+
+def _roundtrip(codec, n=1000, dtype=torch.float32):
+    x = torch.randn(n).to(dtype)
+    p = codec.encode(x, seed=3, stream=4)
+    out = torch.zeros(n, dtype=dtype)
+    codec.decode_add_(out, p)
+    return x, p, out
+
+
+def test_a_correct_kernel_is_used_after_one_self_check(mode):
+    mode("auto")
+    fake = Fake()
+    codec = codecs.get("maxmin", bits=3, bucket_size=100, stochastic=1)
+    with kernels.use_implementations([fake]), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        x, p, out = _roundtrip(codec)
+        assert torch.equal(p, codec.reference_encode(x, seed=3, stream=4))
+        _roundtrip(codec)
+        # one self-check (1 encode + 1 decode_add), then the two calls of each round trip
+        assert (fake.encodes, fake.decodes, fake.loads) == (3, 3, 4)
+        (key, outcome), = kernels.decisions().items()  # fmt: skip
+        assert key == ("fake", "cpu", torch.float32, 3, 100, 2) and outcome == "fused"
+        _roundtrip(codecs.get("maxmin", bits=3, bucket_size=100), dtype=torch.bfloat16)
+        assert len(kernels.decisions()) == 2  # a new (dtype, flags): checked again
+
+
+@pytest.mark.parametrize("broken", ["encode", "decode"])
+def test_auto_warns_once_naming_the_kernel_and_falls_back(mode, broken):
+    mode("auto")
+    fake = Fake("wrong-kernel", corrupt_encode=broken == "encode",
+                corrupt_decode=broken == "decode")  # fmt: skip
+    codec = codecs.get("maxmin", bits=4, bucket_size=64, skip_incomplete_buckets=1)
+    with kernels.use_implementations([fake]):
+        with pytest.warns(RuntimeWarning) as record:
+            x, p, out = _roundtrip(codec, n=777)
+            _roundtrip(codec, n=777)
+        assert len(record) == 1
+        message = str(record[0].message)
+        assert "wrong-kernel" in message and "failed its self-check" in message
+        assert "bits=4, bucket_size=64" in message and "reference" in message
+        assert ("encode differs" if broken == "encode" else "decode_add differs") in message
+        # the reference was used: exact payload and values
+        assert torch.equal(p, codec.reference_encode(x, seed=3, stream=4))
+        want = torch.zeros(777)
+        codec.reference_decode_add_(want, p)
+        assert torch.equal(out, want)
+        assert fake.encodes == 1  # the self-check only
+        assert list(kernels.decisions().values())[0].startswith("reference: ")
+
+
+def test_fused_mode_raises_on_a_wrong_kernel_and_keeps_raising(mode):
+    mode("fused")
+    codec = codecs.get("maxmin", bits=2, bucket_size=8)
+    with kernels.use_implementations([Fake("wrong-kernel", corrupt_encode=True)]):
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="wrong-kernel .*failed its self-check"):
+                codec.encode(torch.randn(50))
+    with kernels.use_implementations([Fake("good-kernel")]):
+        _roundtrip(codec)  # a correct kernel passes in fused mode
+
+
+@pytest.mark.parametrize("setting", ["auto", "fused"])
+def test_a_missing_library_warns_once_or_raises(mode, setting):
+    mode(setting)
+    fake = Fake("absent-kernel", load_error="libcgx_cuda_capi.so: cannot open shared object")
+    codec = codecs.get("maxmin")
+    with kernels.use_implementations([fake]):
+        if setting == "fused":
+            with pytest.raises(RuntimeError, match="absent-kernel: unavailable .*cannot open"):
+                codec.encode(torch.randn(10))
+            return
+        with pytest.warns(RuntimeWarning, match="absent-kernel: unavailable") as record:
+            for _ in range(3):
+                _roundtrip(codec, n=600)
+        assert len(record) == 1 and fake.loads == 1 and fake.encodes == 0
+
+
+def test_reference_mode_never_loads_a_kernel(mode):
+    mode("reference")
+    fake = Fake()
+    with kernels.use_implementations([fake]), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _roundtrip(codecs.get("maxmin"))
+    assert fake.loads == 0 and kernels.decisions() == {}
+
+
+def test_clip_is_not_covered_and_takes_the_reference_silently(mode):
+    mode("fused")
+    fake = Fake(corrupt_encode=True)
+    with kernels.use_implementations([fake]), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _roundtrip(codecs.get("maxmin", clip=1))
+    assert fake.loads == 0
+
+
+@pytest.mark.parametrize("setting", ["auto", "fused"])
+def test_the_cuda_kernel_never_applies_to_cpu_tensors(mode, monkeypatch, tmp_path, setting):
+    """The real implementation, its library absent: CPU tensors never try to load it."""
+    mode(setting)
+    monkeypatch.setenv("CGX_CUDA_LIBRARY", str(tmp_path / "missing.so"))
+    real = kernels.CudaMaxMin()
+    with kernels.use_implementations([real]), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _roundtrip(codecs.get("maxmin", stochastic=1))
+        assert kernels.fused_for(codecs.get("maxmin"), torch.device("cpu"), torch.float32) is None
+    assert real._lib is None
+    with pytest.raises(OSError, match="missing.so"):
+        real.load()  # what a CUDA tensor would meet: auto warns with this, fused raises it
+    assert kernels.library_candidates() == [tmp_path / "missing.so"]
+
+
+def test_a_library_that_is_not_one_fails_to_load(tmp_path, monkeypatch):
+    bogus = tmp_path / "libcgx_cuda_capi.so"
+    bogus.write_bytes(b"not an ELF file")
+    monkeypatch.setenv("CGX_CUDA_LIBRARY", str(bogus))
+    with pytest.raises(OSError):
+        kernels.CudaMaxMin().load()
+
+
+def test_bad_setting_names_the_variable(mode):
+    mode("sometimes")
+    with pytest.raises(ValueError, match="CGX_DEVICE_KERNELS must be auto, fused or reference"):
+        kernels.mode()
+
+
+def test_self_check_buffer_covers_full_partial_and_constant_buckets():
+    for bucket in (1, 3, 8, 512, 1000, 1 << 17, 1 << 20):
+        n = kernels.check_size(bucket)
+        assert n <= (1 << 19) + 3
+        assert n % 8  # a partial code byte at every bits but 8
+        if bucket <= 1 << 17:
+            assert n >= 2 * bucket and (n % bucket or bucket == 1)
+    x = kernels._check_input(kernels.check_size(64), 64, torch.float32, "cpu")
+    assert bool((x[64:128] == 0.75).all()) and x[0] == 0 and x[:64].abs().max() < 1
