@@ -28,6 +28,16 @@ PARAMS = {
 }
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """Byte checks, not speed: one intra-op thread (on a loaded 2-core machine torch's
+    two-thread kernels wait on each other many times longer than they compute)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _inputs(n: int, dtype: torch.dtype, gen: torch.Generator):
     """Normal values; ties (few distinct magnitudes, zeros and -0); NaN / +-Inf among normals."""
     normal = torch.randn(n, generator=gen)
@@ -94,6 +104,16 @@ def test_random_k_is_floyd(shape):
         assert torch.equal(sel.random_k(n, k, *rng_key(seed, seed * 7)), want), (shape, seed)
 
 
+def test_random_k_is_floyd_on_the_native_hash_set_path():
+    """n above 2^25 with a small k: the native keeps the taken set in a hash set (not a bitmap);
+    the picks are the same."""
+    n, k = 2**25 + 4096, 300
+    x = torch.arange(n, dtype=torch.int32).view(torch.float32)
+    native = compressors.get("randomk", ratio=k / n)
+    want = native.encode(x, seed=9, shared=4)[32:].view(torch.int32).long()
+    assert torch.equal(sel.random_k(n, k, *rng_key(9, 4)), want)
+
+
 def test_random_k_from_a_payload_key_on_the_device():
     """Decode regenerates the indices from the payload's key words (0-d tensors)."""
     n, k = 5000, 1234
@@ -144,12 +164,15 @@ def test_bad_payloads(name):
         c.encode(x.long())
     with pytest.raises(ValueError, match="seed"):
         c.encode(x, seed=-1)
+    with pytest.raises(ValueError, match="dtype"):
+        c.encoded_size(n, torch.float64)
     for offset, value in ((0, ord("X")), (6, 99), (7, 0x80), (8, 1), (16, 1)):
         bad = good.clone()
         bad[offset] ^= value
         assert not bool(c.header_ok(bad, n, torch.float32)), (name, offset)
     assert not bool(c.header_ok(good, n + 1, torch.float32))
-    if name == "randomk":
+    if name == "randomk":  # a payload of the other scale setting
+        assert not bool(codecs.get(name, scale=1, **params).header_ok(good, n, torch.float32))
         return
     m = (good.numel() - 32) // 8
     for index in (n, 2**32 - 1):  # out of range at the end: no write past out

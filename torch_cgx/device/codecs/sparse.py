@@ -27,6 +27,7 @@ __all__ = ["CODECS", "DGC", "GradDrop", "RandomK", "Threshold", "TopK"]
 
 _HEADER = 32
 _MAX_INDEX_COUNT = 2**32 - 1
+_ES = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
 
 
 def _native_params(name: str, params: dict) -> dict:
@@ -55,20 +56,25 @@ def _check_input(name: str, x, seed: int, stream: int, shared: int) -> torch.Ten
     return x
 
 
-def _check_payload(name: str, payload, numel: int, dtype) -> None:
-    if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8 or payload.dim() != 1:
-        raise ValueError(f"{name}: payload must be a 1-D uint8 tensor (what encode returned)")
-    if dtype not in DTYPE_CODES:
+def _size_args(name: str, numel: int, dtype) -> int:
+    """The element size of ``dtype`` after checking ``numel`` and ``dtype``."""
+    if dtype not in _ES:
         raise ValueError(f"{name}: dtype must be float32, float16 or bfloat16, got {dtype}")
     if not isinstance(numel, int) or not 0 <= numel <= _MAX_INDEX_COUNT:
         raise ValueError(f"{name}: numel must be an integer in [0, 2^32 - 1], got {numel!r}")
+    return _ES[dtype]
+
+
+def _check_payload(name: str, payload, numel: int, dtype) -> int:
+    if not isinstance(payload, torch.Tensor) or payload.dtype != torch.uint8 or payload.dim() != 1:
+        raise ValueError(f"{name}: payload must be a 1-D uint8 tensor (what encode returned)")
+    return _size_args(name, numel, dtype)
 
 
 def _as_dtype(data: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Bytes (contiguous uint8) reinterpreted as ``dtype``; copied first when the view would be
     misaligned (a payload at an odd offset of a receive buffer)."""
-    size = torch.empty((), dtype=dtype).element_size()
-    if data.storage_offset() % size:
+    if data.storage_offset() % dtype.itemsize:
         data = data.clone()
     return data.view(dtype)
 
@@ -109,7 +115,7 @@ class _Pairs(DeviceCodec):
         raise NotImplementedError
 
     def encoded_size(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
-        es = torch.empty((), dtype=dtype).element_size()
+        es = _size_args(self.name, numel, dtype)
         return _HEADER + self.max_pairs(numel) * (4 + es)
 
     def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
@@ -124,8 +130,7 @@ class _Pairs(DeviceCodec):
 
     def _pairs(self, payload, numel: int, dtype) -> Tuple[torch.Tensor, torch.Tensor, int]:
         """(indices int64, values fp32, m) after the host-side size checks."""
-        _check_payload(self.name, payload, numel, dtype)
-        es = torch.empty((), dtype=dtype).element_size()
+        es = _check_payload(self.name, payload, numel, dtype)
         body = payload.numel() - _HEADER
         m, rest = divmod(body, 4 + es)
         if body < 0 or rest:
@@ -160,7 +165,7 @@ class _Pairs(DeviceCodec):
             index, _, m = self._pairs(payload, numel, dtype)
         except ValueError:
             return torch.zeros((), dtype=torch.bool, device=getattr(payload, "device", None))
-        es = torch.empty((), dtype=dtype).element_size()
+        es = _ES[dtype]
         expected = envelope(
             self.compressor_id, dtype, numel, m * (4 + es), m, device=payload.device
         )
@@ -250,7 +255,7 @@ class RandomK(DeviceCodec):
         self.scale = bool(self.params["scale"])
 
     def encoded_size(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
-        es = torch.empty((), dtype=dtype).element_size()
+        es = _size_args(self.name, numel, dtype)
         return _HEADER + sel.count_for(self.params["ratio"], numel) * es
 
     def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
@@ -267,9 +272,8 @@ class RandomK(DeviceCodec):
 
     def _count(self, payload, numel: int, dtype) -> int:
         """``k`` after the host-side checks (the payload's size is exactly ``32 + k * es``)."""
-        _check_payload(self.name, payload, numel, dtype)
+        es = _check_payload(self.name, payload, numel, dtype)
         k = sel.count_for(self.params["ratio"], numel)
-        es = torch.empty((), dtype=dtype).element_size()
         if payload.numel() != _HEADER + k * es:
             raise ValueError(
                 f"{self.name} payload corrupt: {payload.numel()} bytes, expected {_HEADER + k * es}"
@@ -283,9 +287,8 @@ class RandomK(DeviceCodec):
         key = _u32(payload[24:32])
         index = sel.random_k(numel, k, key[0], key[1], device=payload.device)
         values = _as_dtype(payload[_HEADER:], dtype).float()
-        if self.scale and k:
-            factor = torch.tensor(numel / k, dtype=torch.float32, device=payload.device)
-            values = values * factor
+        if self.scale and k:  # a Python scalar: fp32 kernels round it to float(n / k)
+            values = values * (numel / k)
         return index, values, (payload[7] & 2) != 0
 
     def values(self, payload, numel: int, dtype) -> torch.Tensor:
@@ -305,7 +308,7 @@ class RandomK(DeviceCodec):
             k = self._count(payload, numel, dtype)
         except ValueError:
             return torch.zeros((), dtype=torch.bool, device=getattr(payload, "device", None))
-        es = torch.empty((), dtype=dtype).element_size()
+        es = _ES[dtype]
         expected = envelope(self.compressor_id, dtype, numel, k * es, device=payload.device)
         ok = _header_matches(payload, expected, 7) & _header_matches(payload[8:], expected[8:], 16)
         return ok & ((payload[7] & 0xFC) == 0) & ((payload[7] & 1) == int(self.scale))
