@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from typing import Dict, List, Optional
 
 import torch
@@ -23,38 +24,87 @@ CASES = [
     ("maxmin4_sra_sum", dict(bits=4, bucket_size=64), torch.float32, 1000, False),
     ("maxmin3_ring", dict(bits=3, bucket_size=32, algorithm="ring"), torch.float32, 999, True),
     ("maxmin4_tree", dict(bits=4, bucket_size=64, algorithm="tree"), torch.float32, 777, True),
-    ("maxmin8_allgather", dict(bits=8, bucket_size=128, algorithm="allgather"), torch.float32,
-     500, True),  # fmt: skip
+    (
+        "maxmin8_allgather",
+        dict(bits=8, bucket_size=128, algorithm="allgather"),
+        torch.float32,
+        500,
+        True,
+    ),  # fmt: skip
     ("maxmin4_fp16", dict(bits=4, bucket_size=64), torch.float16, 1000, True),
-    ("maxmin4_bf16_ring", dict(bits=4, bucket_size=64, algorithm="ring"), torch.bfloat16, 600,
-     True),  # fmt: skip
-    ("maxmin4_raw_tail", dict(bits=4, bucket_size=100, skip_incomplete_buckets=True),
-     torch.float32, 1037, True),  # fmt: skip
-    ("maxmin2_stochastic", dict(bits=2, bucket_size=64, stochastic=True), torch.float32, 1000,
-     True),  # fmt: skip
+    (
+        "maxmin4_bf16_ring",
+        dict(bits=4, bucket_size=64, algorithm="ring"),
+        torch.bfloat16,
+        600,
+        True,
+    ),  # fmt: skip
+    (
+        "maxmin4_raw_tail",
+        dict(bits=4, bucket_size=100, skip_incomplete_buckets=True),
+        torch.float32,
+        1037,
+        True,
+    ),  # fmt: skip
+    (
+        "maxmin2_stochastic",
+        dict(bits=2, bucket_size=64, stochastic=True),
+        torch.float32,
+        1000,
+        True,
+    ),  # fmt: skip
     ("maxmin4_rotation", dict(bits=4, bucket_size=64, rotation="on"), torch.float32, 1000, True),
-    ("maxmin4_segments", dict(bits=4, bucket_size=512, fusion_buffer_mb=2,
-                              pipeline_segment_mb=1), torch.float32, 300_000, True),  # fmt: skip
-    ("maxmin4_pieces_ring", dict(bits=4, bucket_size=512, fusion_buffer_mb=1,
-                                 pipeline_segment_mb=1, algorithm="ring"), torch.float32,
-     300_000, True),  # fmt: skip
+    (
+        "maxmin4_segments",
+        dict(bits=4, bucket_size=512, fusion_buffer_mb=2, pipeline_segment_mb=1),
+        torch.float32,
+        300_000,
+        True,
+    ),  # fmt: skip
+    (
+        "maxmin4_pieces_ring",
+        dict(bits=4, bucket_size=512, fusion_buffer_mb=1, pipeline_segment_mb=1, algorithm="ring"),
+        torch.float32,
+        300_000,
+        True,
+    ),  # fmt: skip
     ("fp16_sra", dict(compressor="fp16"), torch.float32, 1000, True),
     ("fp16_tree", dict(compressor="fp16", algorithm="tree"), torch.float32, 1000, False),
     ("topk", dict(compressor="topk", compressor_params="ratio=0.05"), torch.float32, 1000, True),
-    ("randomk", dict(compressor="randomk", compressor_params="ratio=0.1"), torch.float32, 1000,
-     True),  # fmt: skip
-    ("randomk_allgather", dict(compressor="randomk", compressor_params="ratio=0.1",
-                               algorithm="allgather"), torch.float32, 1000, True),  # fmt: skip
-    ("threshold", dict(compressor="threshold", compressor_params="tau=1.0"), torch.float32, 1000,
-     True),  # fmt: skip
+    (
+        "randomk",
+        dict(compressor="randomk", compressor_params="ratio=0.1"),
+        torch.float32,
+        1000,
+        True,
+    ),  # fmt: skip
+    (
+        "randomk_allgather",
+        dict(compressor="randomk", compressor_params="ratio=0.1", algorithm="allgather"),
+        torch.float32,
+        1000,
+        True,
+    ),  # fmt: skip
+    (
+        "threshold",
+        dict(compressor="threshold", compressor_params="tau=1.0"),
+        torch.float32,
+        1000,
+        True,
+    ),  # fmt: skip
 ]
 # reduce-scatter cases: name, config changes, dtype, output numel, average
 RS_CASES = [
     ("rs_maxmin4", dict(bits=4, bucket_size=64), torch.float32, 300, True),
     ("rs_fp16", dict(compressor="fp16"), torch.float32, 300, False),
     ("rs_topk", dict(compressor="topk", compressor_params="ratio=0.1"), torch.float32, 300, True),
-    ("rs_threshold", dict(compressor="threshold", compressor_params="tau=1.0"), torch.float32,
-     300, True),  # fmt: skip
+    (
+        "rs_threshold",
+        dict(compressor="threshold", compressor_params="tau=1.0"),
+        torch.float32,
+        300,
+        True,
+    ),  # fmt: skip
 ]
 
 
@@ -182,8 +232,30 @@ def _reduce_scatter_cases(rank, world, engine, base, gloo) -> Dict[str, Dict]:
     return results
 
 
+_UNINITIALISED = {"empty", "empty_like", "new_empty", "empty_strided"}
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+
+
 def host_reads(fn) -> List[str]:
-    """Runs ``fn()`` and lists the host reads of tensor values it made ("func at file:line")."""
+    """Runs ``fn()`` and lists its host reads of tensor values ("func at file:line"): item,
+    tolist, cpu, numpy, to(cpu), bool, int, float, index on a tensor that holds data.
+
+    On CPU tensors ``to(cpu)`` moves nothing, so the recorder tells data from *host constants*:
+    tensors made inside ``fn`` from Python values (``torch.tensor``, ``full``, ``from_numpy``, ...)
+    and everything computed from constants alone. Reading or moving a constant is not a read of
+    the data (a codec's ``torch.tensor(bits).to(device)`` is an upload). Data: every tensor
+    made outside ``fn``, uninitialised buffers (``empty``: a collective fills them) and all
+    that derives from either."""
     import traceback
 
     from torch.overrides import TorchFunctionMode
@@ -192,22 +264,42 @@ def host_reads(fn) -> List[str]:
                torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__,
                torch.Tensor.__index__}  # fmt: skip
     seen: List[str] = []
+    consts: Dict[int, torch.Tensor] = {}  # id -> tensor (kept alive: ids stay unique)
+
+    def to_cpu(func, args, kwargs) -> bool:
+        if func is not torch.Tensor.to:
+            return False
+        return any(str(a) == "cpu" or (isinstance(a, torch.device) and a.type == "cpu")
+                   for a in list(args[1:]) + list(kwargs.values()))  # fmt: skip
 
     class Recorder(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            to_cpu = func is torch.Tensor.to and any(
-                str(a) == "cpu" or (isinstance(a, torch.device) and a.type == "cpu")
-                for a in list(args[1:]) + list(kwargs.values())
-            )
-            if func in watched or to_cpu:
+            inputs = list(_tensors(args)) + list(_tensors(kwargs))
+            const = all(id(t) in consts for t in inputs)
+            name = getattr(func, "__name__", str(func))
+            if (func in watched or to_cpu(func, args, kwargs)) and not const:
                 frame = traceback.extract_stack(limit=2)[0]
-                seen.append(f"{getattr(func, '__name__', func)} at "
-                            f"{os.path.basename(frame.filename)}:{frame.lineno}")  # fmt: skip
-            return func(*args, **kwargs)
+                seen.append(f"{name} at {os.path.basename(frame.filename)}:{frame.lineno}")
+            out = func(*args, **kwargs)
+            if const and name not in _UNINITIALISED:
+                for t in _tensors(out):
+                    consts[id(t)] = t
+            return out
 
-    with Recorder():
-        fn()
+    from_numpy = torch.from_numpy  # not a torch function: the mode never sees it
+
+    def constant_from_numpy(a):
+        t = from_numpy(a)
+        consts[id(t)] = t
+        return t
+
+    torch.from_numpy = constant_from_numpy
+    try:
+        with Recorder():
+            fn()
+    finally:
+        torch.from_numpy = from_numpy
     return seen
 
 
@@ -233,9 +325,9 @@ def run_host_reads(rank: int, world: int, out_path: str, kind: str) -> None:
         call = DeviceCall.from_config(base.replace(**changes), True)
         x, res = _inputs(rank, torch.float32, 1000, 3), torch.empty(1000)
         engine._plan(call)  # the codec built outside: construction is not the data path
-        out[name] = host_reads(lambda: engine.allreduce(x, call, stream=1, residual=res))
-        rs_out = torch.empty(500)
-        out[name + "_rs"] = host_reads(lambda: engine.reduce_scatter(rs_out, x, call, stream=1))
+        out[name] = host_reads(partial(engine.allreduce, x, call, stream=1, residual=res))
+        rs = partial(engine.reduce_scatter, torch.empty(500), x, call, stream=1)
+        out[name + "_rs"] = host_reads(rs)
     engine.check_headers()
     if rank == 0:
         with open(out_path, "w") as f:

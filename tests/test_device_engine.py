@@ -9,10 +9,10 @@ import os
 
 import pytest
 import torch
-
-import torch_cgx
 from device_engine_cases import CASES, RS_CASES, run_cases, run_host_reads
 from dist_helpers import run_ranks
+
+import torch_cgx
 
 KIND = os.environ.get("CGX_TEST_DEVICE_CODECS", "device")  # "native": the adapter only
 
@@ -78,6 +78,7 @@ class _Solo:
 
 def _engine():
     from device_engine_cases import codec_factory
+
     from torch_cgx.device.engine import DeviceEngine
 
     return DeviceEngine(_Solo(), codecs=codec_factory(KIND))
@@ -125,3 +126,14 @@ def test_non_contiguous_tensor_is_reduced_in_place():
     before = view.clone()
     engine.allreduce(view, call)  # one rank: the values stay (only rotation could move them)
     assert torch.equal(view, before)
+
+
+def test_recorder_sees_host_reads_of_data():
+    """The recorder of test_host_reads_only_size_exchange does catch reads of data (and not of
+    host constants)."""
+    from device_engine_cases import host_reads
+
+    x = torch.randn(10)
+    assert len(host_reads(lambda: (x.sum().item(), x.to("cpu"), bool(x[0] > 0)))) == 3
+    assert host_reads(lambda: torch.tensor([1.0]).to("cpu").item()) == []
+    assert host_reads(lambda: torch.empty(3).tolist()) != []  # a buffer a collective filled
