@@ -84,3 +84,21 @@ settings-doc:
 
 clean:
 	rm -rf build torch_cgx/*.so .stamp-deps
+
+# The GPU checks (docs/gpu.md), on a machine with a CUDA GPU, nvcc and compute-sanitizer: the CUDA
+# codec, its tests and the C ABI library the device plane loads (build/gpu/libcgx_cuda_capi.so);
+# then the CUDA unit tests, compute-sanitizer's memcheck and racecheck on them, and the device
+# tests with CUDA available. GPU_ARCH=90 (say) builds for that GPU only; MAX_JOBS=16 builds faster.
+.PHONY: gpu-build gpu-test
+GPU_ARCH ?=
+gpu-build: .stamp-deps
+	cmake -S . -B build/gpu -G Ninja -DCGX_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+	  $(if $(GPU_ARCH),-DCMAKE_CUDA_ARCHITECTURES=$(GPU_ARCH)) > /dev/null
+	ninja -C build/gpu -j $(MAX_JOBS) cgx_cuda_tests cgx_cuda_bench cgx_cuda_capi
+
+gpu-test: gpu-build build
+	build/gpu/cgx_cuda_tests
+	compute-sanitizer --tool memcheck --error-exitcode 1 build/gpu/cgx_cuda_tests
+	compute-sanitizer --tool racecheck --error-exitcode 1 build/gpu/cgx_cuda_tests
+	CGX_CUDA_LIBRARY=$(CURDIR)/build/gpu/libcgx_cuda_capi.so CGX_TEST_REQUIRE_CUDA=1 \
+	  $(PY) -m pytest tests/test_device_*.py -q --timeout=600

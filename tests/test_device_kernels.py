@@ -5,6 +5,8 @@ kernel never applies to CPU tensors."""
 
 from __future__ import annotations
 
+import itertools
+import os
 import warnings
 
 import pytest
@@ -189,3 +191,31 @@ def test_self_check_buffer_covers_full_partial_and_constant_buckets():
             assert n >= 2 * bucket and (n % bucket or bucket == 1)
     x = kernels._check_input(kernels.check_size(64), 64, torch.float32, "cpu")
     assert bool((x[64:128] == 0.75).all()) and x[0] == 0 and x[:64].abs().max() < 1
+
+
+def test_the_cuda_kernels_pass_their_self_check_on_a_gpu(mode):
+    """On a GPU with the library built (make gpu-build): mode fused, every configuration checked
+    and used, and the payloads are the CPU codec's bytes."""
+    from test_device_maxmin import cuda_or_skip
+
+    from torch_cgx import codec as native
+
+    cuda = cuda_or_skip()
+    mode("fused")
+    try:
+        kernels.CudaMaxMin().load()
+    except (OSError, RuntimeError) as e:
+        if os.environ.get("CGX_TEST_REQUIRE_CUDA") == "1":
+            raise
+        pytest.skip(f"no CUDA kernel library: {e}")
+    for bits, dtype, bucket, skip, stochastic in itertools.product(
+        (1, 3, 4, 8), (torch.float32, torch.float16, torch.bfloat16), (8, 512, 4097), (0, 1), (0, 1)
+    ):
+        x = torch.randn(20000).to(dtype)
+        c = codecs.get("maxmin", bits=bits, bucket_size=bucket,
+                       skip_incomplete_buckets=skip, stochastic=stochastic)  # fmt: skip
+        got = c.encode(x.to(cuda), seed=9, stream=bits)
+        want = native.encode(x, bits, bucket, stochastic=bool(stochastic), seed=9, stream=bits,
+                             skip_incomplete_buckets=bool(skip))  # fmt: skip
+        assert torch.equal(got.cpu(), want)
+    assert kernels.decisions() and set(kernels.decisions().values()) == {"fused"}

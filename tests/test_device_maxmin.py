@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 
 import numpy as np
 import pytest
@@ -199,3 +200,41 @@ def test_encode_reads_any_shape_in_row_major_order():
     dev = _device(3, 16, stochastic=1)
     assert torch.equal(dev.encode(x, seed=2, stream=1), _native(x, 3, 16, 0, 1, 0, 2, 1))
     assert math.isclose(dev.encoded_size(300), codec.encoded_size(300, 3, 16))
+
+
+def cuda_or_skip() -> torch.device:
+    """The CUDA device, or a skip (a failure under ``CGX_TEST_REQUIRE_CUDA=1``: make gpu-test)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if os.environ.get("CGX_TEST_REQUIRE_CUDA") == "1":
+        pytest.fail("CGX_TEST_REQUIRE_CUDA=1, but torch sees no CUDA device")
+    pytest.skip("no CUDA device")
+
+
+@pytest.mark.parametrize("kernels_mode", ["reference", "auto"])
+def test_cuda_tensors_give_the_native_bytes(monkeypatch, kernels_mode):
+    """On a GPU: the tensor operations (reference) and whatever auto selects give the CPU
+    codec's bytes and values for CUDA tensors (docs/gpu.md says which formulations may not)."""
+    cuda = cuda_or_skip()
+    from torch_cgx.device import kernels
+
+    monkeypatch.setenv("CGX_DEVICE_KERNELS", kernels_mode)
+    kernels.reset()
+    g = rng("device maxmin cuda", kernels_mode)
+    try:
+        for bits, dtype, bucket, lever in itertools.product(
+            (1, 4, 8), DTYPES, (7, 512, 1000), LEVERS
+        ):
+            x = torch.from_numpy(special_input("mixed_scale", 3001, g)).to(dtype)
+            dev = _device(bits, bucket, *lever)
+            want = _native(x, bits, bucket, *lever, seed=5, stream=6)
+            got = dev.encode(x.to(cuda), seed=5, stream=6)
+            assert got.device.type == "cuda"
+            assert torch.equal(got.cpu(), want), (bits, dtype, bucket, lever)
+            out0 = torch.from_numpy(g.standard_normal(3001).astype(np.float32)).to(dtype)
+            out, ref = out0.to(cuda), out0.clone()
+            dev.decode_add_(out, want.to(cuda))
+            codec.decode_add_(ref, want)
+            assert_same(out.cpu(), ref, f"decode_add {bits} {dtype} {bucket} {lever}")
+    finally:
+        kernels.reset()

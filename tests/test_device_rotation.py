@@ -92,3 +92,18 @@ def test_bad_input_raises():
     with pytest.raises(ValueError, match="seed"):
         rotation.rotate_(torch.zeros(64), 64, -1, True)
     assert rotation.rotate_(torch.zeros(0), 64, 1, True).numel() == 0
+
+
+def test_cuda_rotation_is_the_native_one():
+    """On a GPU: the same bits as the CPU's native rotation (every op is one IEEE fp32 add, sub,
+    multiply or sign flip, which CUDA rounds the same way)."""
+    from test_device_maxmin import cuda_or_skip
+
+    cuda = cuda_or_skip()
+    g = rng("device rotation cuda")
+    for block, forward in zip([2, 64, 512, 1 << 16], [True, False, True, False]):
+        x = torch.from_numpy(g.standard_normal(4 * block).astype(np.float32))
+        want = x.clone()
+        _C.rotate_(want, block, 42, forward)
+        got = rotation.rotate_(x.to(cuda), block, 42, forward).cpu()
+        assert torch.equal(_bits(got), _bits(want)), block
