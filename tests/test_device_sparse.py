@@ -239,3 +239,17 @@ def test_no_host_reads_but_the_documented_size_read():
             ok = c.header_ok(payload, x.numel(), x.dtype)
         assert probe.seen == [], name
         assert bool(ok)
+
+
+@pytest.mark.parametrize("name", list(PARAMS))
+def test_decode_add_into_a_strided_view(name):
+    """``out`` need not be contiguous: the carried positions of the view are updated, like the
+    native decode_add_, and the storage between its elements is untouched."""
+    x = torch.randn(1000)
+    payload = codecs.get(name).encode(x, seed=2, stream=1, shared=4)
+    base = torch.randn(2000)
+    between = base[1::2].clone()
+    want = compressors.get(name).decode_add_(base[::2].clone(), payload)
+    codecs.get(name).decode_add_(base[::2], payload)
+    assert _same_bits(base[::2], want)
+    assert _same_bits(base[1::2], between)
