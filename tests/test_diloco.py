@@ -360,3 +360,21 @@ def test_bad_fragments_and_optimizers():
         DiLoCo(model, opt, torch.optim.SGD(model[0].parameters(), lr=1), sync_every=4)
     with pytest.raises(ValueError, match="init_process_group"):
         DiLoCo(model, opt, sync_every=4)  # valid, but no process group here
+
+
+def test_cuda_buffers_take_the_device_codec_with_the_host_bytes():
+    """The seam for CUDA buffers: the device plane's codec where one exists, giving the host
+    compressor's bytes and sums (checked here on CPU tensors; no GPU needed)."""
+    from torch_cgx.diloco.reduce import Spec, _Codec
+
+    x = torch.randn(3000, generator=torch.Generator().manual_seed(0))
+    for name, params in (("maxmin", {"bits": 4}), ("topk", {"ratio": 0.05}), ("tbq", {})):
+        spec = Spec(name, params)
+        device, host = _Codec(spec, torch.device("cuda")), _Codec(spec, torch.device("cpu"))
+        assert not device.host and host.host
+        payload = device.encode(x, stream=3, shared=1)
+        assert torch.equal(payload, host.encode(x, stream=3, shared=1))
+        a, b = torch.ones(3000), torch.ones(3000)
+        device.decode_add_(a, payload)
+        host.decode_add_(b, payload)
+        assert torch.equal(a, b)
