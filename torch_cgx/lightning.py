@@ -24,7 +24,10 @@ a ``torch_cgx.compression`` object     :func:`~torch_cgx.compression.policy_hook
 ``PolicyState``                        :func:`~torch_cgx.compression.policy_hook`
 =====================================  ===========================================================
 
-The state in use is ``strategy.hook_state`` once training has started. Both Lightning packages
+The state in use is ``strategy.hook_state`` once training has started (its counters:
+``torch_cgx.stats(strategy.hook_state)``). ``CGXStatsCallback()`` writes the group's and the
+hook's stats (``cgx/bytes_sent``, ``cgx/ratio``, ``cgx_hook/...``) to the trainer's loggers every
+``log_every_n_steps`` and prints the one-line stats at the end. Both Lightning packages
 work; neither is a dependency. ``CGXStrategy`` is ``lightning.pytorch``'s flavour when that is
 installed, else ``pytorch_lightning``'s; ``strategy_class("pytorch_lightning")`` gives the other
 (a Trainer accepts only strategies of its own package).
@@ -39,7 +42,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-__all__ = ["CGXStrategy", "make_hook", "strategy_class"]  # noqa: F822 (CGXStrategy: __getattr__)
+# CGXStrategy, CGXStatsCallback: module __getattr__
+__all__ = ["CGXStatsCallback", "CGXStrategy", "make_hook", "stats_callback_class", "strategy_class"]  # noqa: F822
 
 _PACKAGES = {"lightning": "lightning.pytorch", "pytorch_lightning": "pytorch_lightning"}
 
@@ -169,13 +173,66 @@ class _CGXMixin:
             return
         made = make_hook(self.grad_compression, ddp.module, self.compression_params)
         if made is not None:
+            from torch_cgx.hook_stats import counted
+
             self.hook_state, hook = made
-            ddp.register_comm_hook(self.hook_state, hook)
+            ddp.register_comm_hook(self.hook_state, counted(hook, self.hook_state))
+
+
+@functools.cache
+def stats_callback_class(package: str = "auto") -> type:
+    """``CGXStatsCallback`` for ``package`` (as :func:`strategy_class`)."""
+    if package == "auto":
+        return stats_callback_class(strategy_class("auto").__qualname__[len("_CGXStrategy_") :])
+    if package not in _PACKAGES:
+        raise ValueError(f"package must be 'auto' or one of {list(_PACKAGES)}, got {package!r}")
+    base = importlib.import_module(_PACKAGES[package] + ".callbacks").Callback
+    attrs = {"__module__": __name__, "__qualname__": f"_CGXStatsCallback_{package}"}
+    return type("CGXStatsCallback", (_StatsMixin, base), attrs)
+
+
+class _StatsMixin:
+    """What CGXStatsCallback adds to Lightning's Callback: the cgx group's stats and those of
+    the strategy's hook state as metrics, every ``every_n_steps`` (None: the trainer's
+    ``log_every_n_steps``); ``summary``: rank 0 prints the one-line stats at the end."""
+
+    def __init__(self, every_n_steps: Optional[int] = None, summary: bool = True) -> None:
+        from torch_cgx.integrations.metrics import StatsMetrics
+
+        if every_n_steps is not None and (isinstance(every_n_steps, bool)
+                                          or not isinstance(every_n_steps, int)
+                                          or every_n_steps < 1):  # fmt: skip
+            raise ValueError(f"every_n_steps must be an integer >= 1, got {every_n_steps!r}")
+        self.every_n_steps, self.summary = every_n_steps, summary
+        self.stats = StatsMetrics()
+
+    def _sync_states(self, trainer) -> None:
+        state = getattr(trainer.strategy, "hook_state", None)
+        self.stats.states = [state] if state is not None else []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        every = self.every_n_steps or trainer.log_every_n_steps
+        step = trainer.global_step
+        if step == 0 or step % every:
+            return
+        self._sync_states(trainer)
+        metrics = self.stats.metrics(step)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._sync_states(trainer)
+        if self.summary and trainer.global_rank == 0:
+            print(self.stats.summary(), flush=True)
 
 
 def __getattr__(name: str):
     if name == "CGXStrategy":
         return strategy_class("auto")
+    if name == "CGXStatsCallback":
+        return stats_callback_class("auto")
+    if name.startswith("_CGXStatsCallback_") and name[len("_CGXStatsCallback_") :] in _PACKAGES:
+        return stats_callback_class(name[len("_CGXStatsCallback_") :])
     if name.startswith("_CGXStrategy_") and name[len("_CGXStrategy_") :] in _PACKAGES:
         return strategy_class(name[len("_CGXStrategy_") :])
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,11 +26,9 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from torch_cgx import hook_stats, warn
+from torch_cgx.integrations.metrics import StatsMetrics
 
 __all__ = ["CGXCallback", "CGXStatsCallback", "attach", "hook_file"]
-
-_NUMBERS = ("bytes_sent", "bytes_exact", "calls_compressed", "calls_exact", "compute_seconds",
-            "wire_seconds", "ratio")  # fmt: skip
 
 
 def hook_file(checkpoint_dir: str, rank: int) -> str:
@@ -51,9 +49,16 @@ class CGXStatsCallback(TrainerCallback):
     through ``callbacks=[...]`` it runs after them and its metrics reach ``log_history``."""
 
     def __init__(self, states=(), *, summary: bool = True) -> None:
-        self.states, self.summary = list(states), summary
-        self.trainer = None
-        self._last: Dict[str, tuple] = {}
+        self.summary, self.trainer = summary, None
+        self._metrics = StatsMetrics(states)
+
+    @property
+    def states(self) -> list:
+        return self._metrics.states
+
+    @states.setter
+    def states(self, value) -> None:
+        self._metrics.states = list(value)
 
     def bind(self, trainer) -> CGXStatsCallback:
         """Binds the trainer and puts this callback first among its callbacks."""
@@ -66,21 +71,8 @@ class CGXStatsCallback(TrainerCallback):
 
     def metrics(self, global_step: int) -> Dict[str, float]:
         """The numbers logged at ``global_step``: cumulative counters, ratio, bytes per step
-        since the previous log."""
-        import torch_cgx
-
-        out: Dict[str, float] = {}
-        sources = [("cgx", torch_cgx.stats())] if torch_cgx.is_cgx_group() else []
-        sources += [("cgx_hook" if i == 0 else f"cgx_hook{i}", torch_cgx.stats(s))
-                    for i, s in enumerate(self.states)]  # fmt: skip
-        for prefix, s in sources:
-            d = s.as_dict()
-            out.update({f"{prefix}/{k}": d[k] for k in _NUMBERS})
-            step0, sent0 = self._last.get(prefix, (0, 0))
-            if global_step > step0:
-                out[f"{prefix}/bytes_per_step"] = (d["bytes_sent"] - sent0) / (global_step - step0)
-            self._last[prefix] = (global_step, d["bytes_sent"])
-        return out
+        since the previous log (:class:`torch_cgx.integrations.metrics.StatsMetrics`)."""
+        return self._metrics.metrics(global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         extra = self.metrics(state.global_step)
@@ -90,14 +82,8 @@ class CGXStatsCallback(TrainerCallback):
             state.log_history[-1].update(extra)
 
     def on_train_end(self, args, state, control, **kwargs):
-        import torch_cgx
-
-        if not self.summary or _rank() != 0:
-            return
-        if torch_cgx.is_cgx_group():
-            print(torch_cgx.stats(), flush=True)
-        for s in self.states:
-            print(torch_cgx.stats(s), flush=True)
+        if self.summary and _rank() == 0:
+            print(self._metrics.summary(), flush=True)
 
 
 def _make_state(hook, module: torch.nn.Module, bits: Optional[int], params: Optional[dict]):
