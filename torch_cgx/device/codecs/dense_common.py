@@ -84,9 +84,10 @@ def widen(x: torch.Tensor) -> torch.Tensor:
     v = x.float()
     if x.dtype == torch.bfloat16:
         return v  # bf16 -> fp32 is a shift of the bits, NaN payload included, in torch too
-    h = x.view(torch.int16).to(torch.int64) & 0xFFFF
-    nan_bits = ((h & 0x8000) << 16) | 0x7FC00000 | ((h & 0x3FF) << 13)
-    return torch.where(torch.isnan(v), _signed(nan_bits, 32).view(torch.float32), v)
+    h = x.view(torch.int16).to(torch.int32)  # sign-extended: h < 0 is the sign bit
+    sign = (h < 0).to(torch.int32) * -(2**31)
+    nan_bits = ((h & 0x3FF) << 13) | 0x7FC00000 | sign
+    return torch.where(torch.isnan(v), nan_bits.view(torch.float32), v)
 
 
 def narrow(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -95,18 +96,12 @@ def narrow(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if dtype == torch.float32:
         return v
     r = v.to(dtype)
-    u = v.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    u = v.view(torch.int32)  # int32 arithmetic: >> sign-extends, every result fits 16 bits
     if dtype == torch.bfloat16:
-        nan_bits = ((u >> 16) | 0x40) & 0xFFFF
+        nan_bits = (u >> 16) | 0x40
     else:
-        nan_bits = ((u >> 16) & 0x8000) | 0x7E00 | ((u >> 13) & 0x3FF)
-    return torch.where(torch.isnan(v), _signed(nan_bits, 16).view(dtype), r)
-
-
-def _signed(bits: torch.Tensor, width: int) -> torch.Tensor:
-    """An unsigned ``width``-bit pattern (int64 tensor) as the signed integer of that width."""
-    signed = bits - ((bits >> (width - 1)) << width)
-    return signed.to(torch.int32 if width == 32 else torch.int16)
+        nan_bits = ((u >> 13) & 0x3FF) | 0x7E00 | (u < 0).to(torch.int32) * -(2**15)
+    return torch.where(torch.isnan(v), nan_bits.to(torch.int16).view(dtype), r)
 
 
 # ---- buckets ------------------------------------------------------------------------------------
