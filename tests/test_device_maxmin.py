@@ -238,3 +238,17 @@ def test_cuda_tensors_give_the_native_bytes(monkeypatch, kernels_mode):
             assert_same(out.cpu(), ref, f"decode_add {bits} {dtype} {bucket} {lever}")
     finally:
         kernels.reset()
+
+
+def test_code_packing_is_the_shared_bit_stream():
+    """maxmin's word-wise packing gives base.pack_bits' stream (FORMAT.md "Codes"), and unpacking
+    ignores whatever follows the stream."""
+    from torch_cgx.device.codecs.base import pack_bits
+
+    g = torch.Generator().manual_seed(3)
+    for bits, n in itertools.product(ALL_BITS, (0, 1, 7, 8, 9, 100, 1001)):
+        c = torch.randint(0, 1 << bits, (n,), dtype=torch.int32, generator=g)
+        packed = maxmin.pack_codes(c, bits)
+        assert torch.equal(packed, pack_bits(c, bits)), (bits, n)
+        trailing = torch.cat([packed, torch.full((5,), 255, dtype=torch.uint8)])
+        assert torch.equal(maxmin.unpack_codes(trailing, n, bits), c), (bits, n)
