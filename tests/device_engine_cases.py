@@ -196,20 +196,37 @@ def run_cases(rank: int, world: int, out_path: str, kind: str) -> None:
         options = _C.CallOptions(config.to_native()).with_stream(stream)
         backend.allreduce_call(nat, options, average, nres).wait()
         dev, dres = x.clone(), torch.empty(n)
+        sent = engine.stats()["bytes_sent"]
         engine.allreduce(dev, call, stream=stream, residual=dres)
         r = _compare(dev, nat)
+        r["bytes"] = [engine.stats()["bytes_sent"] - sent, backend.last_bytes_sent()]
         r["residual_bitwise"] = torch.equal(_bits(dres), _bits(nres))
         r["residual_max_diff"] = float((dres - nres).abs().max())
         r["replicas"] = _same_everywhere(dev, gloo)
         r["codec"] = type(engine._plan(call).codec).__module__
         results[name] = r
     results.update(_reduce_scatter_cases(rank, world, engine, base, gloo))
+    results["header_mismatch"] = _header_mismatch(rank, engine, base)
     results["stats"] = engine.stats()
+    results["world"] = world
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
     dist.barrier(gloo)
     dist.destroy_process_group()
+
+
+def _header_mismatch(rank, engine, base) -> str:
+    """Rank 0 sends a max-min raw tail, the others not (payloads of one size: 1024 values in
+    whole buckets): every receiver's lazy header check raises ValueError at the end."""
+    from torch_cgx.device.engine import DeviceCall
+
+    config = base.replace(bits=4, bucket_size=64, skip_incomplete_buckets=rank == 0)
+    try:
+        engine.allreduce(torch.randn(1024), DeviceCall.from_config(config, True))
+    except ValueError as e:
+        return str(e)
+    return ""
 
 
 def _reduce_scatter_cases(rank, world, engine, base, gloo) -> Dict[str, Dict]:
@@ -247,7 +264,7 @@ def _tensors(obj):
 
 
 def host_reads(fn) -> List[str]:
-    """Runs ``fn()`` and lists its host reads of tensor values ("func at file:line"): item,
+    """Runs ``fn()`` and lists its host reads of tensor values ("func at file:line: source"): item,
     tolist, cpu, numpy, to(cpu), bool, int, float, index on a tensor that holds data.
 
     On CPU tensors ``to(cpu)`` moves nothing, so the recorder tells data from *host constants*:
@@ -280,7 +297,8 @@ def host_reads(fn) -> List[str]:
             name = getattr(func, "__name__", str(func))
             if (func in watched or to_cpu(func, args, kwargs)) and not const:
                 frame = traceback.extract_stack(limit=2)[0]
-                seen.append(f"{name} at {os.path.basename(frame.filename)}:{frame.lineno}")
+                where = f"{name} at {os.path.basename(frame.filename)}:{frame.lineno}"
+                seen.append(f"{where}: {(frame.line or '').strip()}")
             out = func(*args, **kwargs)
             if const and name not in _UNINITIALISED:
                 for t in _tensors(out):

@@ -33,12 +33,11 @@ def allgather_reduce(run: Run, data: torch.Tensor, piece: int) -> None:
         size = run.plan.size(count, dtype)
         gathered = run.t.allgather(payload)
         sizes = [size] * world
-        slot = size
+        run.bytes_sent += size * (world - 1)
     else:
         gathered = run.t.allgather_v(payload, limit=run.plan.size(count, dtype))
         sizes = [int(p.numel()) for p in gathered]
-        slot = max(sizes)
-    run.bytes_sent += (8 + slot) * (world - 1)
+        run.bytes_sent += (8 + max(sizes)) * (world - 1)
     acc = torch.zeros(count, dtype=torch.float32, device=data.device)
     for r in range(world):
         run.decode_add_(acc, gathered[r][: sizes[r]], dtype)
