@@ -106,6 +106,11 @@ def section_exact_nesterov(rank, world, group):
                 assert torch.equal(got.detach(), glob)  # alpha = 0: the model is the global
             assert_same_everywhere(snapshot([model]), group)
     assert d.step == 6 and d._fragments[0].syncs == 2
+    inner_step(model, opt, data[0])  # outside the context: not counted, no sync
+    assert d.step == 6 and not any(torch.equal(a, b) for a, b in zip(g, snapshot([model])))
+    d.sync_now()  # outside the schedule: one model everywhere again
+    assert d._fragments[0].syncs == 3
+    assert_same_everywhere(snapshot([model]), group)
 
 
 def test_exact_outer_step_is_hand_nesterov(outcomes):
