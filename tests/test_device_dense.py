@@ -306,3 +306,15 @@ def test_registry():
         codec = codecs.get(name)
         assert isinstance(codec, dense.CODECS[name]) and codec.name == name
         assert name in repr(codec)
+
+
+def test_decode_add_into_a_strided_view():
+    for name, params in CONFIGS[::3]:
+        native, device = compressors.get(name, **params), codecs.get(name, **params)
+        payload = device.encode(torch.randn(50))
+        for od in DTYPES:
+            base = torch.randn(10, 10).to(od)
+            want, got = base.clone(), base.clone()
+            native.decode_add_(want[:, ::2], payload)
+            device.decode_add_(got[:, ::2], payload)
+            assert torch.equal(bits_of(got), bits_of(want)), f"{name} {params} {od}"
