@@ -68,8 +68,8 @@ bench: build
 	$(PY) -m benchmarks.codec
 
 lint:
-	ruff check torch_cgx cgx_utils benchmarks tests setup.py
-	ruff format --check torch_cgx cgx_utils benchmarks tests setup.py
+	ruff check torch_cgx cgx_utils benchmarks examples tests setup.py
+	ruff format --check torch_cgx cgx_utils benchmarks examples tests setup.py
 	clang-format --dry-run --Werror $$(git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.inc' 'csrc/*.cu')
 
 format:

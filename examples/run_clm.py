@@ -111,10 +111,6 @@ class Timer:
         return 1e3 * sum(rest) / max(len(rest), 1)
 
 
-def _hook_params(args) -> Optional[dict]:
-    return args.hook_params
-
-
 def train(args: argparse.Namespace) -> dict:
     import torch.distributed as dist
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -145,7 +141,8 @@ def train(args: argparse.Namespace) -> dict:
         use_cpu=not torch.cuda.is_available(), ddp_find_unused_parameters=False,
     )  # fmt: skip
     trainer = Trainer(model=model, args=targs, train_dataset=data)
-    cb = attach(trainer, args.hook, bits=args.bits, params=_hook_params(args))
+    bits = args.bits if args.hook else None  # the backend's went to init_cgx
+    cb = attach(trainer, args.hook, bits=bits, params=args.hook_params)
     timer = Timer()
     trainer.add_callback(timer.callback)
     trainer.train(resume_from_checkpoint=True if args.resume else None)

@@ -203,7 +203,9 @@ def test_trainer_on_cgx_backend_hook_resume_and_checks(tmp_path):
 
 def body_gloo(rank, world, out):
     """Trainer creates the group (Gloo) while CGX_* asks for compression: one warning naming
-    the setting and the backend; init_cgx afterwards is a ValueError naming the backend."""
+    the setting and the backend; PowerSGD through the callback runs there; a cgx hook and
+    init_cgx afterwards are ValueErrors naming the backend."""
+    import torch_cgx
     from torch_cgx.integrations import attach, init_cgx
 
     with warnings.catch_warnings(record=True) as record:
@@ -211,6 +213,12 @@ def body_gloo(rank, world, out):
         trainer = trainer_for(out, steps=2)
         attach(trainer)
         trainer.train()
+        ps = trainer_for(out, steps=3)
+        cb = attach(ps, hook="powersgd")  # PowerSGD runs on any group
+        ps.train()
+        h = torch_cgx.stats(cb.state)
+        assert h.hook == "powerSGD_hook" and h.steps == 3 and h.buckets >= 3 and h.bytes_sent == 0
+        assert cb.state.iter == 3
         with pytest.raises(ValueError, match="hook 'cgx' runs on a cgx group"):
             t = trainer_for(out, steps=1)
             attach(t, hook="cgx")
@@ -272,6 +280,12 @@ def test_bad_callback_arguments_are_value_errors():
 
     with pytest.raises(ValueError, match="check_after"):
         CGXCallback(check_after=0)
+    with pytest.raises(ValueError, match="not with a state object"):
+        from torch_cgx import hooks
+
+        CGXCallback(hooks.CGXState(None), bits=4)
+    with pytest.raises(ValueError, match="init_cgx"):
+        CGXCallback(bits=4)
     with pytest.raises(ValueError, match="params must be a dict"):
         CGXCallback("cgx", params=[1])
     with pytest.raises(TypeError, match="torch_cgx.Options"):

@@ -198,6 +198,12 @@ def hook_stats(state) -> HookStats:
                          buckets=rec.buckets, **t)  # fmt: skip
 
 
+def any_ran() -> bool:
+    """Whether any counted hook of this process has run."""
+    records = list(_WEAK.values()) + [rec for _, rec in _BY_ID.values()]
+    return any(rec.buckets for rec in records)
+
+
 def reset(state) -> None:
     """Sets ``state``'s counters to zero (its hook name kept)."""
     rec = _find(state)

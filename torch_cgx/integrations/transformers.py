@@ -140,8 +140,10 @@ class CGXCallback(CGXStatsCallback):
             raise ValueError(f"check_after must be an integer >= 1, got {check_after!r}")
         if params is not None and not isinstance(params, dict):
             raise ValueError(f"params must be a dict, got {params!r}")
-        if hook is not None and not isinstance(hook, str) and params is not None:
-            raise ValueError("params goes with a hook name, not with a state object")
+        if hook is not None and not isinstance(hook, str) and (params, bits) != (None, None):
+            raise ValueError("params and bits go with a hook name, not with a state object")
+        if hook is None and bits is not None:
+            raise ValueError("bits goes with a hook; the backend's: init_cgx(bits=...)")
         self.hook, self.bits, self.params, self.check_after = hook, bits, params, check_after
         self.state = None
         self._resume_dir: Optional[str] = None
@@ -201,7 +203,7 @@ class CGXCallback(CGXStatsCallback):
             )
             warn.warn_once(("resume", id(self)), msg)
             return
-        saved = torch.load(path, weights_only=False)
+        saved = torch.load(path)  # weights_only: the states are safe globals
         if isinstance(saved, dict) and "policy_state" in saved:
             self.state.load_state_dict(saved["policy_state"])
             return
