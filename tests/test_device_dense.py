@@ -40,6 +40,16 @@ CONFIGS = [
 CONFIG_IDS = [n + "".join(f"-{k}={v}" for k, v in p.items()) for n, p in CONFIGS]
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Byte checks, not speed: one intra-op thread (on a loaded 2-core machine two-thread kernels
+    mostly wait for each other)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def bits_of(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(-1).view(torch.uint8)
 
