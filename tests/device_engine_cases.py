@@ -265,7 +265,9 @@ def _tensors(obj):
 
 def host_reads(fn) -> List[str]:
     """Runs ``fn()`` and lists its host reads of tensor values ("func at file:line: source"): item,
-    tolist, cpu, numpy, to(cpu), bool, int, float, index on a tensor that holds data.
+    tolist, cpu, numpy, to(cpu), bool, int, float, index on a tensor that holds data, and the
+    ops whose output size depends on the values (nonzero, masked_select, boolean-mask
+    indexing: a device synchronisation on CUDA).
 
     On CPU tensors ``to(cpu)`` moves nothing, so the recorder tells data from *host constants*:
     tensors made inside ``fn`` from Python values (``torch.tensor``, ``full``, ``from_numpy``, ...)
@@ -289,13 +291,22 @@ def host_reads(fn) -> List[str]:
         return any(str(a) == "cpu" or (isinstance(a, torch.device) and a.type == "cpu")
                    for a in list(args[1:]) + list(kwargs.values()))  # fmt: skip
 
+    def syncs(func, args) -> bool:
+        """Ops whose output size depends on the values (a device sync on CUDA)."""
+        if func in (torch.nonzero, torch.Tensor.nonzero, torch.masked_select, torch.unique):
+            return True
+        if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and len(args) > 1:
+            index = args[1] if isinstance(args[1], tuple) else (args[1],)
+            return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
+        return False
+
     class Recorder(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             inputs = list(_tensors(args)) + list(_tensors(kwargs))
             const = all(id(t) in consts for t in inputs)
             name = getattr(func, "__name__", str(func))
-            if (func in watched or to_cpu(func, args, kwargs)) and not const:
+            if (func in watched or to_cpu(func, args, kwargs) or syncs(func, args)) and not const:
                 frame = traceback.extract_stack(limit=2)[0]
                 where = f"{name} at {os.path.basename(frame.filename)}:{frame.lineno}"
                 seen.append(f"{where}: {(frame.line or '').strip()}")

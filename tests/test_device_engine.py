@@ -73,17 +73,20 @@ def _cpu_only(read: str) -> bool:
 
 def test_host_reads_only_size_exchange(tmp_path):
     """Under a TorchFunctionMode recording item / tolist / cpu / numpy / to(cpu) / bool / int /
-    float of data: the engine reads nothing for dense compressors and random-k, and only its
-    size exchange (transport.py's tolist) for threshold's data-sized payloads; the codecs only
-    in their CPU-only shortcuts."""
+    float of data, and value-sized ops: the engine reads nothing for dense compressors and
+    random-k, and for threshold's data-sized payloads only the size exchange (transport.py's
+    tolist) and the codec's selection that sizes the payload; the codecs read otherwise only in
+    their CPU-only shortcuts."""
     path = str(tmp_path / "reads.json")
     run_ranks(run_host_reads, 2, path, KIND, timeout=90)
     with open(path) as f:
         reads = json.load(f)
     for name, seen in reads.items():
         seen = [s for s in seen if not _cpu_only(s)]
-        if name.startswith("threshold"):
-            assert seen and all(s.startswith("tolist at transport.py") for s in seen), seen
+        if name.startswith("threshold"):  # the payload's size: chosen by data, exchanged
+            sizes = ("tolist at transport.py", "nonzero at sparse.py")
+            assert seen and all(s.startswith(sizes) for s in seen), seen
+            assert any(s.startswith(sizes[0]) for s in seen)
         else:
             assert seen == [], f"{name}: host reads {seen}"
 
@@ -162,3 +165,4 @@ def test_recorder_sees_host_reads_of_data():
     assert len(seen) == 3 and not any(_cpu_only(s) for s in seen)
     assert host_reads(lambda: torch.tensor([1.0]).to("cpu").item()) == []
     assert host_reads(lambda: torch.empty(3).tolist()) != []  # a buffer a collective filled
+    assert len(host_reads(lambda: (x[x > 0], torch.nonzero(x)))) == 2  # sizes from values
