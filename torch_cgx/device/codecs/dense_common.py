@@ -279,7 +279,7 @@ class DenseCodec(DeviceCodec):
         want = self.expected_envelope(numel, dtype, payload.device)
         head = payload[:ENVELOPE_BYTES]
         same = head == want
-        same[7] = (head[7] & ~self.flag_mask & 0xFF) == 0
+        same[7] = (head[7] & (0xFF & ~self.flag_mask)) == 0  # a host constant mask
         return same.all() & self.codes_ok(payload[ENVELOPE_BYTES:], numel)
 
     def flag_nan(self, payload: torch.Tensor) -> torch.Tensor:
