@@ -25,6 +25,8 @@ ENTRY_POINTS = {
     "rotation": "cost of the rotation and the clipped range next to the codec",
     "soak": "many compressed allreduces and group cycles; fails on a leak",
     "hook_overhead": "each DDP hook's own time per gradient-bucket call, apart from the wire",
+    "diloco": "DDP against DiLoCo / Streaming DiLoCo / SparseLoCo on emulated wide-area hosts",
+    "diloco_wire": "low-communication wire formats: INTELLECT-1's int8 vs max-min, sparseloco",
     "hosts": "emulated hosts (network namespaces, shaped links): build, measure, clean up",
 }
 
