@@ -8,6 +8,7 @@ tensor's values to the host: constants go host -> device, never the other way.
 
 from __future__ import annotations
 
+import functools
 from typing import Dict, Optional, Union
 
 import torch
@@ -15,6 +16,7 @@ import torch
 __all__ = [
     "DTYPE_CODES",
     "DeviceCodec",
+    "constant_bytes",
     "envelope",
     "pack_bits",
     "rng_key",
@@ -130,15 +132,32 @@ def envelope(
     """The 32-byte envelope of FORMAT.md ("Compressor payloads") on ``device``. Fields known on
     the host are ints; data-dependent ones (``flags``: uint8 0-d, ``body``: int64 0-d,
     ``param0`` / ``param1``: int64 or uint32 bit patterns, 0-d) may be device tensors."""
-    head = [ord(c) for c in "CGXC"] + [1, DTYPE_CODES[dtype], compressor_id, 0]
-    head += _le(count, 8) + [0] * 16
-    out = torch.tensor(head, dtype=torch.uint8, device=device)
-    for offset, field, width in ((7, flags, 1), (16, body, 8), (24, param0, 4), (28, param1, 4)):
+    fields = ((7, flags, 1), (16, body, 8), (24, param0, 4), (28, param1, 4))
+    host = tuple(0 if isinstance(f, torch.Tensor) else int(f) for _, f, _ in fields)
+    out = constant_bytes(
+        (ord("C"), ord("G"), ord("X"), ord("C"), 1, DTYPE_CODES[dtype], compressor_id, host[0])
+        + tuple(_le(count, 8))
+        + tuple(_le(host[1], 8))
+        + tuple(_le(host[2], 4))
+        + tuple(_le(host[3], 4)),
+        torch.device("cpu") if device is None else torch.device(device),
+    ).clone()
+    for offset, field, width in fields:
         if isinstance(field, torch.Tensor):
             out[offset : offset + width] = scalar_bytes(field.to(torch.int64).reshape(1))[:width]
-        elif field:
-            out[offset : offset + width] = torch.tensor(_le(int(field), width), dtype=torch.uint8)
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def constant_bytes(values: tuple, device: torch.device) -> torch.Tensor:
+    """``values`` as a uint8 tensor on ``device``, made once per (values, device): headers
+    repeat from call to call, and a copy from pageable host memory to a GPU would block the host
+    until the stream is idle, so the bytes go through pinned memory without a wait, once. Never
+    write into the result (clone it)."""
+    host = torch.tensor(values, dtype=torch.uint8)
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host if device.type == "cpu" else host.to(device)
 
 
 # The max-min generator of FORMAT.md ("The stochastic-rounding generator"), shared by stochastic
