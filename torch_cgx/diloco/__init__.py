@@ -108,8 +108,8 @@ class DiLoCo:
             after its outer step (torchft's meaning; 0: the global parameters).
 
     The constructor broadcasts the group's rank 0 parameters (a collective): every replica
-    starts from the same point. Parameters are bitwise identical on every rank after each
-    outer step when ``fragment_update_alpha == 0``; the global copies always are.
+    starts from the same point. After a fragment's outer step its global copies are bitwise
+    identical on every rank, and so are its parameters when ``fragment_update_alpha == 0``.
     """
 
     def __init__(
