@@ -193,6 +193,12 @@ def test_bad_input_raises_clear_errors():
         dev.decode_add_(torch.zeros(21), p)
     with pytest.raises(ValueError, match="uint8"):
         dev.values(p.float(), 20, torch.float32)
+    with pytest.raises(ValueError, match="dtype"):
+        dev.decode_add_(torch.zeros(20, dtype=torch.float64), p)
+    with pytest.raises(TypeError, match="out must be a torch.Tensor"):
+        dev.decode_add_([0.0] * 20, p)
+    with pytest.raises(ValueError, match="payload is on meta, out on cpu"):
+        dev.decode_add_(torch.zeros(20), p.to("meta"))
 
 
 def test_encode_reads_any_shape_in_row_major_order():

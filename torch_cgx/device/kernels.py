@@ -133,23 +133,25 @@ class CudaMaxMin(FusedMaxMin):
 
         n = x.numel()
         out = torch.empty(codec.encoded_size(n, x.dtype), dtype=torch.uint8, device=x.device)
-        cuda_stream = torch.cuda.current_stream(x.device).cuda_stream
-        self._check(self._lib.cgx_cuda_capi_maxmin_encode(
-            x.data_ptr(), DTYPE_CODES[x.dtype], n, codec.bits, codec.bucket_size,
-            int(codec.raw_tail), int(codec.stochastic), seed, stream, out.data_ptr(), out.numel(),
-            cuda_stream), "encode")  # fmt: skip
+        with torch.cuda.device(x.device):  # the kernels launch on the current device
+            cuda_stream = torch.cuda.current_stream(x.device).cuda_stream
+            self._check(self._lib.cgx_cuda_capi_maxmin_encode(
+                x.data_ptr(), DTYPE_CODES[x.dtype], n, codec.bits, codec.bucket_size,
+                int(codec.raw_tail), int(codec.stochastic), seed, stream, out.data_ptr(),
+                out.numel(), cuda_stream), "encode")  # fmt: skip
         return out
 
     def decode_add_(self, codec, out, payload):
         from torch_cgx.device.codecs.base import DTYPE_CODES
 
         code = DTYPE_CODES[out.dtype]
-        cuda_stream = torch.cuda.current_stream(out.device).cuda_stream
         # no error flag: the caller checks header_ok(); a mismatching header leaves out as it was
-        self._check(self._lib.cgx_cuda_capi_maxmin_decode(
-            payload.data_ptr(), payload.numel(), out.data_ptr(), code, out.numel(), code,
-            codec.bits, codec.bucket_size, int(codec.raw_tail), 1, None, cuda_stream),
-            "decode_add")  # fmt: skip
+        with torch.cuda.device(out.device):
+            cuda_stream = torch.cuda.current_stream(out.device).cuda_stream
+            self._check(self._lib.cgx_cuda_capi_maxmin_decode(
+                payload.data_ptr(), payload.numel(), out.data_ptr(), code, out.numel(), code,
+                codec.bits, codec.bucket_size, int(codec.raw_tail), 1, None, cuda_stream),
+                "decode_add")  # fmt: skip
         return out
 
 

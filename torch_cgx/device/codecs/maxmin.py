@@ -158,7 +158,12 @@ class MaxMin(DeviceCodec):
     def decode_add_(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
         """``out += decode(payload)`` in fp32, rounded once to ``out``'s dtype; through a fused
         kernel where one applies (the header is not checked here: :meth:`header_ok`)."""
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        _check_dtype(out.dtype)
         self._check_payload(payload, out.numel(), out.dtype)
+        if payload.device != out.device:
+            raise ValueError(f"payload is on {payload.device}, out on {out.device}")
         if out.is_contiguous() and payload.is_contiguous():
             from torch_cgx.device import kernels
 
