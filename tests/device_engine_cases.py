@@ -362,3 +362,54 @@ def run_host_reads(rank: int, world: int, out_path: str, kind: str) -> None:
         with open(out_path, "w") as f:
             json.dump(out, f)
     dist.destroy_process_group()
+
+
+def bench(rank: int, world: int, numel: int, reps: int) -> None:
+    """Median time of one allreduce of ``numel`` fp32 values, device engine (CPU tensors over
+    Gloo) against the native engine (a cgx group), for a few settings; printed by rank 0."""
+    import time
+
+    import torch_cgx
+    from torch_cgx import _C
+    from torch_cgx.device.engine import DeviceCall, DeviceEngine
+    from torch_cgx.device.transport import GroupTransport
+
+    dist.init_process_group("cgx")
+    gloo = dist.new_group(backend="gloo")
+    backend = torch_cgx.cgx_backend()
+    engine = DeviceEngine(GroupTransport(gloo, rank, world))
+    for label, changes in (
+        ("maxmin 4 bits, sra", dict(bits=4, bucket_size=512)),
+        ("maxmin 4 bits, ring", dict(bits=4, bucket_size=512, algorithm="ring")),
+        ("fp16, sra", dict(compressor="fp16")),
+        ("topk 1 %, allgather", dict(compressor="topk", compressor_params="ratio=0.01")),
+        ("randomk 1 %, sum-reduce", dict(compressor="randomk", compressor_params="ratio=0.01")),
+    ):
+        config = torch_cgx.get_config().replace(**changes)
+        options, call = _C.CallOptions(config.to_native()), DeviceCall.from_config(config, True)
+        x = torch.randn(numel)
+        times = {"native": [], "device": []}
+        for _ in range(reps):
+            for kind in times:
+                y = x.clone()
+                dist.barrier(gloo)
+                t0 = time.perf_counter()
+                if kind == "native":
+                    backend.allreduce_call(y, options, True).wait()
+                else:
+                    engine.allreduce(y, call)
+                times[kind].append(time.perf_counter() - t0)
+        if rank == 0:
+            med = {k: sorted(v)[len(v) // 2] * 1e3 for k, v in times.items()}
+            print(f"{label:26s} native {med['native']:8.2f} ms  device {med['device']:8.2f} ms"
+                  f"  ({med['device'] / med['native']:.1f}x)", flush=True)  # fmt: skip
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":  # python tests/device_engine_cases.py [numel] [reps]
+    import sys
+
+    from dist_helpers import run_ranks
+
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 20
+    run_ranks(bench, 2, n, int(sys.argv[2]) if len(sys.argv) > 2 else 5, timeout=600)
