@@ -183,9 +183,17 @@ class DiLoCo:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        """Removes the hook. Without an exception it also waits for a reduction in flight (no
+        collective outlives the context; the result is applied at its step if the loop is
+        entered again, or by ``sync_now()``); with one it leaves it (a peer may be gone)."""
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
+        if exc_type is None:
+            for frag in self._fragments:
+                if frag.pending is not None:
+                    frag.pending.wait()
+                    frag.take_residuals()
         return False
 
     def _after_step(self, _optimizer, _args, _kwargs) -> None:
