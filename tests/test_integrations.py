@@ -148,6 +148,31 @@ def hook_case(out):
     assert torch.allclose(flat_params(resumed.model), final, rtol=0, atol=1e-3)
 
 
+def accelerate_case():
+    """A bare accelerate loop on the cgx group, compression_hook registered by hand."""
+    from accelerate import Accelerator
+
+    import torch_cgx
+    from torch_cgx.hook_stats import counted
+
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    model, opt = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    assert dist.get_backend(model.process_group) == "cgx"
+    state = torch_cgx.CompressionState(None, "maxmin", {"bits": 4}, module=model.module)
+    model.register_comm_hook(state, counted(torch_cgx.compression_hook, state))
+    g = torch.Generator().manual_seed(dist.get_rank())
+    for _ in range(4):
+        accelerator.backward(model(torch.randn(16, 64, generator=g)).pow(2).mean())
+        opt.step()
+        opt.zero_grad()
+    h = torch_cgx.stats(state)
+    assert h.steps == 4 and h.calls_compressed == 4 and 0 < h.bytes_sent < h.bytes_exact / 4, h
+    assert_replicas_agree(model)
+
+
 def quiet_checks(out):
     """The "never compress silently nothing" checks that must stay silent or fire once on a
     cgx group: a hook that never ran; a compressing group that compressed nothing."""
@@ -191,6 +216,7 @@ def body_cgx(rank, world, out):
             init_cgx(bits=8)
         backend_case(os.path.join(out, "backend"))
         hook_case(os.path.join(out, "hook"))
+        accelerate_case()
     assert ours(record) == [], [str(w.message) for w in ours(record)]  # no false alarms
     quiet_checks(os.path.join(out, "quiet"))
     dist.destroy_process_group()
@@ -294,5 +320,7 @@ def test_bad_callback_arguments_are_value_errors():
         import torch_cgx
 
         init_cgx(torch_cgx.Options(bits=4), bits=4)
+    from transformers import TrainerControl, TrainerState
+
     with pytest.raises(ValueError, match="needs its trainer"):
-        CGXCallback("cgx").on_train_begin(None, None, None)
+        CGXCallback("cgx").on_train_begin(None, TrainerState(), TrainerControl())

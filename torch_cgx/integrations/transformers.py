@@ -215,15 +215,16 @@ class CGXCallback(CGXStatsCallback):
         self.state = saved
 
     def on_train_begin(self, args, state, control, **kwargs):
-        ddp = self._ddp()
-        if self.hook is not None and ddp is None:
-            msg = "Trainer's model is not DistributedDataParallel (one process?): no hook"
-            warn.warn_once(("no-ddp", id(self)), msg)
-            return
         self._check_at = state.global_step + self.check_after
-        if self.hook is None:
+        if self.hook is None:  # works unbound too (callbacks=[CGXCallback()])
             warn.check_group(None, "Trainer")
             self._compressed0 = self._group_compressed()
+            return
+        ddp = self._ddp()
+        if ddp is None:
+            self._check_at = None
+            msg = "Trainer's model is not DistributedDataParallel (one process?): no hook"
+            warn.warn_once(("no-ddp", id(self)), msg)
             return
         self.state, fn, needs_cgx = _make_state(self.hook, ddp.module, self.bits, self.params)
         import torch_cgx
@@ -270,9 +271,9 @@ class CGXCallback(CGXStatsCallback):
                 )
                 warn.warn_once(("hook-never-ran", id(self.state)), msg)
             return
-        ddp = self._ddp()
-        if ddp is None or ddp._comm_hooks or not self._group_compresses():
-            return
+        ddp = self._ddp() if self.trainer is not None else None
+        if (ddp is not None and ddp._comm_hooks) or not self._group_compresses():
+            return  # a hook of the user's: its own matter
         if self._group_compressed() == self._compressed0:
             from torch_cgx.counters import plan
 
