@@ -18,93 +18,64 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+
+def _case(name, dtype, numel, average, **changes):
+    return name, changes, dtype, numel, average
+
+
+SEGMENTS = dict(bucket_size=512, fusion_buffer_mb=2, pipeline_segment_mb=1)
+# (name, config changes, dtype, numel, average)
 CASES = [
-    # name, config changes, dtype, numel, average, algorithm
-    ("maxmin4_sra", dict(bits=4, bucket_size=64), torch.float32, 1000, True),
-    ("maxmin4_sra_sum", dict(bits=4, bucket_size=64), torch.float32, 1000, False),
-    ("maxmin3_ring", dict(bits=3, bucket_size=32, algorithm="ring"), torch.float32, 999, True),
-    ("maxmin4_tree", dict(bits=4, bucket_size=64, algorithm="tree"), torch.float32, 777, True),
-    (
-        "maxmin8_allgather",
-        dict(bits=8, bucket_size=128, algorithm="allgather"),
-        torch.float32,
-        500,
-        True,
+    _case("maxmin4_sra", F32, 1000, True, bits=4, bucket_size=64),
+    _case("maxmin4_sra_sum", F32, 1000, False, bits=4, bucket_size=64),
+    _case("maxmin3_ring", F32, 999, True, bits=3, bucket_size=32, algorithm="ring"),
+    _case("maxmin4_tree", F32, 777, True, bits=4, bucket_size=64, algorithm="tree"),
+    _case("maxmin8_allgather", F32, 500, True, bits=8, bucket_size=128, algorithm="allgather"),
+    _case("maxmin4_fp16", F16, 1000, True, bits=4, bucket_size=64),
+    _case("maxmin4_bf16_ring", BF16, 600, True, bits=4, bucket_size=64, algorithm="ring"),
+    _case(
+        "maxmin4_raw_tail", F32, 1037, True, bits=4, bucket_size=100, skip_incomplete_buckets=True
     ),  # fmt: skip
-    ("maxmin4_fp16", dict(bits=4, bucket_size=64), torch.float16, 1000, True),
-    (
-        "maxmin4_bf16_ring",
-        dict(bits=4, bucket_size=64, algorithm="ring"),
-        torch.bfloat16,
-        600,
-        True,
-    ),  # fmt: skip
-    (
-        "maxmin4_raw_tail",
-        dict(bits=4, bucket_size=100, skip_incomplete_buckets=True),
-        torch.float32,
-        1037,
-        True,
-    ),  # fmt: skip
-    (
-        "maxmin2_stochastic",
-        dict(bits=2, bucket_size=64, stochastic=True),
-        torch.float32,
-        1000,
-        True,
-    ),  # fmt: skip
-    ("maxmin4_rotation", dict(bits=4, bucket_size=64, rotation="on"), torch.float32, 1000, True),
-    (
-        "maxmin4_segments",
-        dict(bits=4, bucket_size=512, fusion_buffer_mb=2, pipeline_segment_mb=1),
-        torch.float32,
-        300_000,
-        True,
-    ),  # fmt: skip
-    (
-        "maxmin4_pieces_ring",
-        dict(bits=4, bucket_size=512, fusion_buffer_mb=1, pipeline_segment_mb=1, algorithm="ring"),
-        torch.float32,
-        300_000,
-        True,
-    ),  # fmt: skip
-    ("fp16_sra", dict(compressor="fp16"), torch.float32, 1000, True),
-    ("fp16_tree", dict(compressor="fp16", algorithm="tree"), torch.float32, 1000, False),
-    ("topk", dict(compressor="topk", compressor_params="ratio=0.05"), torch.float32, 1000, True),
-    (
-        "randomk",
-        dict(compressor="randomk", compressor_params="ratio=0.1"),
-        torch.float32,
-        1000,
-        True,
-    ),  # fmt: skip
-    (
+    _case("maxmin2_stochastic", F32, 1000, True, bits=2, bucket_size=64, stochastic=True),
+    _case("maxmin4_rotation", F32, 1000, True, bits=4, bucket_size=64, rotation="on"),
+    # 2 SRA segments in one piece; 2 pieces of ring, the first in 2 lanes' segments
+    _case("maxmin4_segments", F32, 300_000, True, bits=4, **SEGMENTS),
+    _case("maxmin4_pieces_ring", F32, 600_000, True, bits=4, algorithm="ring", **SEGMENTS),
+    _case("fp16_sra", F32, 1000, True, compressor="fp16"),
+    _case("fp16_tree", F32, 1000, False, compressor="fp16", algorithm="tree"),
+    _case("topk", F32, 1000, True, compressor="topk", compressor_params="ratio=0.05"),
+    _case("randomk", F32, 1000, True, compressor="randomk", compressor_params="ratio=0.1"),
+    _case(
         "randomk_allgather",
-        dict(compressor="randomk", compressor_params="ratio=0.1", algorithm="allgather"),
-        torch.float32,
+        F32,
         1000,
         True,
+        compressor="randomk",
+        compressor_params="ratio=0.1",
+        algorithm="allgather",
     ),  # fmt: skip
-    (
-        "threshold",
-        dict(compressor="threshold", compressor_params="tau=1.0"),
-        torch.float32,
+    _case("threshold", F32, 1000, True, compressor="threshold", compressor_params="tau=1.0"),
+    _case("dgc", F32, 1000, True, compressor="dgc", compressor_params="ratio=0.05"),
+    _case("qsgd_sra", F32, 1000, True, compressor="qsgd", compressor_params="bucket_size=128"),
+    _case(
+        "onebit_ring",
+        F32,
         1000,
         True,
+        compressor="onebit",
+        compressor_params="bucket_size=64",
+        algorithm="ring",
     ),  # fmt: skip
+    _case("terngrad_tree", BF16, 1000, True, compressor="terngrad", algorithm="tree"),
 ]
-# reduce-scatter cases: name, config changes, dtype, output numel, average
+# reduce-scatter cases: (name, config changes, dtype, output numel, average)
 RS_CASES = [
-    ("rs_maxmin4", dict(bits=4, bucket_size=64), torch.float32, 300, True),
-    ("rs_fp16", dict(compressor="fp16"), torch.float32, 300, False),
-    ("rs_topk", dict(compressor="topk", compressor_params="ratio=0.1"), torch.float32, 300, True),
-    (
-        "rs_threshold",
-        dict(compressor="threshold", compressor_params="tau=1.0"),
-        torch.float32,
-        300,
-        True,
-    ),  # fmt: skip
+    _case("rs_maxmin4", F32, 300, True, bits=4, bucket_size=64),
+    _case("rs_fp16", F32, 300, False, compressor="fp16"),
+    _case("rs_topk", F32, 300, True, compressor="topk", compressor_params="ratio=0.1"),
+    _case("rs_threshold", F32, 300, True, compressor="threshold", compressor_params="tau=1.0"),
 ]
 
 
@@ -207,6 +178,7 @@ def run_cases(rank: int, world: int, out_path: str, kind: str) -> None:
         results[name] = r
     results.update(_reduce_scatter_cases(rank, world, engine, base, gloo))
     results["header_mismatch"] = _header_mismatch(rank, engine, base)
+    results["counters"] = _counters(rank, world, base, kind)
     results["stats"] = engine.stats()
     results["world"] = world
     if rank == 0:
@@ -214,6 +186,31 @@ def run_cases(rank: int, world: int, out_path: str, kind: str) -> None:
             json.dump(results, f)
     dist.barrier(gloo)
     dist.destroy_process_group()
+
+
+def _counters(rank, world, base, kind) -> Dict:
+    """Without a stream, the streams and the rotation's seed come from the call counters: a
+    fresh cgx group's ``dist.all_reduce`` against a fresh engine's, three calls in a row."""
+    import torch_cgx
+    from torch_cgx.device.engine import DeviceCall, DeviceEngine
+    from torch_cgx.device.transport import GroupTransport
+
+    changes = dict(bits=2, bucket_size=64, stochastic=True, rotation="on")
+    sub = dist.new_group(backend="cgx")
+    torch_cgx.set_config(sub, **changes)
+    gloo = dist.new_group(backend="gloo")
+    engine = DeviceEngine(GroupTransport(gloo, rank, world), codecs=codec_factory(kind))
+    call = DeviceCall.from_config(base.replace(**changes), True)
+    out = {"bitwise": []}
+    for i in range(3):
+        x = _inputs(rank, torch.float32, 700, 50 + i)
+        nat, dev = x.clone(), x.clone()
+        dist.all_reduce(nat, op=dist.ReduceOp.AVG, group=sub)
+        engine.allreduce(dev, call)
+        out["bitwise"].append(torch.equal(_bits(dev), _bits(nat)))
+    dist.destroy_process_group(sub)
+    dist.destroy_process_group(gloo)
+    return out
 
 
 def _header_mismatch(rank, engine, base) -> str:

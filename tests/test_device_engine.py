@@ -49,9 +49,14 @@ def test_bytes_sent_equal_native(results, case):
     peer), which the device engine skips."""
     dev, nat = results[case]["bytes"]
     world = results["world"]
-    if case in ("topk", "randomk_allgather", "maxmin8_allgather"):
+    if case in ("topk", "randomk_allgather", "maxmin8_allgather"):  # fixed-size allgather
         nat -= 8 * (world - 1)
     assert dev == nat > 0
+
+
+def test_call_counters_equal_native(results):
+    """No stream given: each call's streams and rotation seed from the counters, as natively."""
+    assert results["counters"]["bitwise"] == [True, True, True]
 
 
 def test_header_mismatch_raises_value_error(results):
