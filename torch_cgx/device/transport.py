@@ -9,7 +9,10 @@ on NCCL, only makes the current stream wait.
 
 The only values read back to the host are payload sizes, in :meth:`GroupTransport.allgather_v`
 and in :meth:`GroupTransport.alltoall_v` without ``recv_sizes``: an algorithm calls them only for
-compressors whose payload size depends on the data (threshold, DGC, GradDrop).
+compressors whose payload size depends on the data (threshold, DGC, GradDrop). One exception by
+necessity: over Gloo, point-to-point payloads of device tensors (ring, tree) are staged through
+host memory, since Gloo's ``send`` / ``recv`` take host pointers only (NCCL is the device plane's
+transport wherever it can serve).
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ class GroupTransport:
                 raise ValueError(f"GroupTransport needs a c10d Backend or ProcessGroup, got {pg!r}")
         self.pg, self.rank, self.size = pg, rank, size
         self.device = torch.device("cpu") if device is None else torch.device(device)
+        # Gloo's send / recv hand the tensor's pointer to a socket: device payloads are staged
+        # through host memory there (its collectives stage CUDA tensors themselves).
+        name = pg.name() if hasattr(pg, "name") else type(pg).__name__
+        self._gloo = "gloo" in str(name).lower()
 
     def __repr__(self) -> str:
         return f"GroupTransport(rank={self.rank}, size={self.size}, device={self.device})"
@@ -100,6 +107,8 @@ class GroupTransport:
         ``frm``. On CUDA both go in one coalesced NCCL group (two separate calls could each
         wait for the other on a ring)."""
         send = send.contiguous().view(-1)
+        if self._staged(send.device):  # GPU only
+            return self.sendrecv(to, send.cpu(), frm, recv_numel).to(send.device)
         buf = torch.empty(recv_numel, dtype=torch.uint8, device=send.device)
         coalesce = send.is_cuda and hasattr(self.pg, "_start_coalescing")
         if coalesce:  # GPU only
@@ -116,12 +125,20 @@ class GroupTransport:
         return buf
 
     def send(self, to: int, t: torch.Tensor) -> None:
-        self.pg.send([t.contiguous().view(-1)], to, 0).wait()
+        t = t.contiguous().view(-1)
+        if self._staged(t.device):  # GPU only
+            t = t.cpu()
+        self.pg.send([t], to, 0).wait()
 
     def recv(self, frm: int, numel: int, device=None) -> torch.Tensor:
-        buf = torch.empty(numel, dtype=torch.uint8, device=device or self.device)
+        device = torch.device(device or self.device)
+        host = self._staged(device)
+        buf = torch.empty(numel, dtype=torch.uint8, device="cpu" if host else device)
         self.pg.recv([buf], frm, 0).wait()
-        return buf
+        return buf.to(device) if host else buf
+
+    def _staged(self, device: torch.device) -> bool:
+        return self._gloo and device.type != "cpu"
 
     # ---- exact collectives ----
 
