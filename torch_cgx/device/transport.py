@@ -98,7 +98,7 @@ class GroupTransport:
             self._check_sizes(recv_sizes, limit, "alltoall")
         flat = torch.cat(send) if send else torch.empty(0, dtype=torch.uint8, device=device)
         out = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=device)
-        if self.size > 1 and (flat.numel() or out.numel()):
+        if self.size > 1:  # every rank calls, even with nothing to move (a collective)
             self.pg.alltoall_base(out, flat, list(recv_sizes), send_sizes).wait()
         return list(out.split(list(recv_sizes)))
 
