@@ -219,3 +219,27 @@ def test_the_cuda_kernels_pass_their_self_check_on_a_gpu(mode):
                              skip_incomplete_buckets=bool(skip))  # fmt: skip
         assert torch.equal(got.cpu(), want)
     assert kernels.decisions() and set(kernels.decisions().values()) == {"fused"}
+
+
+def test_the_c_abi_library_loads_and_reports_errors_where_built():
+    """Where make gpu-build (or build/core with nvcc) made the library: it loads, has the
+    expected C ABI version and returns argument errors as status 1 with a message, without a
+    GPU. CudaMaxMin.load refuses it when no device is usable."""
+    import ctypes
+
+    found = [p for p in kernels.library_candidates() if p.is_file()]
+    if not found:
+        pytest.skip("libcgx_cuda_capi.so not built (make gpu-build)")
+    lib = ctypes.CDLL(str(found[0]))
+    assert lib.cgx_cuda_capi_version() == kernels.CAPI_VERSION
+    lib.cgx_cuda_capi_last_error.restype = ctypes.c_char_p
+    i64, u64, ptr, c_int = ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int
+    lib.cgx_cuda_capi_maxmin_encode.argtypes = [ptr, c_int, i64, c_int, i64, c_int, c_int, u64,
+                                                u64, ptr, u64, ptr]  # fmt: skip
+    assert lib.cgx_cuda_capi_maxmin_encode(None, 0, 10, 9, 512, 0, 0, 0, 0, None, 0, None) == 1
+    assert b"bits must be in [1, 8]" in lib.cgx_cuda_capi_last_error()
+    assert lib.cgx_cuda_capi_maxmin_encode(None, 7, 10, 4, 512, 0, 0, 0, 0, None, 0, None) == 1
+    assert b"dtype code 7" in lib.cgx_cuda_capi_last_error()
+    if not lib.cgx_cuda_capi_available():
+        with pytest.raises(RuntimeError, match="no usable CUDA device"):
+            kernels.CudaMaxMin().load()
