@@ -179,6 +179,7 @@ def run_cases(rank: int, world: int, out_path: str, kind: str) -> None:
     results.update(_reduce_scatter_cases(rank, world, engine, base, gloo))
     results["header_mismatch"] = _header_mismatch(rank, engine, base)
     results["counters"] = _counters(rank, world, base, kind)
+    results["exact"] = _exact_cases(rank, engine, backend, base, gloo)
     results["stats"] = engine.stats()
     results["world"] = world
     if rank == 0:
@@ -186,6 +187,30 @@ def run_cases(rank: int, world: int, out_path: str, kind: str) -> None:
             json.dump(results, f)
     dist.barrier(gloo)
     dist.destroy_process_group()
+
+
+def _exact_cases(rank, engine, backend, base, gloo) -> Dict[str, bool]:
+    """Calls the settings reduce exactly, against the native engine (or Gloo for integers)."""
+    from torch_cgx import _C
+    from torch_cgx.device.engine import DeviceCall
+
+    out = {}
+    config = base.replace(bits=4, bucket_size=64)
+    call = DeviceCall.from_config(config, True)
+    for name, x in (("below_min_size", _inputs(rank, F16, 10, 60)),
+                    ("bf16_exact_config", _inputs(rank, BF16, 100, 61))):  # fmt: skip
+        c = call if name == "below_min_size" else None
+        options = _C.CallOptions((config if c else base).to_native())
+        nat, dev = x.clone(), x.clone()
+        backend.allreduce_call(nat, options, True).wait()
+        engine.allreduce(dev, c, average=True)
+        out[name] = torch.equal(_bits(dev), _bits(nat))
+    ints = torch.arange(50) * (rank + 1)
+    want = ints.clone()
+    dist.all_reduce(want, group=gloo)
+    engine.allreduce(ints, None)
+    out["int64_sum"] = torch.equal(ints, want)
+    return out
 
 
 def _counters(rank, world, base, kind) -> Dict:

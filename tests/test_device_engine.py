@@ -59,6 +59,12 @@ def test_call_counters_equal_native(results):
     assert results["counters"]["bitwise"] == [True, True, True]
 
 
+def test_exact_calls_equal_native(results):
+    """Below min_size, exact settings (None), integers: the native exact path's bytes."""
+    assert results["exact"] == {"below_min_size": True, "bf16_exact_config": True,
+                                "int64_sum": True}  # fmt: skip
+
+
 def test_header_mismatch_raises_value_error(results):
     assert "header" in results["header_mismatch"]
 
@@ -66,6 +72,7 @@ def test_header_mismatch_raises_value_error(results):
 def test_stats_count_calls(results):
     s = results["stats"]
     assert s["calls_compressed"] == len(CASES) + 1  # and the header mismatch
+    assert s["calls_exact"] == 3
     assert s["reduce_scatter_compressed"] == len(RS_CASES)
     assert 0 < s["bytes_sent"] < s["bytes_exact"]
 
@@ -134,7 +141,10 @@ def test_from_config_exact_settings_are_none():
 def test_bad_input_raises_value_error():
     engine, call = _engine(), _call(bits=4, bucket_size=64)
     with pytest.raises(ValueError, match="floating-point"):
-        engine.allreduce(torch.arange(100), call)
+        engine.allreduce(torch.arange(100), call)  # a mean of integers
+    with pytest.raises(ValueError, match="real number"):
+        engine.allreduce(torch.zeros(100, dtype=torch.complex64), None)
+    engine.allreduce(torch.arange(100), None)  # an exact sum of integers is fine
     with pytest.raises(ValueError, match="tensor"):
         engine.allreduce([1.0, 2.0], call)
     with pytest.raises(ValueError, match="residual"):

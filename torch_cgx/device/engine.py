@@ -99,11 +99,16 @@ def _ring_bytes(world: int, nbytes: int) -> int:
     return 2 * (world - 1) * nbytes // world
 
 
-def _check_tensor(t, what: str) -> None:
+def _check_tensor(t, what: str, floating: bool = True) -> None:
+    """ValueError unless ``t`` is a dense tensor of a dtype the call can reduce: floating
+    point, or (``floating=False``: an exact sum) integer too, as the native exact path."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{what} must be a tensor, got {type(t).__name__}")
-    if not t.is_floating_point():
-        raise ValueError(f"{what} must be a floating-point tensor, got {t.dtype}")
+    if t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"{what} must be a real number tensor, got {t.dtype}")
+    if floating and not t.is_floating_point():
+        raise ValueError(f"{what} must be a floating-point tensor (a mean or a compressed "
+                         f"call), got {t.dtype}")  # fmt: skip
     if t.layout != torch.strided:
         raise ValueError(f"{what} must be a dense (strided) tensor, got {t.layout}")
 
@@ -177,8 +182,10 @@ class DeviceEngine:
         when ``average``). ``stream``: the index of the call's random streams, >= 0, or -1 for
         this engine's call counter (the native ``BackendConfig.stream``). ``residual``: an fp32
         tensor of ``tensor``'s numel on its device, contiguous, that receives what this rank's
-        compression left out (zeros when the call runs exactly)."""
-        _check_tensor(tensor, "tensor")
+        compression left out (zeros when the call runs exactly). Integer tensors are summed
+        exactly (a mean needs floating point)."""
+        mean = call.average if call is not None else average
+        _check_tensor(tensor, "tensor", floating=mean)
         if not isinstance(stream, int) or stream < -1:
             raise ValueError(
                 f"stream must be an int >= 0, or -1 for the call counter, got {stream!r}"
@@ -188,7 +195,7 @@ class DeviceEngine:
             residual.zero_()
         work = tensor.contiguous().view(-1)
         if call is None or not self._eligible(work, call):
-            self.allreduce_exact(work, call.average if call is not None else average)
+            self.allreduce_exact(work, mean)
         else:
             self._allreduce(work, call, stream, residual)
         if work.data_ptr() != tensor.data_ptr():
@@ -197,7 +204,7 @@ class DeviceEngine:
 
     def allreduce_exact(self, tensor: torch.Tensor, average: bool) -> None:
         """The exact sum (mean) of ``tensor`` in place, counted as the native exact path."""
-        _check_tensor(tensor, "tensor")
+        _check_tensor(tensor, "tensor", floating=average)
         self.t.allreduce_exact(tensor, average)
         nbytes = tensor.numel() * (4 if tensor.element_size() < 4 else tensor.element_size())
         sent = _ring_bytes(self.t.size, nbytes)
