@@ -10,7 +10,8 @@ square. A gradient is compressed when PowerSGD saves at least ``min_compression_
 values (``1 - rank * (rows + cols) / (rows * cols) >= min_compression_ratio``, hivemind's rule);
 the others and 1-D gradients are averaged exactly, in the allreduce of the P matrices. Error
 feedback and warm-started Q are kept per parameter (``state_dict`` / ``load_state_dict``). The
-arithmetic is torch_cgx's PowerSGD (torch_cgx/hooks/lowrank.py): two allreduces per step.
+arithmetic is torch_cgx's PowerSGD (torch_cgx/hooks/lowrank.py): two allreduces per step. CUDA
+gradients stay on their device (lowrank's device path); only a first random Q is uploaded.
 """
 
 from __future__ import annotations
@@ -115,7 +116,12 @@ class PowerSGDGradientAverager:
             if item.q is None:
                 gen = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
                 item.q = torch.randn(cols, rank, generator=gen)
-            item.error = self.residuals.setdefault(i, torch.empty_like(matrix))
+            error = self.residuals.get(i)
+            if error is None or error.device != matrix.device or not error.is_contiguous():
+                # first step, or a loaded state elsewhere: uploaded once (a fresh one is empty)
+                error = torch.empty_like(matrix) if error is None else error.to(matrix).contiguous()
+                self.residuals[i] = error
+            item.error = error
             items.append(item)
         flat = torch.cat([g.reshape(-1).float() for g in exact]) if exact else None
         lowrank.power_step(

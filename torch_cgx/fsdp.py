@@ -15,6 +15,14 @@ and AVG are served; other ops, and buffers under ``min_size`` values per chunk (
 the former name, is accepted), go through the group's own exact reduce-scatter. Any group works
 (Gloo, NCCL, cgx): the payloads are bytes. No error feedback (as in ZeRO++): the error of a
 step is not carried to the next.
+
+The data stays on the tensors' device: chunks are encoded, exchanged, decoded and summed there
+by the device codecs of :mod:`torch_cgx.device.codecs` (the native codec's bytes), so on an
+NCCL group CUDA chunks never leave the GPU, and CPU tensors on Gloo run the same code. The host
+reads only sizes: the (size, largest size) pairs of the first call for a chunk shape
+(fixed-size compressors: the settings check, once) or of every call (data-dependent sizes).
+``data_plane="host"`` (or a compressor without a device codec) takes the former path instead:
+a host copy, the native codec (docs/gpu.md, "Entry points on the device").
 """
 
 from __future__ import annotations
@@ -50,6 +58,25 @@ class _MinSizeAlias:
         return self.min_size
 
 
+def _device_codec(compressor: str, params: dict, data_plane: str):
+    """The device codec of ``compressor`` (None: the host path, by choice or for want of one)."""
+    if data_plane not in ("device", "host"):
+        raise ValueError(f"data_plane must be 'device' or 'host', got {data_plane!r}")
+    if data_plane == "host":
+        return None
+    from torch_cgx.device import codecs
+
+    if compressor not in codecs.names():
+        return None  # no device codec: the native one through a host copy (docs/gpu.md)
+    return codecs.get(compressor, **params)
+
+
+def _divide_(t: torch.Tensor, w: int) -> None:
+    """``t /= w`` as an IEEE division on every device (a CPU scalar divisor lets CUDA multiply by
+    its reciprocal instead)."""
+    t.div_(torch.full((), float(w), dtype=t.dtype, device=t.device))
+
+
 class CompressedReduceScatter(_MinSizeAlias, _ReduceScatter):
     """A ``ReduceScatter`` for FSDP2 that sends compressed chunks (see the module docstring).
 
@@ -57,11 +84,16 @@ class CompressedReduceScatter(_MinSizeAlias, _ReduceScatter):
         compressor: a name of ``torch_cgx.compressors.names()`` (default max-min).
         min_size: chunks with fewer values are reduced exactly (default 4096; ``min_numel``,
             the former name, is accepted).
+        data_plane: ``"device"`` (default: everything on the tensors' device, through the
+            device codecs) or ``"host"`` (the former path: a host copy and the native codec;
+            the same bytes).
         **params: the compressor's parameters (max-min: ``bits`` default 4, as the hooks':
             docs/hooks.md; ``bucket_size``).
 
     ``calls`` counts the compressed calls, ``bytes_sent`` the bytes this rank sent in all of them
-    (exact ones as (W - 1) chunks).
+    (exact ones as (W - 1) chunks). ``check``: when the device path reads the received headers'
+    flag (a host read): ``"auto"`` (at once on CPU tensors, at :meth:`check_headers` elsewhere),
+    ``"end"`` or ``"deferred"``.
     """
 
     def __init__(
@@ -70,14 +102,19 @@ class CompressedReduceScatter(_MinSizeAlias, _ReduceScatter):
         min_size: Optional[int] = None,
         *,
         min_numel: Optional[int] = None,
+        data_plane: str = "device",
         **params,
     ) -> None:
         if compressor == "maxmin":
             params.setdefault("bits", DEFAULT_BITS)
         self.codec = compressors.get(compressor, **params)  # ValueError names the problem
+        self.device_codec = _device_codec(compressor, params, data_plane)
         self.min_size = core.check_min_size(min_size, min_numel, "min_numel", MIN_SIZE)
         self.calls, self.bytes_sent = 0, 0
+        self.check = "auto"
         self.all_gather: Optional[CompressedAllGather] = None  # set by compress()
+        self._checked: set = set()  # (group, n, dtype) whose sizes were checked (fixed-size)
+        self._bad: Optional[torch.Tensor] = None
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device):
         return torch.empty(size, dtype=dtype, device=device)
@@ -96,55 +133,107 @@ class CompressedReduceScatter(_MinSizeAlias, _ReduceScatter):
                 output_tensor, input_tensor, op=op, group=group, async_op=async_op
             )
         chunks = input_tensor.detach().view(world, n)
-        payloads = self._encode(chunks, rank, world)
-        limit = self.codec.encoded_size(n, input_tensor.dtype)  # the largest honest payload
-        received = self._exchange(payloads, group, rank, world, limit)
-        acc = chunks[rank].to(torch.float32, copy=True).cpu()
-        for j, payload in enumerate(received):
-            if j != rank:
-                self.codec.decode_add_(acc, payload)
+        if self.device_codec is None:
+            acc = self._host_reduce(chunks, group, rank, world)
+        else:
+            acc = self._device_reduce(chunks, group, rank, world)
         if average:
-            acc /= world
+            _divide_(acc, world)
         output_tensor.copy_(acc.view(output_tensor.shape))
         self.calls += 1
-        return None  # done: FSDP2 on CPU needs no handle
+        return None  # done: the result is in output_tensor (on a GPU: in stream order)
 
-    def _encode(self, chunks: torch.Tensor, rank: int, world: int) -> List[torch.Tensor]:
+    def check_headers(self) -> None:
+        """Raises ValueError when a payload received since the last check had a header other
+        than this rank expected (other settings on a peer, corrupt bytes). Reads one flag."""
+        bad, self._bad = self._bad, None
+        if bad is not None and bool(bad):  # the one host read of the header check
+            raise ValueError(
+                "reduce-scatter: a payload received had a header other than this rank expected "
+                "(compressor settings differ between ranks?)"
+            )
+
+    def _device_reduce(self, chunks, group, rank: int, world: int) -> torch.Tensor:
+        """Encode, exchange, decode and sum on the chunks' device (the device codecs)."""
+        codec, n, dtype = self.device_codec, chunks.shape[1], chunks.dtype
         stream = self.calls * world + rank  # distinct streams per call and sender
+        empty = torch.empty(0, dtype=torch.uint8, device=chunks.device)
+        payloads = [
+            empty if j == rank else codec.encode(chunks[j], seed=0, stream=stream)
+            for j in range(world)
+        ]
+        limit = codec.encoded_size(n, dtype)  # the largest honest payload
+        key = (getattr(group, "group_name", id(group)), n, dtype)
+        known = codec.fixed_size and key in self._checked
+        sizes = [0 if j == rank else limit for j in range(world)] if known else None
+        received = self._exchange(payloads, group, rank, world, limit, sizes)
+        if codec.fixed_size:
+            self._checked.add(key)
+        acc = chunks[rank].to(torch.float32, copy=True)
+        for j, payload in enumerate(received):
+            if j != rank:
+                ok = codec.header_ok(payload, n, dtype)
+                self._bad = ~ok if self._bad is None else self._bad | ~ok
+                acc.add_(codec.values(payload, n, dtype))
+        if self.check == "end" or (self.check == "auto" and chunks.device.type == "cpu"):
+            self.check_headers()
+        return acc
+
+    def _host_reduce(self, chunks, group, rank: int, world: int) -> torch.Tensor:
+        """The host path: a host copy, the native codec, the result back on the device."""
+        stream = self.calls * world + rank
         host = chunks.cpu() if chunks.device.type != "cpu" else chunks
-        return [
+        payloads = [
             torch.empty(0, dtype=torch.uint8)
             if j == rank
             else self.codec.encode(host[j], seed=0, stream=stream)
             for j in range(world)
         ]
+        limit = self.codec.encoded_size(chunks.shape[1], chunks.dtype)
+        received = self._exchange(payloads, group, rank, world, limit, None)
+        acc = host[rank].to(torch.float32, copy=True)
+        for j, payload in enumerate(received):
+            if j != rank:
+                self.codec.decode_add_(acc, payload)
+        return acc.to(chunks.device)
 
-    def _exchange(self, payloads, group, rank: int, world: int, limit: int) -> List[torch.Tensor]:
-        """payloads[j] to rank j; returns what each rank sent to this one (sizes first: the
-        payloads of data-dependent compressors differ in size). Each size travels with its
-        sender's ``limit``, the largest payload of a chunk: ranks whose limits differ (other
-        settings) all raise before the payloads move, and a size above the limit is refused
-        before anything is allocated for it."""
-        head = torch.tensor([[p.numel(), limit] for p in payloads], dtype=torch.int64)
-        heads = torch.empty(world, 2, dtype=torch.int64)
+    def _exchange(self, payloads, group, rank, world, limit, sizes) -> List[torch.Tensor]:
+        """payloads[j] to rank j; returns what each rank sent to this one. ``sizes``: the byte
+        counts to expect when known (a fixed-size compressor whose settings were checked:
+        nothing read on the host), else None: each size travels first with its sender's
+        ``limit``, the largest payload of a chunk, and is read on the host: ranks whose limits
+        differ (other settings) all raise before the payloads move, and a size above the limit
+        is refused before anything is allocated for it."""
+        device = payloads[rank].device
+        send_sizes = [int(p.numel()) for p in payloads]
+        if sizes is None:
+            sizes = self._sizes(send_sizes, group, world, limit, device)
+        send = torch.cat(payloads)
+        recv = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+        dist.all_to_all_single(recv, send, sizes, send_sizes, group=group)
+        self.bytes_sent += send.numel()
+        return list(recv.split(sizes))
+
+    @staticmethod
+    def _sizes(send_sizes, group, world: int, limit: int, device) -> List[int]:
+        """The size exchange: what each rank will send this one, checked (a host read)."""
+        head = torch.tensor([[b, limit] for b in send_sizes], dtype=torch.int64, device=device)
+        heads = torch.empty(world, 2, dtype=torch.int64, device=device)
         dist.all_to_all_single(heads.view(-1), head.view(-1), group=group)
-        incoming, limits = heads[:, 0], heads[:, 1].tolist()
+        got = heads.tolist()  # the documented size read
+        incoming, limits = [int(b) for b, _ in got], [int(lim) for _, lim in got]
         if any(other != limit for other in limits):
             raise ValueError(
                 f"reduce-scatter: the ranks' compressor settings differ (largest payload of a "
                 f"chunk per rank: {limits}); give every rank the same CompressedReduceScatter"
             )
-        bad = [(j, int(b)) for j, b in enumerate(incoming.tolist()) if not 0 <= b <= limit]
+        bad = [(j, b) for j, b in enumerate(incoming) if not 0 <= b <= limit]
         if bad:
             raise ValueError(
                 f"reduce-scatter: rank(s) {[j for j, _ in bad]} announced payloads of "
                 f"{[b for _, b in bad]} bytes, above the {limit} bytes a chunk can take"
             )
-        send = torch.cat(payloads)
-        recv = torch.empty(int(incoming.sum()), dtype=torch.uint8)
-        dist.all_to_all_single(recv, send, incoming.tolist(), head[:, 0].tolist(), group=group)
-        self.bytes_sent += send.numel()
-        return list(recv.split(incoming.tolist()))
+        return incoming
 
 
 class CompressedAllGather(_MinSizeAlias, _AllGather):
@@ -155,7 +244,8 @@ class CompressedAllGather(_MinSizeAlias, _AllGather):
     under ``min_size`` values (``min_numel``: the former name) or of non-float dtypes are
     gathered exactly. ``bytes_sent``: what this rank's shard costs the wire, (W - 1) payloads
     (or exact shards) per call. Its 8 default bits are not the gradients' 4: these are the
-    weights every forward and backward pass sees, with no error feedback over steps."""
+    weights every forward and backward pass sees, with no error feedback over steps. The shards
+    are encoded and decoded on their device (``data_plane="host"``: through a host copy)."""
 
     def __init__(
         self,
@@ -164,8 +254,11 @@ class CompressedAllGather(_MinSizeAlias, _AllGather):
         min_size: Optional[int] = None,
         *,
         min_numel: Optional[int] = None,
+        data_plane: str = "device",
     ) -> None:
         self.codec = compressors.get("maxmin", bits=bits, bucket_size=bucket_size)
+        params = dict(bits=bits, bucket_size=bucket_size)
+        self.device_codec = _device_codec("maxmin", params, data_plane)
         self.min_size = core.check_min_size(min_size, min_numel, "min_numel", MIN_SIZE)
         self.calls, self.bytes_sent = 0, 0
 
@@ -184,14 +277,23 @@ class CompressedAllGather(_MinSizeAlias, _AllGather):
             return dist.all_gather_into_tensor(
                 output_tensor, input_tensor, group=group, async_op=async_op
             )
-        payload = self.codec.encode(input_tensor.detach().cpu())
-        gathered = torch.empty(world * payload.numel(), dtype=torch.uint8)
+        shard, dtype = input_tensor.detach().reshape(-1), input_tensor.dtype
+        codec = self.device_codec
+        if codec is None:  # the host path: a host copy and the native codec
+            payload = self.codec.encode(shard.cpu()).to(shard.device)
+        else:  # on the shard's device, the native codec's bytes
+            payload = codec.encode(shard.contiguous())
+        gathered = payload.new_empty(world * payload.numel())
         dist.all_gather_into_tensor(gathered, payload, group=group)
         slots = output_tensor.view(world, m)
-        mine = input_tensor.detach().clone()  # the input may be this rank's slot of the output
+        mine = shard.clone()  # the input may be this rank's slot of the output
         for j, part in enumerate(gathered.view(world, -1)):
-            if j != rank:
-                slots[j].copy_(self.codec.decode(part, dtype=torch.float32))
+            if j == rank:
+                continue
+            if codec is None:
+                slots[j].copy_(self.codec.decode(part.cpu(), dtype=torch.float32))
+            else:
+                slots[j].copy_(codec.values(part, m, dtype))
         slots[rank].copy_(mine)
         self.calls += 1
         self.bytes_sent += (world - 1) * payload.numel()  # as a ring all-gather sends
@@ -205,19 +307,23 @@ def compress(
     all_gather_bits: Optional[int] = None,
     *,
     min_numel: Optional[int] = None,
+    data_plane: str = "device",
     **params,
 ) -> CompressedReduceScatter:
     """Sets a compressed reduce-scatter on every ``fully_shard`` module in ``module``'s tree
     (one shared object: its ``calls`` and ``bytes_sent`` count all of them) and, with
     ``all_gather_bits`` (e.g. 8), a block-quantized parameter all-gather
-    (:class:`CompressedAllGather`, kept as ``.all_gather`` of the returned object). ValueError
-    when none is sharded."""
+    (:class:`CompressedAllGather`, kept as ``.all_gather`` of the returned object).
+    ``data_plane``: ``"device"`` (default) or ``"host"``, for both. ValueError when none is
+    sharded."""
     from torch.distributed.fsdp import FSDPModule
 
     min_size = core.check_min_size(min_size, min_numel, "min_numel", MIN_SIZE)
-    comm = CompressedReduceScatter(compressor, min_size, **params)
+    comm = CompressedReduceScatter(compressor, min_size, data_plane=data_plane, **params)
     if all_gather_bits is not None:
-        comm.all_gather = CompressedAllGather(all_gather_bits, min_size=min_size)
+        comm.all_gather = CompressedAllGather(
+            all_gather_bits, min_size=min_size, data_plane=data_plane
+        )
     sharded = [m for m in module.modules() if isinstance(m, FSDPModule)]
     if not sharded:
         raise ValueError("no module in the tree is sharded: call fully_shard first")

@@ -4,12 +4,22 @@ one allreduce for every P (with the exactly reduced values riding along) and one
 Matrices with the same number of rows and rank share one ``[B, rows, rank]`` block of a flat
 buffer, so Gram-Schmidt runs once per shape instead of once per matrix, and the flat buffers are
 what goes on the wire (no staging copy). The per-matrix products stay ``torch.mm`` into views.
+
+Two paths compute the same passes. fp32 contiguous CPU matrices take the fused native passes of
+csrc/core/lowrank.h (one read of the matrix each); every other matrix (CUDA tensors, half
+precision) takes the *device path*: torch operations on the matrix's device, nothing read back
+to the host, the same steps in the same order (the error added in place, then ``P = M Q``;
+``Q = M^T P``; ``A = P Q^T``, ``error = M - A``, ``M = A``), different only in the rounding of
+the sums (tests/test_device_entry_points.py bounds it). Orthogonalization is tensor operations
+on both paths. Set :data:`NATIVE` to False (or use :func:`device_path`) to run the device path
+on CPU tensors too: that is how the CPU tests run the GPU code.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -32,9 +42,25 @@ class Item:
         self.add_error = False
 
 
+# True: fp32 contiguous CPU matrices take the native fused passes; False: every matrix takes
+# the device path (torch operations), as CUDA tensors always do (see the module docstring).
+NATIVE = True
+
+
+@contextlib.contextmanager
+def device_path() -> Iterator[None]:
+    """Within the block every matrix takes the device path (``NATIVE = False``), CPU ones too."""
+    global NATIVE
+    before, NATIVE = NATIVE, False
+    try:
+        yield
+    finally:
+        NATIVE = before
+
+
 def _fusable(*tensors) -> bool:
-    """The fused passes of csrc/core/lowrank.h apply (fp32, CPU, contiguous)."""
-    return all(
+    """The fused passes of csrc/core/lowrank.h apply (fp32, CPU, contiguous, :data:`NATIVE`)."""
+    return NATIVE and all(
         t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous())
         for t in tensors
     )
@@ -65,9 +91,12 @@ def _decompress(it: Item, p: torch.Tensor, q: torch.Tensor) -> None:
     if _fusable(it.matrix, it.error, p):
         _C.lowrank_decompress(it.matrix, it.error, p, q.t().contiguous())
         return
-    if it.error is not None:
-        torch.addmm(it.matrix, p, q.t(), alpha=-1, out=it.error)
-    torch.mm(p, q.t(), out=it.matrix)
+    if it.error is None:
+        torch.mm(p, q.t(), out=it.matrix)
+        return
+    approx = torch.mm(p, q.t())  # as the native pass: A once, error = M - A, then M = A
+    torch.sub(it.matrix, approx, out=it.error)
+    it.matrix.copy_(approx)
 
 
 def orthogonalize(mats: torch.Tensor, epsilon: float) -> None:

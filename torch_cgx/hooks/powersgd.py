@@ -16,6 +16,11 @@ as torch's, with error feedback; the others are averaged exactly. What differs i
   ranks issue them in different orders);
 - ``quantize_bits`` sends P and Q through the cgx backend's max-min codec.
 
+CUDA gradients stay on the GPU: the passes run as torch operations on their device
+(``lowrank``'s device path; fp32 CPU gradients take the fused native passes unless
+``lowrank.NATIVE`` is False), the collectives are the group's, and the only host-to-device
+traffic is the random Q of a matrix's first step (drawn on the CPU as torch's, uploaded).
+
 Error feedback covers the compressed gradients (torch's also stores, for the exactly averaged
 ones, each rank's difference to the average, which sums to zero over the ranks up to rounding).
 A zero column in orthogonalization stays zero when ``orthogonalization_epsilon`` is 0 (torch
@@ -136,8 +141,10 @@ def _split(state: PowerSGDState, b: _Bucket, items, exact) -> None:
             item.add_error = err is not None and err.shape == matrix.shape
             if not item.add_error:
                 err = torch.empty_like(matrix)
-            elif err.dtype != matrix.dtype or not err.is_contiguous():
-                err = err.to(matrix.dtype).contiguous()  # a loaded state: fit the gradient
+            elif err.dtype != matrix.dtype or err.device != matrix.device:
+                err = err.to(matrix).contiguous()  # a loaded state: fit the gradient (upload)
+            elif not err.is_contiguous():
+                err = err.contiguous()
             state.error_dict[key] = item.error = err
         mine.append(item)
     if not state.warm_start or b.keys not in state.seen_buckets:
@@ -188,7 +195,7 @@ def _batched_step(state: PowerSGDState, group, buckets: List[_Bucket]) -> None:
         key = b.keys  # the bucket's parameters: a new key when DDP rebuilds its buckets
         err = state.error_dict.get(key) if state.use_error_feedback else None
         if err is not None and err.numel() == square.numel():
-            square.add_(err)
+            square.add_(err.to(square))  # a loaded state may sit elsewhere: an upload, once
         padded.append((key, square, square.clone() if state.use_error_feedback else None))
         q = state.q_memory_dict.get(key) if state.warm_start else None
         item = lowrank.Item(key, square.view(side, side), rank, q)
