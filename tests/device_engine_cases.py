@@ -210,6 +210,15 @@ def _exact_cases(rank, engine, backend, base, gloo) -> Dict[str, bool]:
     dist.all_reduce(want, group=gloo)
     engine.allreduce(ints, None)
     out["int64_sum"] = torch.equal(ints, want)
+    # an exact reduce-scatter (mean): chunk `rank` of the fp32 sum, divided by W
+    world = dist.get_world_size()
+    x = _inputs(rank, BF16, 40 * world, 62)
+    whole = x.float()
+    dist.all_reduce(whole, group=gloo)
+    want = (whole[rank * 40 : (rank + 1) * 40] / world).to(BF16)
+    got = torch.empty(40, dtype=BF16)
+    engine.reduce_scatter(got, x, None, average=True)
+    out["reduce_scatter_mean"] = bool((got.float() - want.float()).abs().max() <= 1e-2)
     return out
 
 

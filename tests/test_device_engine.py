@@ -62,7 +62,7 @@ def test_call_counters_equal_native(results):
 def test_exact_calls_equal_native(results):
     """Below min_size, exact settings (None), integers: the native exact path's bytes."""
     assert results["exact"] == {"below_min_size": True, "bf16_exact_config": True,
-                                "int64_sum": True}  # fmt: skip
+                                "int64_sum": True, "reduce_scatter_mean": True}  # fmt: skip
 
 
 def test_header_mismatch_raises_value_error(results):
