@@ -1,0 +1,232 @@
+"""The entry points of issue 28 item 5 that are not the backend's own, on their device path with
+CPU tensors: ``torch_cgx.fsdp`` (reduce-scatter, all-gather, ``fully_shard``), the PowerSGD hooks
+and their passes (``lowrank``), ``PowerSGDGradientAverager`` and the default hooks. Each runs on
+real ranks under the host-read recorder of tests/device_engine_cases.py (item, tolist, cpu,
+numpy, to(cpu), bool, int, float, index and value-sized ops on data): nothing is read back but the
+documented size exchange, the results equal the native (host) path's bit for bit where the bytes
+are the native ones or lie within the bound derived from the sums' rounding, and every replica
+holds the same values. docs/gpu.md, "Entry points on the device"."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import torch.distributed as dist
+from device_engine_cases import host_reads
+from dist_helpers import run_ranks
+
+U = 2.0**-24  # fp32's unit roundoff
+
+
+def gamma(n: int) -> float:
+    """Higham's gamma_n = n u / (1 - n u): the relative bound of an n-term fp32 sum of products."""
+    return n * U / (1 - n * U)
+
+
+def replicas_equal(t: torch.Tensor) -> bool:
+    copies = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(copies, t.contiguous())
+    return all(torch.equal(c, copies[0]) for c in copies)
+
+
+# ---- fsdp ----
+
+_RS_CASES = [
+    ("maxmin", dict(bits=4, bucket_size=64)),
+    ("maxmin", dict(bits=3, bucket_size=100, stochastic=True)),
+    ("fp16", {}),
+    ("topk", dict(ratio=0.05)),  # data-dependent sizes: the size exchange every call
+    ("randomk", dict(ratio=0.1)),
+]
+
+
+def device_reads(fn):
+    """host_reads of ``fn`` less the codecs' CPU-only shortcuts: lines guarded by
+    ``device.type != "cpu" or ...``, which read nothing on a GPU (as tests/test_device_engine.py
+    counts them)."""
+    return [r for r in host_reads(fn) if 'device.type != "cpu" or' not in r]
+
+
+def _size_reads(reads):
+    """The recorded reads that are fsdp's documented size exchange (``_sizes``' tolist)."""
+    return [r for r in reads if "fsdp.py" in r and "tolist" in r and "heads.tolist" in r]
+
+
+def _reduce_scatter_cases(rank, world, group):
+    from torch_cgx.fsdp import CompressedReduceScatter
+
+    n = 64 * 40
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(world * n, generator=g) * (1 + torch.arange(world * n) % 7)
+    for name, params in _RS_CASES:
+        for dtype in (torch.float32, torch.bfloat16):
+            dev = CompressedReduceScatter(name, min_size=1024, **params)
+            host = CompressedReduceScatter(name, min_size=1024, data_plane="host", **params)
+            assert dev.device_codec is not None and host.device_codec is None
+            dev.check = "deferred"  # as on a GPU: the header flag is read where one syncs
+            xin = x.to(dtype)
+            for call, op in enumerate((dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.SUM)):
+                got, want = torch.empty(n, dtype=dtype), torch.empty(n, dtype=dtype)
+                reads = device_reads(lambda: dev(got, xin, group, op))
+                host(want, xin, group, op)
+                assert torch.equal(got, want), (name, params, dtype, call)
+                sized = _size_reads(reads)
+                assert sized == reads, reads  # nothing but the size exchange
+                # fixed-size payloads: sizes read once (the settings check), then never
+                expect = 1 if call == 0 or not dev.device_codec.fixed_size else 0
+                assert len(sized) == expect, (name, call, reads)
+            dev.check_headers()
+            assert dev.bytes_sent == host.bytes_sent and dev.calls == host.calls == 3
+
+
+def _all_gather_case(rank, world, group):
+    from torch_cgx.fsdp import CompressedAllGather
+
+    m = 256 * 10
+    shard = torch.randn(m, generator=torch.Generator().manual_seed(50 + rank)) * (rank + 1)
+    for dtype in (torch.float32, torch.float16):
+        dev = CompressedAllGather(bits=8, bucket_size=256, min_size=1024)
+        host = CompressedAllGather(bits=8, bucket_size=256, min_size=1024, data_plane="host")
+        got = torch.empty(world * m, dtype=dtype)
+        want = torch.empty(world * m, dtype=dtype)
+        s = shard.to(dtype)
+        assert device_reads(lambda: dev(got, s, group)) == []
+        host(want, s, group)
+        assert torch.equal(got, want), dtype
+        assert torch.equal(got.view(world, m)[rank], s)  # its own shard stays exact
+        # every rank decoded the same payloads: slot j is the same wherever j is not the owner
+        for j in range(world):
+            slot = got.view(world, m)[j].clone()
+            if j == rank:
+                slot.zero_()
+            copies = [torch.empty_like(slot) for _ in range(world)]
+            dist.all_gather(copies, slot)
+            others = [c for r, c in enumerate(copies) if r != j]
+            assert all(torch.equal(c, others[0]) for c in others), j
+
+
+def _fully_shard_run(rank, world, data_plane, steps=4):
+    from torch.distributed.fsdp import fully_shard
+
+    from torch_cgx import fsdp
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.GELU(), torch.nn.Linear(256, 8))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    comm = fsdp.compress(model, bits=4, bucket_size=128, min_size=1024, all_gather_bits=8,
+                         data_plane=data_plane)  # fmt: skip
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    for step in range(steps):
+        x = torch.randn(16, 32, generator=torch.Generator().manual_seed(100 * step + rank))
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    full = [v.full_tensor() for v in model.state_dict().values()]
+    calls = (comm.calls, comm.all_gather.calls)
+    del model, opt, comm
+    gc.collect()
+    return losses, full, calls
+
+
+def body_fsdp(rank, world):
+    dist.init_process_group("gloo")
+    group = dist.group.WORLD
+    _reduce_scatter_cases(rank, world, group)
+    _all_gather_case(rank, world, group)
+    dev, dev_full, calls = _fully_shard_run(rank, world, "device")
+    host, host_full, _ = _fully_shard_run(rank, world, "host")
+    assert calls[0] > 0 and calls[1] > 0
+    assert all(torch.equal(a, b) for a, b in zip(dev, host)), (dev, host)
+    assert all(torch.equal(a, b) and replicas_equal(a) for a, b in zip(dev_full, host_full))
+    dist.destroy_process_group()
+
+
+def test_fsdp_entry_points_on_the_device_path():
+    run_ranks(body_fsdp, 3, timeout=180)
+
+
+def test_fsdp_bad_data_plane():
+    from torch_cgx.fsdp import CompressedAllGather, CompressedReduceScatter
+
+    with pytest.raises(ValueError, match="data_plane"):
+        CompressedReduceScatter("maxmin", data_plane="gpu")
+    with pytest.raises(ValueError, match="data_plane"):
+        CompressedAllGather(data_plane=None)
+
+
+# ---- lowrank: the device passes against the native ones ----
+
+
+def _case(rows, cols, rank, seed):
+    g = torch.Generator().manual_seed(seed)
+    m = torch.randn(rows, cols, generator=g) * (1 + torch.arange(cols) % 5)
+    e = torch.randn(rows, cols, generator=g) * 0.1
+    q = torch.linalg.qr(torch.randn(cols, rank, generator=g))[0].contiguous()
+    p = torch.randn(rows, rank, generator=g)
+    return m, e, q, p
+
+
+def _item(m, e, rank, add_error=True):
+    from torch_cgx.hooks import lowrank
+
+    it = lowrank.Item("w", m, rank, None)
+    it.error, it.add_error = e, add_error
+    return it
+
+
+@pytest.mark.parametrize("rows,cols,rank", [(300, 700, 4), (1030, 129, 2), (64, 2000, 1)])
+def test_lowrank_device_passes_within_the_rounding_bound(rows, cols, rank):
+    """Each pass of the device path (torch ops) against the native fused one: the same steps, so
+    the difference is the two sums' rounding: the native sums in fp32 over at most 64 terms
+    (project: 8 lanes over 512-value blocks) or 256 rows (transpose), then in fp64; the device's
+    fp32 products over all n terms. Each lies within gamma_n * sum |a_i b_i| (+ u |result| for
+    the final rounding) of the exact value, so they differ by at most the sum of both bounds."""
+    from torch_cgx.hooks import lowrank
+
+    m, e, q, p = _case(rows, cols, rank, rows + cols)
+    # P = (M + E) Q, the error added in place first
+    md, pd, mn, pn = m.clone(), torch.empty(rows, rank), m.clone(), torch.empty(rows, rank)
+    with lowrank.device_path():
+        lowrank._project(_item(md, e, rank), q, pd)
+    lowrank._project(_item(mn, e, rank), q, pn)
+    assert torch.equal(md, mn)  # the same fp32 additions
+    s = md.double().abs() @ q.double().abs()
+    assert ((pd.double() - pn.double()).abs() <= (gamma(cols) + gamma(64) + U) * s).all()
+    # Q = M^T P
+    qd, qn = torch.empty(cols, rank), torch.empty(cols, rank)
+    with lowrank.device_path():
+        lowrank._transpose_project(_item(md, None, rank, False), p, qd)
+    lowrank._transpose_project(_item(mn, None, rank, False), p, qn)
+    s = md.double().abs().t() @ p.double().abs()
+    assert ((qd.double() - qn.double()).abs() <= (gamma(rows) + gamma(256) + U) * s).all()
+    # A = P Q^T, error = M - A, M = A
+    ed, en = torch.empty(rows, cols), torch.empty(rows, cols)
+    old = md.clone()
+    with lowrank.device_path():
+        lowrank._decompress(_item(md, ed, rank, False), p, q)
+    lowrank._decompress(_item(mn, en, rank, False), p, q)
+    assert torch.equal(ed, old - md)  # the error is what the new matrix left out, exactly
+    s = p.double().abs() @ q.double().abs().t()
+    bound = 2 * gamma(rank) * s
+    assert ((md.double() - mn.double()).abs() <= bound).all()
+    err_bound = bound * (1 + U) + U * (ed.double().abs() + en.double().abs())
+    assert ((ed.double() - en.double()).abs() <= err_bound).all()
+
+
+def test_lowrank_switch_restores_the_native_path():
+    from torch_cgx.hooks import lowrank
+
+    assert lowrank.NATIVE
+    with pytest.raises(RuntimeError):
+        with lowrank.device_path():
+            assert not lowrank.NATIVE and not lowrank._fusable(torch.zeros(2, 2))
+            raise RuntimeError("inside")
+    assert lowrank.NATIVE and lowrank._fusable(torch.zeros(2, 2))
