@@ -9,7 +9,8 @@ import os
 
 import pytest
 import torch
-from device_engine_cases import CASES, RS_CASES, run_cases, run_host_reads
+from device_engine_cases import CASES, RS_CASES, run_cases
+from device_engine_reads import run_host_reads
 from dist_helpers import run_ranks
 
 import torch_cgx
@@ -173,7 +174,7 @@ def test_non_contiguous_tensor_is_reduced_in_place():
 def test_recorder_sees_host_reads_of_data():
     """The recorder of test_host_reads_only_size_exchange does catch reads of data (and not of
     host constants)."""
-    from device_engine_cases import host_reads
+    from device_engine_reads import host_reads
 
     x = torch.randn(10)
     seen = host_reads(lambda: (x.sum().item(), x.to("cpu"), bool(x[0] > 0)))
