@@ -10,6 +10,7 @@ the engine testable before the device codecs landed; each case records which one
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Dict
 
@@ -23,7 +24,8 @@ def _case(name, dtype, numel, average, **changes):
     return name, changes, dtype, numel, average
 
 
-SEGMENTS = dict(bucket_size=512, fusion_buffer_mb=2, pipeline_segment_mb=1)
+# pieces of 32768 fp32 values, segments of 16384 (set in bytes on both engines)
+SEGMENTS = dict(bucket_size=512, fusion_bytes=1 << 17, segment_bytes=1 << 16)
 # (name, config changes, dtype, numel, average)
 CASES = [
     _case("maxmin4_sra", F32, 1000, True, bits=4, bucket_size=64),
@@ -38,9 +40,10 @@ CASES = [
     ),  # fmt: skip
     _case("maxmin2_stochastic", F32, 1000, True, bits=2, bucket_size=64, stochastic=True),
     _case("maxmin4_rotation", F32, 1000, True, bits=4, bucket_size=64, rotation="on"),
-    # 2 SRA segments in one piece; 2 pieces of ring, the first in 2 lanes' segments
-    _case("maxmin4_segments", F32, 300_000, True, bits=4, **SEGMENTS),
-    _case("maxmin4_pieces_ring", F32, 600_000, True, bits=4, algorithm="ring", **SEGMENTS),
+    # 2 SRA segments in one piece; 2 pieces of ring, each in 2 lanes' segments
+    _case("maxmin4_segments", F32, 30_000, True, bits=4, **SEGMENTS),
+    _case("maxmin4_pieces_ring", F32, 60_000, True, bits=4, algorithm="ring", **SEGMENTS),
+    _case("maxmin4_pieces_sra_bf16", BF16, 70_000, True, bits=4, **SEGMENTS),
     _case("fp16_sra", F32, 1000, True, compressor="fp16"),
     _case("fp16_tree", F32, 1000, False, compressor="fp16", algorithm="tree"),
     _case("topk", F32, 1000, True, compressor="topk", compressor_params="ratio=0.05"),
@@ -157,12 +160,16 @@ def run_cases(rank: int, world: int, out_path: str, kind: str) -> None:
     base = torch_cgx.get_config()
     results: Dict[str, Dict] = {}
     for salt, (name, changes, dtype, n, average) in enumerate(CASES):
-        config = base.replace(**changes)
-        call = DeviceCall.from_config(config, average)
+        sizes = {k: changes[k] for k in ("fusion_bytes", "segment_bytes") if k in changes}
+        config = base.replace(**{k: v for k, v in changes.items() if k not in sizes})
+        call = dataclasses.replace(DeviceCall.from_config(config, average), **sizes)
+        native = config.to_native()  # byte sizes below the settings' MiB, on both sides
+        native.fusion_buffer_bytes = call.fusion_bytes
+        native.pipeline_segment_bytes = call.segment_bytes
         x = _inputs(rank, dtype, n, salt)
         stream = 7 + salt
         nat, nres = x.clone(), torch.empty(n)
-        options = _C.CallOptions(config.to_native()).with_stream(stream)
+        options = _C.CallOptions(native).with_stream(stream)
         backend.allreduce_call(nat, options, average, nres).wait()
         dev, dres = x.clone(), torch.empty(n)
         sent = engine.stats()["bytes_sent"]
