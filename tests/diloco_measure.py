@@ -19,6 +19,7 @@ CASES = [
     ("maxmin", {"bits": 4}),
     ("maxmin", {"bits": 2}),
     ("topk", {"ratio": 0.01}),
+    ("sparseloco", {"ratio": 0.03, "chunk": 4096, "bits": 2}),  # SparseLoCo's defaults
 ]
 
 
@@ -26,9 +27,12 @@ def body(rank, world, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    from torch_cgx import compressors
     from torch_cgx.diloco import DiLoCo
 
     for comp, params in CASES:
+        if comp is not None and comp not in compressors.names():
+            continue
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1024))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -50,7 +54,7 @@ def body(rank, world, port):
             if params:
                 label += " " + ",".join(f"{k}={v}" for k, v in params.items())
             print(
-                f"{label:22s} {per_sync / 1e6:8.3f} MB/sync  {4 * n / per_sync:6.1f}x  "
+                f"{label:40s} {per_sync / 1e6:8.3f} MB/sync  {4 * n / per_sync:6.1f}x  "
                 f"{1e3 * sum(times[1:]) / 5:7.1f} ms/sync",
                 flush=True,
             )
