@@ -48,3 +48,14 @@ def assert_same_everywhere(tensors, group=None) -> None:
 def sgd1(params):
     """Outer SGD with lr 1 and no momentum: the new global copy is ``global - average``."""
     return torch.optim.SGD(params, lr=1.0)
+
+
+def documented(h, k, d):
+    """docs/diloco.md: o_f = floor(h (f + 1) / k); start at t with (t + d - o_f) % h == 0,
+    apply at t >= 1 with (t - o_f) % h == 0."""
+    offsets = [h * (f + 1) // k for f in range(k)]
+    starts = {
+        f: [t for t in range(1, 4 * h) if (t + d - o) % h == 0] for f, o in enumerate(offsets)
+    }
+    applies = {f: [t for t in range(1, 4 * h) if (t - o) % h == 0] for f, o in enumerate(offsets)}
+    return starts, applies
