@@ -11,14 +11,15 @@ methods, so the timer sees the hook and nothing of DDP.
 
 How the hook's own time is separated from the collective's: every module that imported
 ``cgx_backend`` gets a proxy for the group's backend. The proxy takes note of each native call
-(``allreduce_with`` / ``allreduce_call``) and hands the hook a future of its own; the timer
-issues the noted calls itself once the hook has returned, one after the other, so the worker
-never runs while the hook does (on a machine with few cores it would otherwise slow the hook
-down by running the collective beside it). Per bucket call:
+(``allreduce_with`` / ``allreduce_call`` / ``reduce_bucket``) and hands the hook a future of its
+own; the timer issues the noted calls itself once the hook has returned, one after the other, so
+the worker never runs while the hook does (on a machine with few cores it would otherwise slow
+the hook down by running the collective beside it). Per bucket call:
 
-- issue: the hook's call until it returns its future (staging, settings) plus the native calls'
-  own issuing (validation, enqueueing), timed one by one;
-- collective + codec: from then until the real collectives are done (the worker's time);
+- issue: the hook's call until it returns its future (settings, spans, staging where the hook
+  stages) plus the native calls' own issuing (validation, enqueueing), timed one by one;
+- collective + codec: from then until the real collectives are done (the worker's time: with
+  ``reduce_bucket`` it includes the staging, rotation and unstaging the worker does);
 - callback: the proxy's futures are completed on this thread, which runs the hook's callbacks
   (unstaging, residuals) then and there.
 
@@ -115,6 +116,10 @@ class _Timed:
     def allreduce_call(self, tensor, options, average, residual=None):
         call = lambda: self._real.allreduce_call(tensor, options, average, residual)  # noqa: E731
         return self._note(call, tensor)
+
+    def reduce_bucket(self, buffer, parts, average=True):
+        call = lambda: self._real.reduce_bucket(buffer, parts, average)  # noqa: E731
+        return self._note(call, buffer)
 
 
 class _Work:

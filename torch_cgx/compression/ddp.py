@@ -34,7 +34,7 @@ from torch_cgx.compression.base import (
     role_name,
 )
 from torch_cgx.hooks import core
-from torch_cgx.hooks.compression import CompressionState, compressed_calls
+from torch_cgx.hooks.compression import CompressionState, compressed_parts
 
 __all__ = ["PolicyState", "policy_hook", "register_policy"]
 
@@ -154,15 +154,15 @@ def policy_hook(state: PolicyState, bucket: dist.GradBucket) -> torch.futures.Fu
     for p in grad_bucket.parameters():
         groups.setdefault(state.state_of(p), []).append((offset, p.numel(), p))
         offset += p.numel()
-    calls = []
+    parts, backend = [], None
     for sub, spans in groups.items():
-        backend = sub._calls.refresh(sub.process_group)
+        backend = sub._calls.refresh(sub.process_group)  # every choice's: the state's group
         comp, exact = ([], spans) if sub.exact else (spans, [])
-        calls += compressed_calls(sub, backend, grad_bucket, buf, comp, exact, len(groups) == 1)
+        parts += compressed_parts(sub, backend, grad_bucket, buf, comp, exact, len(groups) == 1)
     if grad_bucket.is_last():
         for sub in state.states.values():
             sub.steps += 1  # every choice's streams are numbered one per step, called or not
-    return core.finish(buf, calls)
+    return core.reduce_bucket(backend, buf, parts)
 
 
 def register_policy(

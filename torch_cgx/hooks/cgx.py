@@ -232,34 +232,39 @@ class _Plan:
         )
 
 
-def _compress(state: CGXState, backend, plan: _Plan, buf, comp, stream, whole, measure):
-    """Issues the compressed calls of ``comp`` (one per bit width); returns (work, Staged, keep)."""
+def _compress(state: CGXState, plan: _Plan, buf, comp, stream, whole, measure) -> List[core.Part]:
+    """The compressed parts of ``comp`` (one per bit width)."""
     groups: Dict[int, List[tuple]] = {}
     for span in comp:
         groups.setdefault(state.layer_bits.get(state.key(span[2]), plan.base.bits), []).append(span)
     use, bucket_size = plan.use, plan.base.bucket_size
+    rotation = use["rotation"]
     seed_of = {id(p): levers.rotation_seed(stream, j) for j, (_, _, p) in enumerate(comp)}
     # fp32 staging where residuals are added or values rotated.
-    dtype = torch.float32 if use["error_feedback"] or use["rotation"] else buf.dtype
+    fp32 = use["error_feedback"] or rotation
     keep = state.keep if use["error_feedback"] else None
-    calls = []
+    parts = []
     for bits, spans in sorted(groups.items()):
-        residuals = [state.residual(p, n) if keep else None for _, n, p in spans]
-        seeds = [seed_of[id(p)] for _, _, p in spans] if use["rotation"] else []
-        staged = core.stage(buf, spans, whole and len(groups) == 1, bucket_size=bucket_size,
-                            split=use["split_layers"], dtype=dtype, residuals=residuals,
-                            seeds=seeds)  # fmt: skip
+        part = core.Part(
+            plan.options(state._calls, bits), spans, stream=stream,
+            residuals=[state.residual(p, n) for _, n, p in spans] if keep else None,
+            seeds=[seed_of[id(p)] for _, _, p in spans] if rotation else [],
+            bucket_size=bucket_size, split=use["split_layers"], fp32=fp32,
+            whole=whole and len(groups) == 1, keep=keep,
+        )  # fmt: skip
         if measure:
-            energy_of = levers.spread_energy if use["clip"] else levers.range_energy
-            for (_, n, p), start, size in zip(spans, staged.starts, staged.sizes):
-                energy = energy_of(staged.tensor, start, size, bucket_size)
-                state._energy[state.key(p)] = (energy, n)
-        if keep:
-            core.feedback(staged)
-        work = core.issue(backend, staged.tensor, plan.options(state._calls, bits), stream,
-                          staged.residual)  # fmt: skip
-        calls.append((work, staged, keep))
-    return calls
+            _measure(state, part, buf, use["clip"])
+        parts.append(part)
+    return parts
+
+
+def _measure(state: CGXState, part: core.Part, buf, clipped: bool) -> None:
+    """Each layer's energy (adaptive bits), from the part staged as the backend stages it."""
+    staged = core.stage_part(buf.clone() if part.whole else buf, part)  # leaves buf as it is
+    energy_of = levers.spread_energy if clipped else levers.range_energy
+    for (_, n, p), start, size in zip(part.spans, staged.starts, staged.sizes):
+        energy = energy_of(staged.tensor, start, size, part.bucket_size)
+        state._energy[state.key(p)] = (energy, n)
 
 
 def _adapt(
@@ -283,14 +288,13 @@ def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[t
     comp, exact = core.grad_spans(state.compresses, grad_bucket)
     if plan.use is None:  # bits 32: everything exact
         comp, exact = [], comp + exact
-    calls = []
+    parts = []
     adapt_step = state.adaptive_bits is not None and state.steps % state.adapt_every == 0
     if comp:
         stream = core.call_stream(state, grad_bucket, comp[0][2])
-        calls = _compress(state, backend, plan, buf, comp, stream, not exact, adapt_step)
+        parts = _compress(state, plan, buf, comp, stream, not exact, adapt_step)
     if exact:
-        staged = core.stage(buf, exact, not comp)
-        calls.append((core.issue(backend, staged.tensor, calls_.exact()), staged, None))
+        parts.append(core.Part(calls_.exact(), exact, whole=not comp))
     extra, adapt = [], None
     # The last gradient bucket sums what every bucket measured, compressed layers of its own
     # or not.
@@ -304,11 +308,11 @@ def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[t
             bool(plan.use and plan.use["clip"]),
         )
         state._energy = {}
-        extra.append(_exact_sum(backend, calls_, energies))
+        extra.append(lambda: _exact_sum(backend, calls_, energies))
     if grad_bucket.is_last():
         state.steps += 1
     after = None if adapt is None else (lambda: _adapt(state, *adapt))
-    return core.finish(buf, calls, extra, after, plan.base.bucket_size)
+    return core.reduce_bucket(backend, buf, parts, extra, after)
 
 
 def _exact_sum(backend, calls: core.NativeCalls, tensor: torch.Tensor) -> torch.futures.Future:

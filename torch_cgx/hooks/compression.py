@@ -205,30 +205,27 @@ def _planned(state: CompressionState, backend, numel: int) -> _C.CallOptions:
     return state._calls.cached(("plan", numel), build)
 
 
-def compressed_calls(state: CompressionState, backend, grad_bucket, buf, comp, exact, whole):
-    """Issues the calls of ``state`` over the spans of ``buf``: the compressed ``comp`` (with
-    momentum and error feedback), the exact ``exact``; ``whole``: they are all of ``buf``.
-    Returns (work, Staged, keep) per call."""
-    calls = []
+def compressed_parts(state: CompressionState, backend, grad_bucket, buf, comp, exact, whole):
+    """The parts of ``state``'s reduction over the spans of ``buf``: the compressed ``comp``
+    (momentum applied now, error feedback), the exact ``exact``; ``whole``: they are all of
+    ``buf``."""
+    parts = []
     if comp:
         if state.momentum > 0:
             _apply_momentum(state, buf, comp)
         feedback = state.error_feedback
-        residuals = [state.residual(p, n) for _, n, p in comp] if feedback else None
-        staged = core.stage(buf, comp, whole and not exact, residuals=residuals)
-        if feedback:
-            core.feedback(staged)
-        stream = core.call_stream(state, grad_bucket, comp[0][2])
         if state.plan == "auto":
-            options = _planned(state, backend, staged.tensor.numel())
+            options = _planned(state, backend, sum(n for _, n, _ in comp))
         else:
             options = state._calls.options("compressed", state.settings)
-        work = core.issue(backend, staged.tensor, options, stream, staged.residual)
-        calls.append((work, staged, state.keep if feedback else None))
+        parts.append(core.Part(
+            options, comp, stream=core.call_stream(state, grad_bucket, comp[0][2]),
+            residuals=[state.residual(p, n) for _, n, p in comp] if feedback else None,
+            whole=whole and not exact, keep=state.keep if feedback else None,
+        ))  # fmt: skip
     if exact:
-        staged = core.stage(buf, exact, whole and not comp)
-        calls.append((core.issue(backend, staged.tensor, state._calls.exact()), staged, None))
-    return calls
+        parts.append(core.Part(state._calls.exact(), exact, whole=whole and not comp))
+    return parts
 
 
 def compression_hook(
@@ -240,7 +237,7 @@ def compression_hook(
     backend = state._calls.refresh(state.process_group)
     buf = grad_bucket.buffer()
     comp, exact = core.grad_spans(state.compresses, grad_bucket)
-    calls = compressed_calls(state, backend, grad_bucket, buf, comp, exact, True)
+    parts = compressed_parts(state, backend, grad_bucket, buf, comp, exact, True)
     if grad_bucket.is_last():
         state.steps += 1
-    return core.finish(buf, calls)
+    return core.reduce_bucket(backend, buf, parts)

@@ -5,14 +5,17 @@ One hook call on a gradient bucket (DDP's ``GradBucket``: ``grad_bucket``) goes:
 
 1. **spans**: the bucket's buffer cut into (offset, numel, param) per gradient, split into the
    ones the state compresses and the ones it reduces exactly (:func:`grad_spans`);
-2. **staging**: each group of spans copied into the tensor one native call reduces, each layer
-   plus its residual (error feedback), padded and rotated where the preset asks; the buffer
-   itself when the call covers all of it with nothing to add (:func:`stage`);
-3. **the native call**: :func:`issue`, the one place a hook calls the backend, with native
-   options built once per version of the group's settings (:class:`NativeCalls`), never per
-   bucket; the backend writes the call's residual (what its compression left out);
-4. **unstaging**: once every call is done, each staged tensor is rotated back and copied into
-   the buffer, and each layer's residual handed to its state (:func:`finish`).
+2. **parts**: each group of spans becomes a :class:`Part`, one reduction: its native options
+   (built once per version of the group's settings, :class:`NativeCalls`, never per bucket),
+   its residuals (error feedback), how to pad and rotate it;
+3. **the reduction**: :func:`reduce_bucket`, the one place a hook reduces a bucket: for a CPU
+   buffer one native call (the backend's ``reduce_bucket``) that stages each part (each layer
+   plus its residual, padded and rotated where the preset asks; the buffer itself when a part
+   covers all of it with nothing to add), reduces the parts and writes them back (rotated back)
+   on the group's worker, so the hook's own thread only lays the parts out; other buffers are
+   staged here (:func:`stage`, ``levers.stage``) with one native call (:func:`issue`) per part;
+4. **residuals**: once the bucket is done, each layer's new residual (what its compression left
+   out) is handed to its state (``Part.keep``).
 
 The quantizer's own bucket is ``bucket_size`` everywhere here.
 """
@@ -37,14 +40,16 @@ __all__ = [
     "call_stream",
     "check_min_size",
     "clip_rule",
+    "Part",
     "feedback",
-    "finish",
     "grad_spans",
     "issue",
     "native_calls",
+    "reduce_bucket",
     "rotation_rule",
     "settled",
     "stage",
+    "stage_part",
 ]
 
 Span = Tuple[int, int, torch.Tensor]  # (offset in the bucket buffer, numel, param)
@@ -155,6 +160,79 @@ def issue(backend, tensor: torch.Tensor, options: _C.CallOptions, stream: int = 
     return backend.allreduce_call(tensor, options, average, residual)
 
 
+Keep = Optional[Callable[[torch.Tensor, torch.Tensor], None]]
+
+
+class Part:
+    """One reduction of a gradient bucket: the spans it covers (:func:`grad_spans`), its native
+    options (:class:`NativeCalls`) and random stream, and how its spans are staged: each plus
+    its residual (``residuals``, one per span or None), padded to whole buckets of
+    ``bucket_size`` when ``split``, rotated with ``seeds`` (one per span, or none), in fp32 or
+    the buffer's dtype; ``whole``: it is the bucket's only part and covers all of the buffer;
+    ``keep(param, residual)``: told each span's new residual (None: no error feedback)."""
+
+    __slots__ = ("options", "spans", "stream", "residuals", "seeds", "bucket_size", "split",
+                 "fp32", "whole", "keep")  # fmt: skip
+
+    def __init__(self, options: _C.CallOptions, spans: List[Span], *, stream: int = -1,
+                 residuals: Optional[Sequence] = None, seeds: Sequence[int] = (),
+                 bucket_size: int = 1, split: bool = False, fp32: bool = False,
+                 whole: bool = False, keep: Keep = None) -> None:  # fmt: skip
+        self.options, self.spans, self.stream = options, spans, stream
+        self.residuals, self.seeds, self.bucket_size = residuals, seeds, bucket_size
+        self.split, self.fp32, self.whole, self.keep = split, fp32, whole, keep
+
+    def dtype(self, buf: torch.Tensor) -> torch.dtype:
+        return torch.float32 if self.fp32 else buf.dtype
+
+
+# False: every bucket is staged in Python and reduced one native call per part (the path of
+# buffers off the CPU); tests compare the two.
+NATIVE_BUCKETS = True
+
+
+def reduce_bucket(
+    backend,
+    buf: torch.Tensor,
+    parts: Sequence[Part],
+    extra: Sequence[Callable[[], torch.futures.Future]] = (),
+    after: Optional[Callable[[], None]] = None,
+) -> torch.futures.Future:
+    """The hooks' one place that reduces a gradient bucket: averages ``parts`` of ``buf`` in
+    place, in order, then issues each call of ``extra`` (a function returning a future). The
+    hook's future: once all are done, each part's ``keep`` is told its spans' new residuals,
+    then ``after()``; its value is ``buf``.
+
+    A CPU buffer goes to the backend in one native call (``reduce_bucket``,
+    csrc/torch/bucket_call.h), which stages, reduces and writes back on the group's worker: the
+    caller only lays the parts out. Other buffers are staged here, one native call per part."""
+    if not NATIVE_BUCKETS or buf.device.type != "cpu":
+        return _reduce_staged(backend, buf, parts, extra, after)
+    native, kept = [], []
+    for part in parts:
+        spans, out = part.spans, []
+        if part.keep is not None:
+            out = [torch.empty(n, dtype=torch.float32) for _, n, _ in spans]
+            kept.append((part.keep, spans, out))
+        native.append((part.options, part.stream, [o for o, _, _ in spans],
+                       [n for _, n, _ in spans], part.residuals or [], out, part.seeds,
+                       part.bucket_size, part.split, part.fp32, part.whole))  # fmt: skip
+    fut = backend.reduce_bucket(buf, native, True).get_future()
+    if extra:
+        fut = torch.futures.collect_all([fut] + [issue_more() for issue_more in extra])
+
+    def done(fut):
+        settled(fut)
+        for keep, spans, out in kept:
+            for (_, _, p), res in zip(spans, out):
+                keep(p, res)
+        if after is not None:
+            after()
+        return buf
+
+    return fut.then(done)
+
+
 def stage(
     buf: torch.Tensor,
     spans: List[Span],
@@ -166,10 +244,11 @@ def stage(
     residuals: Optional[Sequence] = None,
     seeds: Sequence[int] = (),
 ) -> levers.Staged:
-    """The tensor one call reduces: ``buf`` itself (residuals added in place) when the call
-    covers all of it (``whole``) in its own dtype, unpadded and unrotated; else a copy of the
-    spans (``levers.stage``: each layer plus its residual, padded to whole buckets when
-    ``split``, rotated with its seed when ``seeds`` are given)."""
+    """The tensor one call reduces, staged in Python (what the backend's ``reduce_bucket`` does
+    on its worker): ``buf`` itself (residuals added in place) when the call covers all of it
+    (``whole``) in its own dtype, unpadded and unrotated; else a copy of the spans
+    (``levers.stage``: each layer plus its residual, padded to whole buckets when ``split``,
+    rotated with its seed when ``seeds`` are given)."""
     dtype = buf.dtype if dtype is None else dtype
     residuals = [None] * len(spans) if residuals is None else residuals
     alone = not split or len(spans) == 1  # a lone layer cannot straddle two
@@ -181,28 +260,31 @@ def stage(
     return levers.stage(buf, spans, bucket_size, split, dtype, residuals, seeds)
 
 
-Keep = Optional[Callable[[torch.Tensor, torch.Tensor], None]]
+def stage_part(buf: torch.Tensor, part: Part) -> levers.Staged:
+    """:func:`stage` of ``part``."""
+    return stage(buf, part.spans, part.whole, bucket_size=part.bucket_size, split=part.split,
+                 dtype=part.dtype(buf), residuals=part.residuals, seeds=part.seeds)  # fmt: skip
 
 
-def finish(
-    buf: torch.Tensor,
-    calls: List[Tuple[object, levers.Staged, Keep]],
-    extra: Sequence[torch.futures.Future] = (),
-    after: Optional[Callable[[], None]] = None,
-    bucket_size: int = 1,
-) -> torch.futures.Future:
-    """The hook's future: once every call of ``calls`` (work, staged, keep) and every future of
-    ``extra`` is done, each staged tensor is rotated back into ``buf`` and ``keep(param,
-    residual)`` is told each layer's new residual; then ``after()``; its value is ``buf``."""
-    futures = [work.get_future() for work, _, _ in calls] + list(extra)
+def _reduce_staged(backend, buf, parts, extra, after) -> torch.futures.Future:
+    """reduce_bucket with the staging in Python: each part staged, then one native call each;
+    once all are done, each staged tensor is rotated back into ``buf``."""
+    calls = []
+    for part in parts:
+        staged = stage_part(buf, part)
+        if part.keep is not None:
+            feedback(staged)
+        work = issue(backend, staged.tensor, part.options, part.stream, staged.residual)
+        calls.append((work, staged, part))
+    futures = [work.get_future() for work, _, _ in calls] + [more() for more in extra]
 
     def done(fut):
         settled(fut)
-        for _, staged, keep in calls:
-            layers = levers.unstage(staged, buf, bucket_size)
-            if keep is not None:
+        for _, staged, part in calls:
+            layers = levers.unstage(staged, buf, part.bucket_size)
+            if part.keep is not None:
                 for (_, _, p), res in zip(staged.spans, layers):
-                    keep(p, res)
+                    part.keep(p, res)
         if after is not None:
             after()
         return buf
