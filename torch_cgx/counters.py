@@ -107,7 +107,7 @@ def stats(group=None):
         from torch_cgx.hook_stats import hook_stats
 
         return hook_stats(group)
-    d = cgx_backend(group).stats()
+    d = _with_device_plane(cgx_backend(group))
     return Stats(
         bytes_sent=d["bytes_sent"],
         bytes_exact=d["bytes_exact"],
@@ -128,4 +128,21 @@ def reset_stats(group=None) -> None:
         from torch_cgx import hook_stats
 
         return hook_stats.reset(group)
-    cgx_backend(group).reset_stats()
+    backend = cgx_backend(group)
+    backend.reset_stats()
+    if backend.device_plane_token():
+        from torch_cgx.device.plane import plane_of
+
+        plane_of(backend).reset_stats()
+
+
+def _with_device_plane(backend) -> dict:
+    """The native engine's counters plus the device plane's (docs/gpu.md), if the group has one:
+    the two serve different tensors of one group."""
+    d = dict(backend.stats())
+    if backend.device_plane_token():
+        from torch_cgx.device.plane import plane_of
+
+        for k, v in plane_of(backend).stats().items():
+            d[k] = d.get(k, 0) + v
+    return d
