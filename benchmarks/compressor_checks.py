@@ -17,7 +17,8 @@ peers alike:
 - qsgd: same sign and ``|x' - x| <=`` one level, ``norm / (2^(bits-1) - 1)``;
 - topk / dgc / graddrop: carried values bit for bit, the count (``k``; at most ``2k``) and the
   selection by magnitude (every carried ``|x|`` >= every dropped one); randomk: the count and the
-  values (times ``n / k`` with ``scale``).
+  values (times ``n / k`` with ``scale``); sparseloco: per chunk the count and the selection,
+  the sign, and half a step of its level.
 
 Inputs must hold no exact zeros (a carried zero looks dropped): the benchmark uses ``randn``.
 """
@@ -186,6 +187,27 @@ def _k_capped(key: str, invert: bool = False):
     return count
 
 
+def _sparseloco(x, d, p) -> Result:
+    """Per chunk: k(ratio, L) values carried, the largest |x|, each within half a step of its
+    level over [min, max] of the kept |x| (1 bit: within max - min) with the sign of x."""
+    chunk, bits = int(p["chunk"]), int(p["bits"])
+    xr, dr, valid = rows(x.double(), chunk), rows(d.double(), chunk), _valid(x, chunk)
+    sent = dr != 0
+    want = torch.tensor([k_of(p["ratio"], int(v)) for v in valid.sum(1)])
+    if not torch.equal(sent.sum(1), want):
+        return False, f"carried per chunk {sent.sum(1).tolist()[:4]}..., expected {want[0]}..."
+    mag = xr.abs()
+    lo = mag.where(sent, math.inf).amin(1, keepdim=True)
+    hi = mag.where(sent, 0).amax(1, keepdim=True)
+    dropped = mag.where(valid & ~sent, 0).amax(1, keepdim=True)
+    if not bool((lo >= dropped).all()):
+        return False, "a dropped |x| above a kept one"
+    step = (hi - lo) if bits == 1 else (hi - lo) / ((1 << (bits - 1)) - 1) / 2
+    ok, why = _within((dr * xr < 0).double(), torch.zeros(()), "sign")
+    err = (dr - xr).abs().where(sent, 0)
+    return _within(err, step * (1 + 2.0**-18) + hi * 2.0**-22, "half a step") if ok else (ok, why)
+
+
 CHECKS: Dict[str, Callable[[torch.Tensor, torch.Tensor, dict], Result]] = {
     "maxmin": _maxmin,
     "fp16": _cast(2.0**-11, 2.0**-25),
@@ -202,6 +224,7 @@ CHECKS: Dict[str, Callable[[torch.Tensor, torch.Tensor, dict], Result]] = {
     "threshold": _threshold,
     "dgc": _sparse(_k_capped("ratio"), by_magnitude=True),
     "graddrop": _sparse(_k_capped("drop", invert=True), by_magnitude=True),
+    "sparseloco": _sparseloco,
 }
 
 

@@ -18,7 +18,9 @@ value, signs and codes packed LSB first, (u32 index, value) pairs), but not byte
 - topk's indices come out of ``torch.topk`` unsorted (ours ascending);
 - randomk follows GRACE: the indices (``torch.randperm(n)[:k]``) stay with the sender as
   context (``Encoded.ctx``) and decode uses them, where ours regenerates them from the key;
-- maxmin is :mod:`torch_ops_codec` (bits 1, 2, 4, 8) and qsgd packs only bits 2, 4, 8.
+- maxmin is :mod:`torch_ops_codec` (bits 1, 2, 4, 8) and qsgd packs only bits 2, 4, 8;
+- sparseloco (bits 1, 2, 4, 8) keeps its indices in the buffer's numbering as context (the
+  wire's are chunk-relative) and decodes a chunk-NaN case as plain arithmetic does.
 """
 
 from __future__ import annotations
@@ -280,6 +282,44 @@ def _graddrop_enc(x, p, gen):
     return _sampled_enc(x, k_of(1 - p["drop"], x.numel()), p, gen)
 
 
+def _sparseloco_part(x, p, lo, hi, ch):
+    """Top-k of each chunk of ``x[lo:hi]`` (chunks of ``ch``, all full), quantized (FORMAT.md)."""
+    xr = x[lo:hi].view(-1, ch)
+    bits = int(p["bits"])
+    idx = torch.topk(xr.abs(), k_of(p["ratio"], ch), dim=1, sorted=False).indices
+    v = xr.gather(1, idx)
+    a, top = v.abs().amin(1, keepdim=True), v.abs().amax(1, keepdim=True)
+    levels = (1 << (bits - 1)) - 1
+    if bits == 1:
+        a, step, level = v.abs().mean(1, keepdim=True), torch.zeros_like(a), torch.zeros_like(v)
+    else:
+        step = (top - a) / levels
+        level = ((v.abs() - a) / step + 0.5).floor_().nan_to_num_(0).clamp_(0, levels)
+    codes = level.to(torch.uint8) | ((v < 0).to(torch.uint8) << (bits - 1))
+    return torch.cat([a, step], 1), (idx + lo + torch.arange(xr.shape[0]).unsqueeze(1) * ch), codes
+
+
+def _sparseloco_enc(x, p, gen):
+    n, ch = x.numel(), int(p["chunk"])
+    full = n // ch * ch
+    parts = [_sparseloco_part(x, p, 0, full, ch)] if full else []
+    if n > full:
+        parts.append(_sparseloco_part(x, p, full, n, n - full))
+    scalars, idx, codes = (torch.cat([t[i].reshape(-1) for t in parts]) for i in range(3))
+    small = torch.int16 if ch <= 65536 else torch.int32  # chunk-relative on the wire
+    return Encoded((scalars, (idx % ch).to(small), pack_bits(codes, int(p["bits"]))), (idx,))
+
+
+def _sparseloco_dec(out, enc, p):
+    scalars, _, packed = enc.wire
+    idx, bits = enc.ctx[0], int(p["bits"])
+    codes = unpack_bits(packed, bits, idx.numel()).to(torch.int64)
+    a, step = scalars.view(-1, 2)[idx // int(p["chunk"])].unbind(1)
+    sign = 1 - 2 * (codes >> (bits - 1)).to(torch.float32)
+    mag = a + (codes & ((1 << (bits - 1)) - 1)).to(torch.float32) * step
+    return out.index_add_(0, idx, sign * mag)
+
+
 OPS: Dict[str, TorchOps] = {
     "maxmin": TorchOps(_maxmin_enc, _maxmin_dec),
     "fp16": TorchOps(_cast_enc(torch.float16), _cast_dec),
@@ -296,4 +336,5 @@ OPS: Dict[str, TorchOps] = {
     "threshold": TorchOps(_threshold_enc, _pairs_dec),
     "dgc": TorchOps(_dgc_enc, _pairs_dec),
     "graddrop": TorchOps(_graddrop_enc, _pairs_dec),
+    "sparseloco": TorchOps(_sparseloco_enc, _sparseloco_dec),
 }

@@ -209,6 +209,8 @@ def test_maxmin_compressor_is_the_codec_byte_for_byte():
 # Sparse compressors send some values exactly and drop the rest: the error is 0 or |x|.
 _SPARSE_BOUNDS = {name: (lambda x: x.abs()) for name in ("topk", "randomk", "threshold", "dgc",
                                                          "graddrop")}  # fmt: skip
+# sparseloco: a kept value is within half a step (d / 2 <= max |x| of its chunk / 2) of its level.
+_SPARSE_BOUNDS["sparseloco"] = lambda x: x.abs() + _per_bucket(x, 4096, lambda b: b.abs().max() / 2)
 
 
 def _topk(x, ratio=0.01):
