@@ -75,10 +75,15 @@ def diloco_kwargs(method: str, args) -> dict:
     return kw
 
 
-def _outer_factory(args):
+def _outer_factory(method: str, args):
+    """Nesterov SGD (--outer-lr, --outer-momentum); sparseloco: --sparseloco-outer-lr and
+    --sparseloco-outer-momentum (SparseLoCo lets the error feedback stand in for momentum)."""
+    lr, momentum = args.outer_lr, args.outer_momentum
+    if method == "sparseloco":
+        lr, momentum = args.sparseloco_outer_lr, args.sparseloco_outer_momentum
+
     def make(params):
-        return torch.optim.SGD(params, lr=args.outer_lr, momentum=args.outer_momentum,
-                               nesterov=True)  # fmt: skip
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=momentum > 0)
 
     return make
 
@@ -123,7 +128,7 @@ class _Setup:
             k = args.fragments if method == "streaming-4bit" else 1
             frags = fragments(self.model, k) if k > 1 else self.model
             self.diloco = DiLoCo(
-                frags, self.opt, _outer_factory(args), **diloco_kwargs(method, args)
+                frags, self.opt, _outer_factory(method, args), **diloco_kwargs(method, args)
             )
         self.counter = None if method == "ddp-gloo" else torch_cgx.cgx_backend()
         self.ring = 2 * (world - 1) / world
