@@ -1,7 +1,7 @@
 """The entry points of issue 28 item 5 that are not the backend's own, on their device path with
 CPU tensors: ``torch_cgx.fsdp`` (reduce-scatter, all-gather, ``fully_shard``), the PowerSGD hooks
 and their passes (``lowrank``), ``PowerSGDGradientAverager`` and the default hooks. Each runs on
-real ranks under the host-read recorder of tests/device_engine_cases.py (item, tolist, cpu,
+real ranks under the host-read recorder of tests/device_engine_reads.py (item, tolist, cpu,
 numpy, to(cpu), bool, int, float, index and value-sized ops on data): nothing is read back but the
 documented size exchange, the results equal the native (host) path's bit for bit where the bytes
 are the native ones or lie within the bound derived from the sums' rounding, and every replica
@@ -14,7 +14,7 @@ import gc
 import pytest
 import torch
 import torch.distributed as dist
-from device_engine_cases import host_reads
+from device_engine_reads import host_reads
 from dist_helpers import run_ranks
 
 U = 2.0**-24  # fp32's unit roundoff
@@ -69,7 +69,7 @@ def _reduce_scatter_cases(rank, world, group):
             xin = x.to(dtype)
             for call, op in enumerate((dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.SUM)):
                 got, want = torch.empty(n, dtype=dtype), torch.empty(n, dtype=dtype)
-                reads = device_reads(lambda: dev(got, xin, group, op))
+                reads = device_reads(lambda c=dev, o=got, i=xin, op=op: c(o, i, group, op))
                 host(want, xin, group, op)
                 assert torch.equal(got, want), (name, params, dtype, call)
                 sized = _size_reads(reads)
@@ -92,7 +92,7 @@ def _all_gather_case(rank, world, group):
         got = torch.empty(world * m, dtype=dtype)
         want = torch.empty(world * m, dtype=dtype)
         s = shard.to(dtype)
-        assert device_reads(lambda: dev(got, s, group)) == []
+        assert device_reads(lambda c=dev, o=got, i=s: c(o, i, group)) == []
         host(want, s, group)
         assert torch.equal(got, want), dtype
         assert torch.equal(got.view(world, m)[rank], s)  # its own shard stays exact
@@ -230,3 +230,128 @@ def test_lowrank_switch_restores_the_native_path():
             assert not lowrank.NATIVE and not lowrank._fusable(torch.zeros(2, 2))
             raise RuntimeError("inside")
     assert lowrank.NATIVE and lowrank._fusable(torch.zeros(2, 2))
+
+
+# ---- PowerSGD hooks, the averager and the default hooks under DDP ----
+
+
+def _net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 48), torch.nn.ReLU(),
+        torch.nn.Linear(48, 32),
+    )  # fmt: skip
+
+
+def _batch(rank, step):
+    return torch.randn(16, 64, generator=torch.Generator().manual_seed(10 * step + rank))
+
+
+def _ddp_run(rank, hook, state, device, steps=4):
+    """Gradients of ``steps`` backward passes of a DDP model with ``hook`` (``device``: lowrank's
+    device path): (grads per step, reads, hook calls). The autograd engine runs DDP's hooks with
+    the Python modes of the caller switched off, so the recorder is entered in each hook call
+    (all of a hook's collectives and arithmetic are issued there; only the futures' callbacks,
+    a copy or a division, may run after it)."""
+    import contextlib
+
+    from torch_cgx.hooks import lowrank
+
+    reads, calls = [], []
+
+    def recorded(state, bucket):
+        out = []
+        reads.extend(device_reads(lambda: out.append(hook(state, bucket))))
+        calls.append(bucket.index())
+        return out[0]
+
+    net = _net()
+    ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.02)
+    ddp.register_comm_hook(state, recorded)
+    grads = []
+    for step in range(steps):
+        loss = ddp(_batch(rank, step)).square().mean()
+        with lowrank.device_path() if device else contextlib.nullcontext():
+            loss.backward()
+        grads.append([p.grad.clone() for p in net.parameters()])
+        net.zero_grad()
+    del ddp
+    return grads, reads, len(calls)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The end-to-end check of the device path against the native one: the per-pass differences
+    (bounded above) pass through Gram-Schmidt and the averages, so this compares at a relative
+    256 u of the largest magnitude (a tolerance, not a derived bound)."""
+    return bool((a - b).abs().max() <= 256 * U * b.abs().max())
+
+
+def _powersgd_cases(rank):
+    from torch_cgx.hooks.powersgd import PowerSGDState, batched_powerSGD_hook, powerSGD_hook
+
+    for hook in (powerSGD_hook, batched_powerSGD_hook):
+        runs = []
+        for device in (True, False):
+            state = PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2,
+                                  min_compression_rate=1.5)  # fmt: skip
+            runs.append(_ddp_run(rank, hook, state, device))
+        (dev, reads, calls), (native, _, _) = runs
+        assert calls > 4 and reads == [], (hook.__name__, calls, reads)  # > 1 bucket a step
+        for step, (d, n) in enumerate(zip(dev, native)):
+            for a, b in zip(d, n):
+                assert replicas_equal(a), (hook.__name__, step)
+                assert _close(a, b), (hook.__name__, step, float((a - b).abs().max()))
+
+
+def _default_hook_cases(rank):
+    from torch_cgx.hooks import default
+    from torch_cgx.hooks.powersgd import PowerSGDState, powerSGD_hook
+
+    cases = [
+        (default.allreduce_hook, None),
+        (default.fp16_compress_hook, None),
+        (default.bf16_compress_hook, None),
+        (default.fp16_compress_wrapper(powerSGD_hook),
+         PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=2)),
+    ]  # fmt: skip
+    for hook, state in cases:
+        grads, reads, calls = _ddp_run(rank, hook, state, True, steps=3)
+        assert calls > 3 and reads == [], (hook.__name__, calls, reads)
+        assert all(replicas_equal(g) for g in grads[-1]), hook.__name__
+
+
+def _averager_case(rank):
+    from torch_cgx.averaging import PowerSGDGradientAverager
+    from torch_cgx.hooks import lowrank
+
+    results = []
+    for device in (True, False):
+        net = _net()
+        averager = PowerSGDGradientAverager(net.parameters(), averager_rank=2)
+        steps = []
+        for step in range(3):
+            net.zero_grad()
+            net(_batch(rank, step)).square().mean().backward()
+            if device:
+                with lowrank.device_path():
+                    assert device_reads(averager.step) == []
+            else:
+                averager.step()
+            steps.append([p.grad.clone() for p in net.parameters()])
+        assert any(averager.compressed())
+        results.append(steps)
+    for d, n in zip(*results):
+        for a, b in zip(d, n):
+            assert replicas_equal(a) and _close(a, b), float((a - b).abs().max())
+
+
+def body_hooks(rank, world):
+    dist.init_process_group("gloo")
+    _powersgd_cases(rank)
+    _averager_case(rank)
+    _default_hook_cases(rank)
+    dist.destroy_process_group()
+
+
+def test_hooks_and_averager_on_the_device_path():
+    run_ranks(body_hooks, 2, timeout=180)
