@@ -270,24 +270,29 @@ dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, wo
 """
 
 
-@pytest.mark.parametrize("env, expected", [
+EXIT_CASES = [
     ({"CGX_COMPRESSION_QUANTIZATION_BITS": "4"}, 1),
     ({"CGX_COMPRESSOR": "topk"}, 1),
     ({"CGX_COMPRESSION_QUANTIZATION_BITS": "32"}, 0),
     ({}, 0),
-])  # fmt: skip
-def test_exit_check_after_a_gloo_only_run(env, expected):
+]
+
+
+def test_exit_check_after_a_gloo_only_run():
     """``import torch_cgx`` arms an exit check only when CGX_* asks for compression: a process
-    that ends with a Gloo default group and no cgx group is told once, at exit."""
+    that ends with a Gloo default group and no cgx group is told once, at exit (the cases run
+    as processes side by side)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("CGX_")}
-    code = EXIT_SCRIPT.format(port=free_port())
-    run = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
-    assert run.returncode == 0, run.stderr
-    assert run.stderr.count("NothingCompressedWarning") == expected, run.stderr
-    if expected:
-        name = next(iter(env))
-        assert f"{name}={env[name]}" in run.stderr and "'gloo'" in run.stderr
+    procs = [subprocess.Popen([sys.executable, "-c", EXIT_SCRIPT.format(port=free_port())],
+                              env={**base, **env}, stderr=subprocess.PIPE, text=True)
+             for env, _ in EXIT_CASES]  # fmt: skip
+    for p, (env, expected) in zip(procs, EXIT_CASES):
+        _, err = p.communicate(timeout=90)
+        assert p.returncode == 0, err
+        assert err.count("NothingCompressedWarning") == expected, (env, err)
+        if expected:
+            name = next(iter(env))
+            assert f"{name}={env[name]}" in err and "'gloo'" in err, err
 
 
 def test_requested_settings():
