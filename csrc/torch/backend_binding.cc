@@ -166,8 +166,8 @@ void bind_backend(pybind11::module& m) {
            py::arg("options"), py::arg("average"), py::arg("residual") = std::nullopt,
            py::call_guard<py::gil_scoped_release>())
       .def("set_device_plane", &ProcessGroupCGX::set_device_plane, py::arg("call"),
-           py::arg("backend"), py::arg("every_tensor"))
-      .def("has_device_plane", &ProcessGroupCGX::has_device_plane)
+           py::arg("backend"), py::arg("every_tensor"), py::arg("token"))
+      .def("device_plane_token", &ProcessGroupCGX::device_plane_token)
       .def("reduce_bucket", &reduce_bucket, py::arg("buffer"), py::arg("parts"),
            py::arg("average") = true,
            "Reduces a gradient bucket's parts in one job: stages, reduces and writes back on the "

@@ -13,19 +13,23 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <vector>
 
+#include "backend_config.h"
+
 namespace cgx::binding {
 
 struct DevicePlane {
-  // (kind, outputs, inputs, reduce op) -> the call's Work. Kinds: "allreduce" (outputs: the
-  // tensor), "allreduce_coalesced" (outputs: the tensors), "reduce_scatter" (outputs: one
-  // output; inputs: its chunks in rank order), "reduce_scatter_base" and
+  // (kind, outputs, inputs, reduce op, the call's settings) -> the call's Work. Kinds: "allreduce"
+  // (outputs: the tensor), "allreduce_coalesced" (outputs: the tensors), "reduce_scatter" (outputs:
+  // one output; inputs: its chunks in rank order), "reduce_scatter_base" and
   // "reduce_scatter_coalesced" (outputs and inputs pairwise). Called with the GIL taken.
   using Call = std::function<c10::intrusive_ptr<c10d::Work>(
-      const std::string&, std::vector<at::Tensor>, std::vector<at::Tensor>, int64_t)>;
+      const std::string&, std::vector<at::Tensor>, std::vector<at::Tensor>, int64_t,
+      const BackendConfig&)>;
 
   Call call;
   c10::intrusive_ptr<c10d::Backend> backend;  // carries the served tensors' other collectives
   bool every_tensor = false;                  // data_plane "device": CPU tensors too
+  int64_t token = 0;  // names the Python side's plane (its counters: torch_cgx/counters.py)
 
   bool serves(const at::Tensor& t) const {
     return call && t.defined() && (every_tensor || t.is_cuda());

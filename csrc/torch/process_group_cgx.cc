@@ -7,6 +7,7 @@
 #include <set>
 #include <thread>
 
+#include "bucket_call.h"
 #include "c10d_transport.h"
 #include "call_options.h"
 #include "compressors/registry.h"
@@ -87,7 +88,7 @@ const c10::intrusive_ptr<c10d::Backend>& ProcessGroupCGX::inner() const {
 }
 
 const c10::intrusive_ptr<c10d::Backend>& ProcessGroupCGX::inner(const at::Tensor& t) const {
-  if (plane_.backend && plane_.serves(t)) {
+  if (plane_.backend && plane_.serves(t) && t.is_cuda()) {
     TORCH_CHECK(!worker_.stopped(), "cgx: the group has stopped (the process is exiting)");
     return plane_.backend;
   }
@@ -103,7 +104,10 @@ void ProcessGroupCGX::setTimeout(std::chrono::milliseconds timeout) {
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
   TORCH_CHECK_VALUE(tensors.size() == 1, "cgx allreduce takes one tensor, got ", tensors.size());
-  if (plane_.serves(tensors)) return plane_.call("allreduce", tensors, {}, opts.reduceOp.op_);
+  if (plane_.serves(tensors)) {
+    return plane_.call("allreduce", tensors, {}, opts.reduceOp.op_,
+                       call_config(tensors[0].numel()));
+  }
   const BackendConfig c = call_config(tensors[0].numel());
   if (c.compressor == kAutoCompressor && opts.reduceOp.op_ != c10d::ReduceOp::AVG) {
     return inner()->allreduce(tensors, opts);  // planned exact: Gloo's own, no worker hop
@@ -115,7 +119,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   TORCH_CHECK_VALUE(!tensors.empty(), "allreduce_coalesced needs at least one tensor");
   if (plane_.serves(tensors)) {
-    return plane_.call("allreduce_coalesced", tensors, {}, opts.reduceOp.op_);
+    int64_t n = 0;
+    for (const at::Tensor& t : tensors) n += t.numel();
+    return plane_.call("allreduce_coalesced", tensors, {}, opts.reduceOp.op_, call_config(n));
   }
   bool uniform = true;
   for (const at::Tensor& t : tensors) {

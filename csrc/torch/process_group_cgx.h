@@ -17,7 +17,6 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "backend_config.h"
-#include "bucket_call.h"
 #include "call_settings.h"
 #include "cgx_work.h"
 #include "device_plane.h"
@@ -28,6 +27,7 @@
 namespace cgx::binding {
 
 class CallOptions;
+struct BucketPart;
 
 class ProcessGroupCGX : public c10d::Backend {
  public:
@@ -92,10 +92,11 @@ class ProcessGroupCGX : public c10d::Backend {
   // Routes CUDA tensors (every tensor with `every_tensor`) to the device plane (device_plane.h);
   // set once, at creation, before the group's first use.
   void set_device_plane(DevicePlane::Call call, c10::intrusive_ptr<c10d::Backend> backend,
-                        bool every_tensor) {
-    plane_ = DevicePlane{std::move(call), std::move(backend), every_tensor};
+                        bool every_tensor, int64_t token) {
+    plane_ = DevicePlane{std::move(call), std::move(backend), every_tensor, token};
   }
-  bool has_device_plane() const { return bool(plane_.call); }
+  // The installed plane's token; 0: none.
+  int64_t device_plane_token() const { return plane_.call ? plane_.token : 0; }
   // Turns on the hierarchical path for compressed allreduces (before the group's first use).
   void set_hierarchy(const Hierarchy& h) { engine_.set_hierarchy(h); }
   bool hierarchical() const { return engine_.hierarchical(); }
@@ -155,8 +156,8 @@ class ProcessGroupCGX : public c10d::Backend {
   }
   // The forwarded collectives' backend; raises once the group has stopped.
   const c10::intrusive_ptr<c10d::Backend>& inner() const;
-  // The forwarded collectives' backend for tensors like `t`: the device plane's when it serves
-  // them, else inner().
+  // The forwarded collectives' backend for tensors like `t`: the device plane's carrier for the
+  // CUDA tensors it serves, else inner().
   const c10::intrusive_ptr<c10d::Backend>& inner(const at::Tensor& t) const;
   // Runs what is queued and stops the worker and the watchdog, then lets Gloo's threads go;
   // later work raises. Idempotent.

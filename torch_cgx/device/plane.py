@@ -1,0 +1,202 @@
+"""A cgx group's device plane: the calls the c10d adapter hands it (csrc/torch/device_plane.h).
+
+``data_plane`` (torch_cgx/settings.py) decides which tensors come here: ``auto`` CUDA tensors,
+``device`` every tensor (how the CPU test suite runs this code), ``host`` none. A call arrives
+with the group's settings for it (per-call variables and the plan applied by the adapter), runs
+on the caller's thread through :class:`~torch_cgx.device.engine.DeviceEngine` over the plane's
+own backend (NCCL for CUDA tensors where every rank has its own GPU, else a Gloo group of its
+own), and returns a completed Work: on CUDA its future is CUDA-aware (``wait()`` makes the
+current stream wait, the host never blocks), since every kernel and NCCL call was enqueued on
+the current stream.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import weakref
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from torch_cgx.config import CGXConfig
+from torch_cgx.device.engine import DeviceCall, DeviceEngine
+from torch_cgx.device.transport import GroupTransport
+
+__all__ = ["DevicePlane", "install", "plane_of"]
+
+_SUM, _AVG = 0, 1  # c10d's RedOpType values
+_OPS = {2: "PRODUCT", 3: "MIN", 4: "MAX", 5: "BAND", 6: "BOR", 7: "BXOR"}
+_PLANES: weakref.WeakValueDictionary[int, DevicePlane] = weakref.WeakValueDictionary()
+_TOKENS = itertools.count(1)
+
+
+class DevicePlane:
+    """The device plane of one cgx group (see the module). ``transports``: device type ->
+    :class:`GroupTransport` (``cuda``: NCCL or Gloo; ``cpu``: Gloo, with ``data_plane=device``)."""
+
+    def __init__(self, transports: Dict[str, GroupTransport]) -> None:
+        self.transports = transports
+        self.engines = {kind: DeviceEngine(t) for kind, t in transports.items()}
+        self.token = next(_TOKENS)
+        self._calls: Dict[tuple, Optional[DeviceCall]] = {}
+        self._since: dict = {}
+        _PLANES[self.token] = self
+
+    def _totals(self) -> dict:
+        out: dict = {}
+        for engine in self.engines.values():
+            for k, v in engine.stats().items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    def stats(self) -> dict:
+        """The plane's counters since creation or :meth:`reset_stats`, summed over its engines
+        (``torch_cgx.stats`` adds them to the native engine's)."""
+        return {k: v - self._since.get(k, 0) for k, v in self._totals().items()}
+
+    def reset_stats(self) -> None:
+        self._since = self._totals()
+
+    def __call__(self, kind: str, outputs: List[torch.Tensor], inputs, op: int, native):
+        t = outputs[0]
+        engine = self._engine(t)
+        if op not in (_SUM, _AVG) or not t.is_floating_point():
+            self._exact_other(engine.t, kind, outputs, inputs, op)
+            return _done(outputs)
+        call = self._call(native, op == _AVG)
+        if kind == "allreduce":
+            engine.allreduce(t, call, average=op == _AVG)
+        elif kind == "allreduce_coalesced":  # one fused piece, as the native adapter
+            flat = torch.cat([x.reshape(-1) for x in outputs])
+            engine.allreduce(flat, call, average=op == _AVG)
+            _scatter_back(flat, outputs)
+        elif kind == "reduce_scatter_base":
+            engine.reduce_scatter(t, inputs[0], call, average=op == _AVG)
+        elif kind == "reduce_scatter":
+            flat = torch.cat([x.reshape(-1) for x in inputs])
+            engine.reduce_scatter(t, flat, call, average=op == _AVG)
+        elif kind == "reduce_scatter_coalesced":
+            world = engine.t.size
+            rows = [x.reshape(world, o.numel()) for x, o in zip(inputs, outputs)]
+            out = t.new_empty(sum(o.numel() for o in outputs))
+            engine.reduce_scatter(out, torch.cat(rows, 1).reshape(-1), call, average=op == _AVG)
+            _scatter_back(out, outputs)
+        else:
+            raise ValueError(f"cgx device plane: unknown call {kind!r}")
+        return _done(outputs)
+
+    # ---- helpers ----
+
+    def _engine(self, t: torch.Tensor) -> DeviceEngine:
+        engine = self.engines.get(t.device.type)
+        if engine is None:
+            raise ValueError(
+                f"the cgx group's device plane carries {sorted(self.engines)} tensors, got one "
+                f"on {t.device} (data_plane={'device' if 'cpu' in self.engines else 'auto'})"
+            )
+        return engine
+
+    def _call(self, native, average: bool) -> Optional[DeviceCall]:
+        key = (_config_key(native), average)
+        if key not in self._calls:
+            config = CGXConfig.from_native(native)
+            self._calls[key] = DeviceCall.from_config(config, average)
+        return self._calls[key]
+
+    @staticmethod
+    def _exact_other(transport: GroupTransport, kind, outputs, inputs, op: int) -> None:
+        """Reductions the compressors do not serve (MIN, MAX, ..., integer tensors), exactly,
+        on the plane's backend."""
+        rop = dist.ReduceOp.AVG if op == _AVG else getattr(dist.ReduceOp, _OPS.get(op, "SUM"))
+        pg = transport.pg
+        if kind in ("allreduce", "allreduce_coalesced"):
+            for x in outputs:
+                opts = dist.AllreduceOptions()
+                opts.reduceOp = rop
+                pg.allreduce([x], opts).wait()
+            return
+        opts = dist.ReduceScatterOptions()
+        opts.reduceOp = rop
+        if kind == "reduce_scatter":
+            pg.reduce_scatter([outputs[0]], [list(inputs)], opts).wait()
+        else:
+            for o, i in zip(outputs, inputs):
+                pg._reduce_scatter_base(o, i, opts).wait()
+
+
+def _config_key(native) -> tuple:
+    return tuple(
+        getattr(native, k)
+        if k != "compressor_params"
+        else tuple(sorted(getattr(native, k).items()))
+        for k in _NATIVE_FIELDS
+    )
+
+
+_NATIVE_FIELDS = (
+    "bits",
+    "bucket_size",
+    "skip_incomplete_buckets",
+    "minimal_size",
+    "fusion_buffer_bytes",
+    "pipeline_segment_bytes",
+    "algorithm",
+    "stochastic",
+    "rotation",
+    "clip",
+    "seed",
+    "compressor",
+    "compressor_params",
+)
+
+
+def _scatter_back(flat: torch.Tensor, outputs: List[torch.Tensor]) -> None:
+    at = 0
+    for x in outputs:
+        x.copy_(flat[at : at + x.numel()].view(x.shape))
+        at += x.numel()
+
+
+def _done(outputs: List[torch.Tensor]):
+    devices = [outputs[0].device] if outputs[0].is_cuda else None
+    fut = torch.futures.Future(devices=devices)
+    fut.set_result(outputs)
+    return torch._C._distributed_c10d._create_work_from_future(fut)
+
+
+def plane_of(backend) -> Optional[DevicePlane]:
+    """The device plane installed on the cgx backend object, if any."""
+    return _PLANES.get(backend.device_plane_token())
+
+
+def _nccl_usable() -> bool:
+    """NCCL serves when it is built in and every local rank can have a GPU of its own."""
+    if not (torch.cuda.is_available() and dist.is_nccl_available()):
+        return False
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return local <= torch.cuda.device_count()
+
+
+def install(backend, config: CGXConfig, store, rank: int, size: int, timeout) -> None:
+    """Creates the plane's backends from the group's store and installs it on ``backend``
+    (collective: every rank of the group creates the same ones)."""
+    every = config.data_plane == "device"
+    cuda = torch.cuda.is_available()
+    if config.data_plane == "host" or not (every or cuda):
+        return
+    transports: Dict[str, GroupTransport] = {}
+    carrier = None
+    if cuda and _nccl_usable():
+        carrier = dist.ProcessGroupNCCL(dist.PrefixStore("device/nccl/", store), rank, size)
+        transports["cuda"] = GroupTransport(carrier, rank, size, device="cuda")
+    if every or "cuda" not in transports:
+        gloo = dist.ProcessGroupGloo(dist.PrefixStore("device/gloo/", store), rank, size, timeout)
+        if every:
+            transports["cpu"] = GroupTransport(gloo, rank, size)
+        if cuda and "cuda" not in transports:
+            transports["cuda"] = GroupTransport(gloo, rank, size, device="cuda")
+        carrier = carrier or gloo
+    plane = DevicePlane(transports)
+    backend.set_device_plane(plane, carrier, every, plane.token)
