@@ -266,30 +266,35 @@ def test_trainer_on_gloo_with_cgx_settings_warns_once(tmp_path):
 
 EXIT_SCRIPT = """
 import torch.distributed as dist, torch_cgx
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+dist.init_process_group("{backend}", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+if {subgroup}:
+    dist.new_group([0], backend="cgx")
 """
-
-
-EXIT_CASES = [
-    ({"CGX_COMPRESSION_QUANTIZATION_BITS": "4"}, 1),
-    ({"CGX_COMPRESSOR": "topk"}, 1),
-    ({"CGX_COMPRESSION_QUANTIZATION_BITS": "32"}, 0),
-    ({}, 0),
+BITS4 = {"CGX_COMPRESSION_QUANTIZATION_BITS": "4"}
+EXIT_CASES = [  # (world group's backend, a cgx subgroup too, variables, warnings expected)
+    ("gloo", False, BITS4, 1),
+    ("gloo", False, {"CGX_COMPRESSOR": "topk"}, 1),
+    ("gloo", False, {"CGX_COMPRESSION_QUANTIZATION_BITS": "32"}, 0),
+    ("gloo", False, {}, 0),
+    ("cgx", False, BITS4, 0),
+    ("gloo", True, BITS4, 0),
 ]
 
 
 def test_exit_check_after_a_gloo_only_run():
     """``import torch_cgx`` arms an exit check only when CGX_* asks for compression: a process
-    that ends with a Gloo default group and no cgx group is told once, at exit (the cases run
-    as processes side by side)."""
+    that ends with a Gloo default group and no cgx group is told once, at exit; one with a cgx
+    world or a cgx subgroup is not (the cases run as processes side by side)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("CGX_")}
-    procs = [subprocess.Popen([sys.executable, "-c", EXIT_SCRIPT.format(port=free_port())],
-                              env={**base, **env}, stderr=subprocess.PIPE, text=True)
-             for env, _ in EXIT_CASES]  # fmt: skip
-    for p, (env, expected) in zip(procs, EXIT_CASES):
+    procs = []
+    for backend, subgroup, env, _ in EXIT_CASES:
+        code = EXIT_SCRIPT.format(backend=backend, port=free_port(), subgroup=subgroup)
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env={**base, **env},
+                                      stderr=subprocess.PIPE, text=True))  # fmt: skip
+    for p, (backend, subgroup, env, expected) in zip(procs, EXIT_CASES):
         _, err = p.communicate(timeout=90)
         assert p.returncode == 0, err
-        assert err.count("NothingCompressedWarning") == expected, (env, err)
+        assert err.count("NothingCompressedWarning") == expected, (backend, subgroup, env, err)
         if expected:
             name = next(iter(env))
             assert f"{name}={env[name]}" in err and "'gloo'" in err, err
