@@ -355,3 +355,56 @@ def body_hooks(rank, world):
 
 def test_hooks_and_averager_on_the_device_path():
     run_ranks(body_hooks, 2, timeout=180)
+
+
+# ---- measuring (docs/gpu.md): python tests/test_device_entry_points.py ----
+
+
+def body_bench(rank, world, n, reps):
+    import time
+
+    from torch_cgx.fsdp import CompressedReduceScatter
+
+    dist.init_process_group("gloo")
+    x = torch.randn(world * n, generator=torch.Generator().manual_seed(rank))
+    out = torch.empty(n)
+    for plane in ("device", "host"):
+        comm = CompressedReduceScatter("maxmin", bits=4, bucket_size=512, data_plane=plane)
+        times = []
+        for _ in range(reps + 1):
+            dist.barrier()
+            t = time.perf_counter()
+            comm(out, x, dist.group.WORLD, dist.ReduceOp.AVG)
+            times.append(time.perf_counter() - t)
+        if rank == 0:
+            print(f"fsdp reduce-scatter {plane}: {sorted(times[1:])[reps // 2] * 1e3:.1f} ms")
+    dist.destroy_process_group()
+
+
+def bench_lowrank(rows=1024, cols=1024, rank=4, reps=5):
+    import time
+
+    from torch_cgx.hooks import lowrank
+
+    m, e, q, p = _case(rows, cols, rank, 0)
+    for name, native in (("device", False), ("native", True)):
+        lowrank.NATIVE = native
+        times = []
+        for _ in range(reps):
+            it = _item(m.clone(), e, rank)
+            pp, qq = torch.empty(rows, rank), torch.empty(cols, rank)
+            t = time.perf_counter()
+            lowrank._project(it, q, pp)
+            lowrank._transpose_project(it, p, qq)
+            it.error = torch.empty_like(m)
+            lowrank._decompress(it, p, q)
+            times.append(time.perf_counter() - t)
+        print(f"lowrank passes {name} ({rows}x{cols}, rank {rank}): "
+              f"{sorted(times)[reps // 2] * 1e3:.2f} ms")  # fmt: skip
+    lowrank.NATIVE = True
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    bench_lowrank()
+    run_ranks(body_bench, 2, 1 << 20, 5, timeout=300)
