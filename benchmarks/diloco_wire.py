@@ -36,6 +36,28 @@ def datasets(n: int = 1 << 20, seed: int = 0) -> Dict[str, np.ndarray]:
     }
 
 
+def pseudo_gradient(steps: int = 30, seed: int = 0) -> np.ndarray:
+    """A real DiLoCo pseudo-gradient: theta_0 - theta_H of the diloco benchmark's tiny GPT-2 after
+    ``steps`` AdamW steps (lr 2e-3) in this process, all parameters concatenated."""
+    import torch
+
+    from benchmarks.diloco import parse_args
+    from benchmarks.train_workloads import GPT2Workload
+
+    args = parse_args([])
+    wl = GPT2Workload(args, seed)
+    torch.manual_seed(seed)
+    model = wl.model()
+    start = [p.detach().clone() for p in model.parameters()]
+    opt = wl.optimizer(model.parameters())
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        wl.loss(model, wl.get_batch(step, 0)).backward()
+        opt.step()
+    delta = [(a - p.detach()).reshape(-1) for a, p in zip(start, model.parameters())]
+    return torch.cat(delta).numpy().astype(np.float32)
+
+
 # --- int8 over mean +- k sd (INTELLECT-1) ------------------------------------------------------
 
 
@@ -72,7 +94,7 @@ def _errors(x: np.ndarray, y: np.ndarray) -> tuple:
     return float((d**2).mean() / var), float(np.abs(d).max() / np.sqrt(var))
 
 
-def int8_rows(n: int = 1 << 20) -> List[dict]:
+def int8_rows(n: int = 1 << 20, real: bool = False) -> List[dict]:
     quantizers: Dict[str, tuple] = {
         "numpy mean+-6sd, per tensor": (lambda x: sigma_int8(x, 6.0), 8.0),
         "numpy mean+-6sd, bucket 512": (lambda x: sigma_int8(x, 6.0, 512), 8 + 64 / 512),
@@ -83,7 +105,10 @@ def int8_rows(n: int = 1 << 20) -> List[dict]:
         "maxmin 8 bits, bucket 4096, clip": (lambda x: maxmin(x, 8, 4096, True), 8 + 64 / 4096),
     }
     rows = []
-    for data, x in datasets(n).items():
+    data_sets = datasets(n)
+    if real:
+        data_sets["GPT-2 pseudo-gradient"] = pseudo_gradient()
+    for data, x in data_sets.items():
         for name, (fn, bits) in quantizers.items():
             mse, worst = _errors(x, fn(x))
             rows.append({"data": data, "quantizer": name, "mse": mse, "max": worst, "bits": bits})
@@ -195,11 +220,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("what", choices=("int8", "kept"))
     p.add_argument("--n", type=int, default=1 << 20, help="values per data set")
+    p.add_argument(
+        "--pseudo-gradient",
+        action="store_true",
+        help="int8: also a real pseudo-gradient (the tiny GPT-2, 30 AdamW steps)",
+    )
     args = p.parse_args(argv)
     if args.what == "int8":
         print("| data | quantizer | MSE / var | max error / sd | bits per value |")
         print("|---|---|---:|---:|---:|")
-        for r in int8_rows(args.n):
+        for r in int8_rows(args.n, args.pseudo_gradient):
             print(f"| {r['data']} | {r['quantizer']} | {r['mse']:.3g} | {r['max']:.3g} | "
                   f"{r['bits']:.3f} |")  # fmt: skip
         return 0
