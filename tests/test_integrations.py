@@ -107,7 +107,11 @@ class Snapshot:
 
     def copy(self):
         st = self.cb.state
-        return st.steps, {k: v.clone() for k, v in st.residuals.items()}
+        if hasattr(st, "residuals"):  # CGXState, CompressionState
+            return st.steps, {k: v.clone() for k, v in st.residuals.items()}
+        memory = {("error", k): v.clone() for k, v in st.error_dict.items()}  # PowerSGDState
+        memory.update({("q", k): v.clone() for k, v in st.q_memory_dict.items()})
+        return st.iter, memory
 
 
 def hook_case(out):
@@ -228,11 +232,37 @@ def test_trainer_on_cgx_backend_hook_resume_and_checks(tmp_path):
               timeout=240)  # fmt: skip
 
 
+def powersgd_resume(out):
+    """PowerSGD through the callback on a Gloo group; resume from a checkpoint restores its
+    memory (error and Q per layer) bit for bit, and the continued run is the uninterrupted one."""
+    import torch_cgx
+    from torch_cgx.integrations import attach
+
+    def run(resume):
+        trainer = trainer_for(out, steps=5, save_strategy="steps", save_steps=3)
+        cb = attach(trainer, hook="powersgd")  # PowerSGD from the 2nd step
+        snap = Snapshot(cb)
+        trainer.add_callback(snap.callback)
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer, cb, snap
+
+    trainer, cb, snap = run(None)
+    h = torch_cgx.stats(cb.state)
+    assert h.hook == "powerSGD_hook" and h.steps == 5 and cb.state.iter == 5, h
+    assert h.bytes_sent == 0  # a Gloo group: steps and buckets only
+    it3, mem3 = snap.saved[3]
+    assert it3 == 3 and any(k[0] == "q" for k in mem3), mem3.keys()
+    resumed, cb2, snap2 = run(os.path.join(out, "checkpoint-3"))
+    it, mem = snap2.begin
+    assert it == 3 and mem.keys() == mem3.keys()
+    assert all(torch.equal(mem[k], mem3[k]) for k in mem3), "PowerSGD memory differs"
+    assert torch.equal(flat_params(resumed.model), flat_params(trainer.model))
+
+
 def body_gloo(rank, world, out):
     """Trainer creates the group (Gloo) while CGX_* asks for compression: one warning naming
     the setting and the backend; PowerSGD through the callback runs there; a cgx hook and
     init_cgx afterwards are ValueErrors naming the backend."""
-    import torch_cgx
     from torch_cgx.integrations import attach, init_cgx
 
     with warnings.catch_warnings(record=True) as record:
@@ -240,12 +270,7 @@ def body_gloo(rank, world, out):
         trainer = trainer_for(out, steps=2)
         attach(trainer)
         trainer.train()
-        ps = trainer_for(out, steps=3)
-        cb = attach(ps, hook="powersgd")  # PowerSGD runs on any group
-        ps.train()
-        h = torch_cgx.stats(cb.state)
-        assert h.hook == "powerSGD_hook" and h.steps == 3 and h.buckets >= 3 and h.bytes_sent == 0
-        assert cb.state.iter == 3
+        powersgd_resume(os.path.join(out, "powersgd"))
         with pytest.raises(ValueError, match="hook 'cgx' runs on a cgx group"):
             t = trainer_for(out, steps=1)
             attach(t, hook="cgx")
