@@ -77,7 +77,8 @@ def diloco_kwargs(method: str, args) -> dict:
 
 def _outer_factory(method: str, args):
     """Nesterov SGD (--outer-lr, --outer-momentum); sparseloco: --sparseloco-outer-lr and
-    --sparseloco-outer-momentum (SparseLoCo lets the error feedback stand in for momentum)."""
+    --sparseloco-outer-momentum (default lr 1, no momentum: its error feedback already carries
+    what was not sent, and with momentum on top the two overshoot; docs/diloco-wire.md)."""
     lr, momentum = args.outer_lr, args.outer_momentum
     if method == "sparseloco":
         lr, momentum = args.sparseloco_outer_lr, args.sparseloco_outer_momentum
