@@ -28,6 +28,8 @@ ENTRY_POINTS = {
     "diloco": "DDP against DiLoCo / Streaming DiLoCo / SparseLoCo on emulated wide-area hosts",
     "diloco_wire": "low-communication wire formats: INTELLECT-1's int8 vs max-min, sparseloco",
     "hosts": "emulated hosts (network namespaces, shaped links): build, measure, clean up",
+    "device": "every compressor's device codec (tensor ops, fused kernel) vs the device's copy",
+    "device_allreduce": "allreduce of device tensors: cgx's device plane vs NCCL / Gloo exact",
 }
 
 
