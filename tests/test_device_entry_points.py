@@ -62,7 +62,7 @@ def _reduce_scatter_cases(rank, world, group):
     x = torch.randn(world * n, generator=g) * (1 + torch.arange(world * n) % 7)
     for name, params in _RS_CASES:
         for dtype in (torch.float32, torch.bfloat16):
-            dev = CompressedReduceScatter(name, min_size=1024, **params)
+            dev = CompressedReduceScatter(name, min_size=1024, data_plane="device", **params)
             host = CompressedReduceScatter(name, min_size=1024, data_plane="host", **params)
             assert dev.device_codec is not None and host.device_codec is None
             dev.check = "deferred"  # as on a GPU: the header flag is read where one syncs
@@ -87,7 +87,7 @@ def _all_gather_case(rank, world, group):
     m = 256 * 10
     shard = torch.randn(m, generator=torch.Generator().manual_seed(50 + rank)) * (rank + 1)
     for dtype in (torch.float32, torch.float16):
-        dev = CompressedAllGather(bits=8, bucket_size=256, min_size=1024)
+        dev = CompressedAllGather(bits=8, bucket_size=256, min_size=1024, data_plane="device")
         host = CompressedAllGather(bits=8, bucket_size=256, min_size=1024, data_plane="host")
         got = torch.empty(world * m, dtype=dtype)
         want = torch.empty(world * m, dtype=dtype)

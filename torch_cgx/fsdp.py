@@ -21,8 +21,11 @@ by the device codecs of :mod:`torch_cgx.device.codecs` (the native codec's bytes
 NCCL group CUDA chunks never leave the GPU, and CPU tensors on Gloo run the same code. The host
 reads only sizes: the (size, largest size) pairs of the first call for a chunk shape
 (fixed-size compressors: the settings check, once) or of every call (data-dependent sizes).
-``data_plane="host"`` (or a compressor without a device codec) takes the former path instead:
-a host copy, the native codec (docs/gpu.md, "Entry points on the device").
+``data_plane`` chooses as the backend's setting does: ``"auto"`` (default) takes that path for
+tensors off the CPU and the native codec for CPU tensors (several times faster there, the same
+bytes); ``"device"`` takes it for every tensor (how the CPU tests run the GPU path); ``"host"``
+(or a compressor without a device codec) a host copy and the native codec (docs/gpu.md,
+"Entry points on the device").
 """
 
 from __future__ import annotations
@@ -60,8 +63,8 @@ class _MinSizeAlias:
 
 def _device_codec(compressor: str, params: dict, data_plane: str):
     """The device codec of ``compressor`` (None: the host path, by choice or for want of one)."""
-    if data_plane not in ("device", "host"):
-        raise ValueError(f"data_plane must be 'device' or 'host', got {data_plane!r}")
+    if data_plane not in ("auto", "device", "host"):
+        raise ValueError(f"data_plane must be 'auto', 'device' or 'host', got {data_plane!r}")
     if data_plane == "host":
         return None
     from torch_cgx.device import codecs
@@ -69,6 +72,11 @@ def _device_codec(compressor: str, params: dict, data_plane: str):
     if compressor not in codecs.names():
         return None  # no device codec: the native one through a host copy (docs/gpu.md)
     return codecs.get(compressor, **params)
+
+
+def _on_host(comm, t: torch.Tensor) -> bool:
+    """Whether ``comm`` takes the host path for ``t`` (see the module's ``data_plane``)."""
+    return comm.device_codec is None or (comm.data_plane == "auto" and t.device.type == "cpu")
 
 
 def _divide_(t: torch.Tensor, w: int) -> None:
@@ -84,9 +92,10 @@ class CompressedReduceScatter(_MinSizeAlias, _ReduceScatter):
         compressor: a name of ``torch_cgx.compressors.names()`` (default max-min).
         min_size: chunks with fewer values are reduced exactly (default 4096; ``min_numel``,
             the former name, is accepted).
-        data_plane: ``"device"`` (default: everything on the tensors' device, through the
-            device codecs) or ``"host"`` (the former path: a host copy and the native codec;
-            the same bytes).
+        data_plane: ``"auto"`` (default: tensors off the CPU on their device through the
+            device codecs, CPU tensors through the native codec), ``"device"`` (every tensor
+            through the device codecs) or ``"host"`` (a host copy and the native codec); the
+            same bytes.
         **params: the compressor's parameters (max-min: ``bits`` default 4, as the hooks':
             docs/hooks.md; ``bucket_size``).
 
@@ -102,13 +111,14 @@ class CompressedReduceScatter(_MinSizeAlias, _ReduceScatter):
         min_size: Optional[int] = None,
         *,
         min_numel: Optional[int] = None,
-        data_plane: str = "device",
+        data_plane: str = "auto",
         **params,
     ) -> None:
         if compressor == "maxmin":
             params.setdefault("bits", DEFAULT_BITS)
         self.codec = compressors.get(compressor, **params)  # ValueError names the problem
         self.device_codec = _device_codec(compressor, params, data_plane)
+        self.data_plane = data_plane
         self.min_size = core.check_min_size(min_size, min_numel, "min_numel", MIN_SIZE)
         self.calls, self.bytes_sent = 0, 0
         self.check = "auto"
@@ -133,7 +143,7 @@ class CompressedReduceScatter(_MinSizeAlias, _ReduceScatter):
                 output_tensor, input_tensor, op=op, group=group, async_op=async_op
             )
         chunks = input_tensor.detach().view(world, n)
-        if self.device_codec is None:
+        if _on_host(self, chunks):
             acc = self._host_reduce(chunks, group, rank, world)
         else:
             acc = self._device_reduce(chunks, group, rank, world)
@@ -254,11 +264,12 @@ class CompressedAllGather(_MinSizeAlias, _AllGather):
         min_size: Optional[int] = None,
         *,
         min_numel: Optional[int] = None,
-        data_plane: str = "device",
+        data_plane: str = "auto",
     ) -> None:
         self.codec = compressors.get("maxmin", bits=bits, bucket_size=bucket_size)
         params = dict(bits=bits, bucket_size=bucket_size)
         self.device_codec = _device_codec("maxmin", params, data_plane)
+        self.data_plane = data_plane
         self.min_size = core.check_min_size(min_size, min_numel, "min_numel", MIN_SIZE)
         self.calls, self.bytes_sent = 0, 0
 
@@ -278,7 +289,7 @@ class CompressedAllGather(_MinSizeAlias, _AllGather):
                 output_tensor, input_tensor, group=group, async_op=async_op
             )
         shard, dtype = input_tensor.detach().reshape(-1), input_tensor.dtype
-        codec = self.device_codec
+        codec = None if _on_host(self, shard) else self.device_codec
         if codec is None:  # the host path: a host copy and the native codec
             payload = self.codec.encode(shard.cpu()).to(shard.device)
         else:  # on the shard's device, the native codec's bytes
@@ -307,15 +318,15 @@ def compress(
     all_gather_bits: Optional[int] = None,
     *,
     min_numel: Optional[int] = None,
-    data_plane: str = "device",
+    data_plane: str = "auto",
     **params,
 ) -> CompressedReduceScatter:
     """Sets a compressed reduce-scatter on every ``fully_shard`` module in ``module``'s tree
     (one shared object: its ``calls`` and ``bytes_sent`` count all of them) and, with
     ``all_gather_bits`` (e.g. 8), a block-quantized parameter all-gather
     (:class:`CompressedAllGather`, kept as ``.all_gather`` of the returned object).
-    ``data_plane``: ``"device"`` (default) or ``"host"``, for both. ValueError when none is
-    sharded."""
+    ``data_plane``: ``"auto"`` (default), ``"device"`` or ``"host"``, for both. ValueError when
+    none is sharded."""
     from torch.distributed.fsdp import FSDPModule
 
     min_size = core.check_min_size(min_size, min_numel, "min_numel", MIN_SIZE)
