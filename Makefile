@@ -102,3 +102,9 @@ gpu-test: gpu-build build
 	compute-sanitizer --tool racecheck --error-exitcode 1 build/gpu/cgx_cuda_tests
 	CGX_CUDA_LIBRARY=$(CURDIR)/build/gpu/libcgx_cuda_capi.so CGX_TEST_REQUIRE_CUDA=1 \
 	  $(PY) -m pytest tests/test_device_*.py -q --timeout=600
+	CGX_CUDA_LIBRARY=$(CURDIR)/build/gpu/libcgx_cuda_capi.so CGX_TEST_REQUIRE_CUDA=1 \
+	  $(PY) -m pytest tests/test_gpu_two_ranks.py -q --timeout=600
+	CGX_CUDA_LIBRARY=$(CURDIR)/build/gpu/libcgx_cuda_capi.so \
+	  $(PY) -m benchmarks.device --device cuda --size 64M --json build/gpu/bench-device.json
+	CGX_CUDA_LIBRARY=$(CURDIR)/build/gpu/libcgx_cuda_capi.so \
+	  $(PY) -m benchmarks.device_allreduce --device cuda -b 1M -e 16M -f 4 --bits 4,8

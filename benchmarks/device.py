@@ -10,7 +10,8 @@ run times, in rounds whose order rotates (so that a noisy machine affects all al
 - ``fused_encode`` / ``fused_decode_add``: the fused kernel where one applies (CUDA max-min,
   ``torch_cgx.device.kernels.fused_for``: it passed its self-check), else ``-``;
 - ``torch_encode`` / ``torch_decode_add``: the GRACE-style torch-ops peer of
-  :mod:`benchmarks.torch_ops_compressors` on the same device (``-`` where it cannot run there).
+  :mod:`benchmarks.torch_ops_compressors` on the same device (its factories and generator on
+  the device through ``with torch.device(...)``; ``-`` where it cannot run there).
 
 Every rate is GB/s of fp32 input (``4 * numel / seconds / 1e9``), the median of ``--rounds``
 rounds of ``--iters`` calls; CUDA rounds are timed with CUDA events after a warm-up and a
@@ -91,14 +92,23 @@ def _peer(name: str, x: torch.Tensor, params: dict):
     peer = TORCH_OPS.get(name)
     if peer is None:
         return None
+    gen = torch.Generator(device=x.device).manual_seed(0)
+    out = torch.zeros_like(x)
+
+    def encode():
+        with torch.device(x.device):  # the peers' torch.rand(shape, generator=gen) etc.
+            return peer.encode(x, params, gen)
+
+    def decode_add():
+        with torch.device(x.device):
+            return peer.decode_add_(out, enc, params)
+
     try:
-        gen = torch.Generator(device=x.device).manual_seed(0)
-        enc = peer.encode(x, params, gen)
-        out = torch.zeros_like(x)
-        peer.decode_add_(out, enc, params)
+        enc = encode()
+        decode_add()
     except Exception:  # noqa: BLE001 - a peer that cannot run on this device: no column
         return None
-    return (lambda: peer.encode(x, params, gen)), (lambda: peer.decode_add_(out, enc, params))
+    return encode, decode_add
 
 
 def _reference(dc):
