@@ -73,6 +73,8 @@ inline std::vector<Case> make_cases() {
       {"graddrop", {{"drop", 0.5}}},
       {"onebit", {{"bucket_size", 16}}},
       {"efsignsgd", {{"bucket_size", 8}}},
+      {"sparseloco", {{"ratio", 0.3}, {"chunk", 7}, {"bits", 1}}},
+      {"sparseloco", {{"ratio", 0.5}, {"chunk", 70000}, {"bits", 8}}},  // u32 indices
   };
   for (const auto& [name, params] : more)
     out.push_back({with_params(name, params), make_compressor(name, params), CodecParams{}});
