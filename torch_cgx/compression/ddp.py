@@ -75,7 +75,7 @@ class PolicyState:
         role: the role the policy is asked about (default: gradients).
     """
 
-    __slots__ = ("process_group", "policy", "choices", "states", "_by_param")
+    __slots__ = ("process_group", "policy", "choices", "states", "_by_param", "_layouts")
 
     def __init__(
         self,
@@ -94,6 +94,7 @@ class PolicyState:
         self.choices: Dict[str, CompressionBase] = {}  # parameter name -> compression object
         self.states: Dict[Tuple[str, tuple], CompressionState] = {}  # codec -> its state
         self._by_param: Dict[int, CompressionState] = {}
+        self._layouts: Dict = {}  # gradient bucket -> its spans per choice (core.cached_layout)
         for name, p in module.named_parameters():
             info = CompressionInfo(name, TensorDescriptor(tuple(p.shape), p.dtype), role)
             choice = self.choices[name] = resolve(policy, info)
@@ -138,6 +139,15 @@ class PolicyState:
         exact)."""
         return self.choices[name].allreduce_codec()
 
+    def split(self, params) -> Dict[CompressionState, List[tuple]]:
+        """The (offset, numel, param) spans of a gradient bucket's ``params``, per choice."""
+        groups: Dict[CompressionState, List[tuple]] = {}
+        offset = 0
+        for p in params:
+            groups.setdefault(self.state_of(p), []).append((offset, p.numel(), p))
+            offset += p.numel()
+        return groups
+
     def state_of(self, param: torch.Tensor) -> CompressionState:
         if id(param) not in self._by_param:
             raise ValueError("a parameter of the DDP bucket is not in the PolicyState's module")
@@ -149,11 +159,7 @@ def policy_hook(state: PolicyState, bucket: dist.GradBucket) -> torch.futures.Fu
     compressed call."""
     grad_bucket = bucket  # DDP's name for the argument; the quantizer's bucket is bucket_size
     buf = grad_bucket.buffer()
-    groups: Dict[CompressionState, List[tuple]] = {}
-    offset = 0
-    for p in grad_bucket.parameters():
-        groups.setdefault(state.state_of(p), []).append((offset, p.numel(), p))
-        offset += p.numel()
+    groups = core.cached_layout(state._layouts, grad_bucket, state.split)
     parts, backend = [], None
     for sub, spans in groups.items():
         backend = sub._calls.refresh(sub.process_group)  # every choice's: the state's group

@@ -285,7 +285,7 @@ def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[t
     backend = calls_.refresh(state.process_group)
     plan = calls_.cached("cgx", lambda group: _Plan(state, group))
     buf = grad_bucket.buffer()
-    comp, exact = core.grad_spans(state.compresses, grad_bucket)
+    comp, exact = state.spans(grad_bucket)
     if plan.use is None:  # bits 32: everything exact
         comp, exact = [], comp + exact
     parts = []

@@ -236,7 +236,7 @@ def compression_hook(
     grad_bucket = bucket  # DDP's name for the argument; the quantizer's bucket is bucket_size
     backend = state._calls.refresh(state.process_group)
     buf = grad_bucket.buffer()
-    comp, exact = core.grad_spans(state.compresses, grad_bucket)
+    comp, exact = state.spans(grad_bucket)
     parts = compressed_parts(state, backend, grad_bucket, buf, comp, exact, True)
     if grad_bucket.is_last():
         state.steps += 1

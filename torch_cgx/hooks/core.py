@@ -37,6 +37,7 @@ from torch_cgx.hooks import levers
 __all__ = [
     "LayerState",
     "NativeCalls",
+    "cached_layout",
     "call_stream",
     "check_min_size",
     "clip_rule",
@@ -68,12 +69,27 @@ def settled(fut: torch.futures.Future) -> None:
 
 def grad_spans(compresses: Callable, grad_bucket) -> Tuple[List[Span], List[Span]]:
     """(offset, numel, param) of the gradients ``compresses(param)`` accepts, and of the
-    others, in the order of the gradient bucket's buffer."""
+    others, in the order of the gradient bucket's buffer (``grad_bucket``: or its parameters)."""
+    params = grad_bucket if isinstance(grad_bucket, list) else grad_bucket.parameters()
     spans, offset = ([], []), 0
-    for p in grad_bucket.parameters():
+    for p in params:
         spans[0 if compresses(p) else 1].append((offset, p.numel(), p))
         offset += p.numel()
     return spans
+
+
+def cached_layout(cache: dict, grad_bucket, make: Callable[[list], object]):
+    """``make(params)`` of the gradient bucket's parameters, computed once per set of them (the
+    same every step until DDP rebuilds its buckets): keyed by their identities, the entry keeps
+    them alive so the identities stay theirs. The caller never changes what it gets."""
+    params = grad_bucket.parameters()
+    key = tuple(map(id, params))
+    got = cache.get(key)
+    if got is None:
+        if len(cache) >= 256:  # buckets rebuilt again and again: start afresh
+            cache.clear()
+        got = cache[key] = (params, make(params))
+    return got[1]
 
 
 def call_stream(state, grad_bucket, first) -> int:
@@ -349,7 +365,8 @@ class LayerState:
     (with ``module=``) or identity, never by gradient bucket, so they survive DDP's rebuild of
     its gradient buckets after the first step."""
 
-    __slots__ = ("process_group", "min_size", "residuals", "steps", "_names", "_calls")
+    __slots__ = ("process_group", "min_size", "residuals", "steps", "_names", "_calls",
+                 "_layouts")  # fmt: skip
 
     def _init_layers(self, process_group, min_size: int, module) -> None:
         self.process_group, self.min_size = process_group, min_size
@@ -357,6 +374,7 @@ class LayerState:
         self.steps = 0  # DDP steps seen: numbers the random streams
         self._names: Dict[int, str] = {}
         self._calls = NativeCalls()
+        self._layouts: Dict = {}  # gradient bucket -> its spans (cached_layout)
         if module is not None:
             self._names = {id(p): name for name, p in module.named_parameters()}
 
@@ -367,6 +385,12 @@ class LayerState:
 
     def compresses(self, param: torch.Tensor) -> bool:
         return param.dim() > 1 and param.numel() >= self.min_size
+
+    def spans(self, grad_bucket) -> Tuple[List[Span], List[Span]]:
+        """:func:`grad_spans` of the gradient bucket, computed once per set of parameters (and
+        minimum size)."""
+        cache = self._layouts.setdefault(self.min_size, {})
+        return cached_layout(cache, grad_bucket, lambda params: grad_spans(self.compresses, params))
 
     def key(self, param: torch.Tensor):
         return self._names.get(id(param), id(param))
@@ -398,4 +422,4 @@ class LayerState:
         self.min_size = state["min_size"] if "min_size" in state else state["layer_min_size"]
         self.residuals = dict(state.get("residuals", {}))
         self.steps = state.get("steps", 0)
-        self._names, self._calls = {}, NativeCalls()
+        self._names, self._calls, self._layouts = {}, NativeCalls(), {}
