@@ -87,6 +87,19 @@ class DevicePlane:
             raise ValueError(f"cgx device plane: unknown call {kind!r}")
         return _done(outputs)
 
+    def allreduce_call(self, tensor: torch.Tensor, options, average: bool, residual=None):
+        """The hooks' call (``ProcessGroupCGX.allreduce_call`` for the tensors this plane
+        serves): ``tensor`` averaged (summed) in place with the hook's ``_C.CallOptions``;
+        ``residual`` (fp32 on the tensor's device) receives what this rank's compression left
+        out. Returns the completed Work."""
+        engine = self._engine(tensor)
+        call = self._call(options.config, average) if options.compressed else None
+        engine.allreduce(tensor, call, stream=options.stream, residual=residual, average=average)
+        return _done([tensor])
+
+    def serves(self, tensor: torch.Tensor) -> bool:
+        return tensor.device.type in self.engines
+
     # ---- helpers ----
 
     def _engine(self, t: torch.Tensor) -> DeviceEngine:

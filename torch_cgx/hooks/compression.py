@@ -184,7 +184,7 @@ def _apply_momentum(state: CompressionState, buf: torch.Tensor, spans: List[tupl
     for o, n, p in spans:
         u = state.momenta.get(state.key(p))
         if u is None or u.numel() != n:
-            u = state.momenta[state.key(p)] = torch.zeros(n, dtype=torch.float32)
+            u = state.momenta[state.key(p)] = torch.zeros(n, dtype=torch.float32, device=buf.device)
         part = buf[o : o + n]
         u.mul_(state.momentum).add_(part.float())
         part.copy_(u)

@@ -173,7 +173,21 @@ def issue(backend, tensor: torch.Tensor, options: _C.CallOptions, stream: int = 
     ``tensor``'s size, receives what its compression left out. Returns the Work."""
     if stream != options.stream:
         options = options.with_stream(stream)  # a cheap copy: the compressor is shared
+    plane = device_plane(backend, tensor)
+    if plane is not None:  # CUDA tensors (any, with data_plane=device): on their device
+        return plane.allreduce_call(tensor, options, average, residual)
     return backend.allreduce_call(tensor, options, average, residual)
+
+
+def device_plane(backend, tensor: torch.Tensor):
+    """The group's device plane when it serves ``tensor`` (torch_cgx/device/plane.py), else
+    None: the hooks' staged tensors then stay on their device (docs/gpu.md)."""
+    if not backend.device_plane_token():
+        return None
+    from torch_cgx.device.plane import plane_of
+
+    plane = plane_of(backend)
+    return plane if plane is not None and plane.serves(tensor) else None
 
 
 Keep = Optional[Callable[[torch.Tensor, torch.Tensor], None]]
@@ -222,7 +236,7 @@ def reduce_bucket(
     A CPU buffer goes to the backend in one native call (``reduce_bucket``,
     csrc/torch/bucket_call.h), which stages, reduces and writes back on the group's worker: the
     caller only lays the parts out. Other buffers are staged here, one native call per part."""
-    if not NATIVE_BUCKETS or buf.device.type != "cpu":
+    if not NATIVE_BUCKETS or buf.device.type != "cpu" or device_plane(backend, buf) is not None:
         return _reduce_staged(backend, buf, parts, extra, after)
     native, kept = [], []
     for part in parts:
@@ -312,7 +326,9 @@ def _reduce_staged(backend, buf, parts, extra, after) -> torch.futures.Future:
 
 def feedback(staged: levers.Staged) -> levers.Staged:
     """Gives ``staged`` an fp32 residual of its size for the backend to fill."""
-    staged.residual = torch.empty(staged.tensor.numel(), dtype=torch.float32)
+    staged.residual = torch.empty(
+        staged.tensor.numel(), dtype=torch.float32, device=staged.tensor.device
+    )
     return staged
 
 

@@ -81,7 +81,7 @@ def stage(
     if seeds and not split:
         rotations = [(0, padded(pos, bucket_size, True), seeds[0])]
     end = max([pos] + [st + sz for st, sz, _ in rotations])
-    out = torch.empty(end, dtype=dtype)
+    out = torch.empty(end, dtype=dtype, device=buf.device)
     # One split and one foreach call per step instead of a slice and a copy per layer:
     # per-op dispatch, not bytes, is most of a hook's own time on small layers.
     lengths = [n for _, n, _ in spans]
@@ -96,7 +96,7 @@ def stage(
     if end > pos:  # the last value sent (with its residual)
         out[pos:end].copy_(out[pos - 1 : pos].expand(end - pos))
     for start, size, seed in rotations:
-        _C.rotate_(out[start : start + size], bucket_size, seed, True)
+        rotate_(out[start : start + size], bucket_size, seed, True)
     return Staged(out, spans, starts, sizes, rotations)
 
 
@@ -105,9 +105,9 @@ def unstage(staged: Staged, buf: torch.Tensor, bucket_size: int) -> List[torch.T
     residual in the gradient's own domain (rotated back too), or an empty list."""
     out, res = staged.tensor, staged.residual
     for start, size, seed in staged.rotations:
-        _C.rotate_(out[start : start + size], bucket_size, seed, False)
+        rotate_(out[start : start + size], bucket_size, seed, False)
         if res is not None:  # R^T (R x - Q(R x)) = x - R^T Q(R x): the error where x lives
-            _C.rotate_(res[start : start + size], bucket_size, seed, False)
+            rotate_(res[start : start + size], bucket_size, seed, False)
     lengths = [n for _, n, _ in staged.spans]
     if out is not buf:
         offsets = [o for o, _, _ in staged.spans]
@@ -115,6 +115,17 @@ def unstage(staged: Staged, buf: torch.Tensor, bucket_size: int) -> List[torch.T
     if res is None:
         return []
     return views(res, staged.starts, lengths)
+
+
+def rotate_(x: torch.Tensor, bucket_size: int, seed: int, forward: bool) -> None:
+    """The rotation in place: the native one on CPU tensors, the device one (the same values,
+    torch_cgx/device/rotation.py) on tensors elsewhere."""
+    if x.device.type == "cpu":
+        _C.rotate_(x, bucket_size, seed, forward)
+    else:
+        from torch_cgx.device import rotation
+
+        rotation.rotate_(x, bucket_size, seed, forward)
 
 
 def views(tensor: torch.Tensor, starts: Sequence[int], lengths: Sequence[int]) -> List:
