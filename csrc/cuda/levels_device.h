@@ -1,0 +1,197 @@
+// Building blocks of the fused level-quantizer kernels (levels_cuda.cu: qsgd and terngrad, the
+// prim::Levels rule of csrc/core/primitives.h), written once for both sides like codec_device.h:
+// __host__ __device__ under nvcc, plain inline functions elsewhere. The CPU-only test
+// csrc/tests/levels_cuda_logic_test.cc drives them in the kernels' decomposition (eight lanes
+// per bucket, an xor butterfly over the lanes, groups of eight codes) against the native
+// compressors' bytes and values.
+//
+// Bit-exactness with the native compressors (docs/FORMAT.md, "Compressor payloads"):
+// - the bucket sums are prim::stats' eight fp64 lanes (element lo + 8q + j in lane j, each lane
+//   summed in element order), the lanes added as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 +
+//   l7)), which an xor butterfly over eight threads with offsets 1, 2, 4 computes exactly (IEEE
+//   addition is commutative);
+// - max |x| is order-free (min / max of the lanes, NaN ignored and reported);
+// - every fp32 / fp64 operation is one IEEE round-to-nearest operation (device_scalar.h);
+// - the uniforms are core/rng.h's, per global element index.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "device_scalar.h"
+
+namespace cgx::cuda::lv {
+
+using dev::as_f32;
+using dev::as_u32;
+
+enum Kind : int32_t { kQsgd = 0, kTernGrad = 1 };
+
+constexpr int kLanes = 8;
+
+#ifdef __CUDA_ARCH__
+CGX_HD float fdiv(float a, float b) { return __fdiv_rn(a, b); }
+CGX_HD double dsqrt(double a) { return __dsqrt_rn(a); }
+CGX_HD float ffloor(float a) { return floorf(a); }
+#else
+CGX_HD float fdiv(float a, float b) { return a / b; }
+CGX_HD double dsqrt(double a) { return std::sqrt(a); }
+CGX_HD float ffloor(float a) { return std::floor(a); }
+#endif
+
+CGX_HD bool is_nan(float v) { return (as_u32(v) & 0x7fffffffu) > 0x7f800000u; }
+CGX_HD bool is_finite(float v) { return (as_u32(v) & 0x7f800000u) != 0x7f800000u; }
+CGX_HD float abs_f(float v) { return as_f32(as_u32(v) & 0x7fffffffu); }
+
+// What one encode or decode needs (the compressor's parameters and the payload's layout).
+struct Params {
+  int32_t kind = kQsgd;
+  int32_t bits = 2;       // code width: qsgd's bits, terngrad 2
+  int32_t levels = 1;     // qsgd: 2^(bits-1) - 1; terngrad: 1
+  uint32_t neg_add = 1;   // qsgd: 2^(bits-1); terngrad: 1
+  float clip = 0.0f;      // terngrad's clip factor (0: off)
+  int64_t count = 0;      // n
+  int64_t bucket = 1;     // effective bucket size (>= 1)
+  int64_t buckets = 0;    // nb
+  uint64_t codes_offset;  // bytes of the scalars: 4 nb
+  uint64_t body = 0;      // body bytes
+  RngKey key;
+};
+
+// bucketed::layout for one f32 scalar per bucket; bucket_size 0: the whole tensor.
+CGX_HD Params make_params(int32_t kind, int32_t bits, float clip, int64_t count,
+                          int64_t bucket_size, uint64_t seed, uint64_t stream) {
+  Params p;
+  p.kind = kind;
+  p.bits = kind == kQsgd ? bits : 2;
+  p.levels = kind == kQsgd ? (1 << (bits - 1)) - 1 : 1;
+  p.neg_add = kind == kQsgd ? (1u << (bits - 1)) : 1u;
+  p.clip = kind == kTernGrad ? clip : 0.0f;
+  p.count = count;
+  p.bucket = bucket_size == 0 ? (count > 1 ? count : 1) : bucket_size;
+  p.buckets = (count + p.bucket - 1) / p.bucket;
+  p.codes_offset = uint64_t(p.buckets) * 4u;
+  p.body = p.codes_offset + uint64_t((count * p.bits + 7) / 8);
+  p.key = rng_key(seed, stream);
+  return p;
+}
+
+// The 32-byte envelope (compressor id 13 or 12, flags 0, param0 the bucket size, param1 qsgd's
+// bits or terngrad's clip bits).
+CGX_HD void write_envelope(const Params& p, int dtype_code, uint32_t param0, uint8_t* out) {
+  const uint8_t head[8] = {
+      'C', 'G', 'X', 'C', 1, uint8_t(dtype_code), uint8_t(p.kind == kQsgd ? 13 : 12), 0};
+  for (int k = 0; k < 8; ++k) out[k] = head[k];
+  const uint64_t count = uint64_t(p.count), body = p.body;
+  const uint32_t param1 = p.kind == kQsgd ? uint32_t(p.bits) : as_u32(p.clip);
+  for (int k = 0; k < 8; ++k) out[8 + k] = uint8_t(count >> (8 * k));
+  for (int k = 0; k < 8; ++k) out[16 + k] = uint8_t(body >> (8 * k));
+  for (int k = 0; k < 4; ++k) out[24 + k] = uint8_t(param0 >> (8 * k));
+  for (int k = 0; k < 4; ++k) out[28 + k] = uint8_t(param1 >> (8 * k));
+}
+
+// ---- the bucket scalar ----------------------------------------------------------------------
+
+// One lane of a bucket: fp64 sum of squares in element order, min / max ignoring NaN.
+struct Lane {
+  double sq;
+  float mn, mx;
+  uint32_t nan;
+};
+
+CGX_HD Lane lane_init() { return Lane{0.0, INFINITY, -INFINITY, 0u}; }
+
+CGX_HD void lane_add(Lane& l, float v) {
+  l.nan |= is_nan(v) ? 1u : 0u;
+  l.mn = v < l.mn ? v : l.mn;
+  l.mx = v > l.mx ? v : l.mx;
+  const double d = double(v);
+  l.sq = dev::dadd(l.sq, dev::dmul(d, d));
+}
+
+// Two lanes of one butterfly step: sums added (the order is symmetric), min / max merged.
+CGX_HD Lane lane_merge(const Lane& a, const Lane& b) {
+  Lane r;
+  r.sq = dev::dadd(a.sq, b.sq);
+  r.mn = b.mn < a.mn ? b.mn : a.mn;
+  r.mx = b.mx > a.mx ? b.mx : a.mx;
+  r.nan = a.nan | b.nan;
+  return r;
+}
+
+// The bucket's f32 scalar from its merged lanes and length: qsgd's l2 norm, terngrad's scale
+// (max |x|, or min(max |x|, clip * sqrt(mean x^2))); NaN for a bucket holding NaN or Inf.
+CGX_HD float bucket_scalar(const Params& p, const Lane& all, int64_t length) {
+  const float qnan = as_f32(0x7fc00000u);
+  if (all.nan || !is_finite(all.mn) || !is_finite(all.mx)) return qnan;
+  if (p.kind == kQsgd) return dev::d2f(dsqrt(all.sq));
+  const float amn = abs_f(all.mn), amx = abs_f(all.mx);
+  const float abs_max = amn < amx ? amx : amn;  // std::max(|mn|, |mx|)
+  if (!(p.clip > 0.0f)) return abs_max;
+  const double sigma = dsqrt(dev::ddiv(all.sq, double(length)));
+  const float c = dev::d2f(dev::dmul(double(p.clip), sigma));
+  return c < abs_max ? c : abs_max;  // std::min(abs_max, c)
+}
+
+// ---- per element ------------------------------------------------------------------------------
+
+// prim::Levels' code of element `index` (value x) in a bucket of scalar s (zero unless s is
+// finite and positive).
+CGX_HD uint32_t level_code(const Params& p, float s, float x, uint64_t index) {
+  if (!(is_finite(s) && s > 0.0f)) return 0u;
+  const float clip = p.kind == kQsgd ? INFINITY : s;
+  float a = abs_f(x);
+  a = a < clip ? a : clip;
+  const float num = float(p.levels);
+  const float u = rng_uniform(p.key, index);
+  const float f = ffloor(dev::fadd(fdiv(dev::fmul(num, a), s), u));
+  const float l = f < num ? f : num;
+  return uint32_t(l) + ((x < 0.0f && l > 0.0f) ? p.neg_add : 0u);
+}
+
+// The packed bytes of up to eight consecutive codes (code k at bits [k*bits, (k+1)*bits)).
+CGX_HD uint64_t pack8(const uint32_t* codes, int cnt, int bits) {
+  uint64_t w = 0;
+  for (int k = 0; k < cnt; ++k) w |= uint64_t(codes[k]) << (k * bits);
+  return w;
+}
+
+// Bytes of group g (elements 8g .. 8g + 7) in the code stream: `bits` for a full group.
+CGX_HD int group_bytes(const Params& p, int64_t g) {
+  const int64_t cnt = p.count - 8 * g < 8 ? p.count - 8 * g : 8;
+  return cnt == 8 ? p.bits : int((cnt * p.bits + 7) / 8);
+}
+
+// The value code c decodes to in a bucket of scalar s (qsgd: norm * l / levels with the sign
+// bit; terngrad: 0, +s, -s, NaN for 3 and a NaN scale's 0).
+CGX_HD float code_value(const Params& p, float s, uint32_t c) {
+  if (p.kind == kQsgd) {
+    const float mag = dev::fmul(s, fdiv(float(c & (p.neg_add - 1u)), float(p.levels)));
+    return (c & p.neg_add) ? -mag : mag;
+  }
+  const float qnan = as_f32(0x7fc00000u);
+  if (c == 0u) return is_nan(s) ? qnan : 0.0f;
+  if (c == 1u) return s;
+  if (c == 2u) return -s;
+  return qnan;
+}
+
+// Code i of the stream.
+CGX_HD uint32_t code_at(const uint8_t* codes, int64_t i, int bits) {
+  const int64_t bit = i * bits;
+  uint32_t two = codes[bit >> 3];
+  if (((bit & 7) + bits) > 8) two |= uint32_t(codes[(bit >> 3) + 1]) << 8;
+  return (two >> (bit & 7)) & ((1u << bits) - 1u);
+}
+
+// out = value (add: fp32 out + value, rounded once to out's type), core/dtype.h's conversions.
+template <DType D>
+CGX_HD void put(typename dev::ElemIO<D>::Raw* out, int64_t i, float v, bool add) {
+  using IO = dev::ElemIO<D>;
+  if (add) v = dev::fadd(IO::to_float(out[i]), v);
+  out[i] = IO::from_float(v);
+}
+
+}  // namespace cgx::cuda::lv
