@@ -35,6 +35,7 @@ _MODULES = {
     "threshold": "sparse",
     "dgc": "sparse",
     "graddrop": "sparse",
+    "sparseloco": "sparseloco",
 }
 
 
