@@ -9,6 +9,7 @@
 
 #include "codec_cuda.h"
 #include "core/error.h"
+#include "levels_cuda.h"
 
 namespace {
 
@@ -99,6 +100,30 @@ __attribute__((visibility("default"))) int cgx_cuda_capi_maxmin_decode(
     } else {
       cgx::cuda::decode(p, size_t(size), out, dtype_of(out_dtype), count, expected, error_flag, s);
     }
+  });
+}
+
+// cgx::cuda::levels_encode (qsgd: kind 0, terngrad: kind 1; bits and clip as the compressors'
+// parameters): `count` values of `dtype` at `in` into the `out_size` bytes at `out`.
+__attribute__((visibility("default"))) int cgx_cuda_capi_levels_encode(
+    const void* in, int dtype, int64_t count, int kind, int bits, float clip, int64_t bucket_size,
+    uint64_t seed, uint64_t stream_id, void* out, uint64_t out_size, void* stream) {
+  return guarded([&] {
+    cgx::cuda::levels_encode(in, dtype_of(dtype), count, {kind, bits, clip, bucket_size}, seed,
+                             stream_id, static_cast<uint8_t*>(out), size_t(out_size),
+                             static_cast<cudaStream_t>(stream));
+  });
+}
+
+// cgx::cuda::levels_decode with add = 1: out += the payload's values (the caller checked its
+// envelope; the layout comes from the parameters).
+__attribute__((visibility("default"))) int cgx_cuda_capi_levels_decode_add(
+    const void* payload, uint64_t size, void* out, int out_dtype, int64_t count, int kind, int bits,
+    float clip, int64_t bucket_size, void* stream) {
+  return guarded([&] {
+    cgx::cuda::levels_decode(static_cast<const uint8_t*>(payload), size_t(size), out,
+                             dtype_of(out_dtype), count, {kind, bits, clip, bucket_size}, true,
+                             static_cast<cudaStream_t>(stream));
   });
 }
 
