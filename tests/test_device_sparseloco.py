@@ -136,6 +136,24 @@ def test_sequential_sum_loop_and_cumsum_agree_with_the_native_order():
     assert not torch.equal(sequential_sum(v.flip(1)), want)  # the order matters for these
 
 
+def test_bits_1_mean_sums_in_index_order():
+    """bits = 1: the kept magnitudes' fp64 sum in index order decides the fp32 mean. With
+    1, 2^-24 and two 2^-53, left to right each 2^-53 is a tie lost to even (the sum stays on
+    fp32's midpoint 1 + 2^-24, rounding to 1); added first, they make 2^-52 and lift it to
+    1 + 2^-23. Every order of the four in a chunk against the native."""
+    import itertools
+
+    values = [1.0, 2.0**-24, 2.0**-53, 2.0**-53]
+    orders = sorted(set(itertools.permutations(values)))
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.tensor([v for order in orders for v in order]).to(dtype)
+        params = {"chunk": 4, "ratio": 1.0, "bits": 1}
+        got = codecs.get(NAME, **params).encode(x)
+        assert torch.equal(got, compressors.get(NAME, **params).encode(x)), dtype
+        a = got[32 : 32 + 8 * len(orders)].view(torch.float32)[::2]
+        assert set(a.tolist()) == {0.25, (1 + 2.0**-23) / 4}, dtype
+
+
 def test_quantization_error_within_half_a_step():
     """FORMAT.md's bound: a kept value decodes within d/2 (plus fp32 rounding) with its sign;
     bits = 1 within hi - lo; values not kept decode to 0."""
