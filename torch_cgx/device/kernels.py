@@ -2,8 +2,9 @@
 
 A *fused implementation* replaces a device codec's tensor operations (the *reference*) by a
 kernel for the tensors it applies to. Today: max-min's CUDA kernels (csrc/cuda) through the C
-ABI of ``libcgx_cuda_capi.so`` (:class:`CudaMaxMin`). The process setting ``device_kernels``
-(``CGX_DEVICE_KERNELS``) selects:
+ABI of ``libcgx_cuda_capi.so`` (:class:`CudaMaxMin`), and the fused qsgd / terngrad kernels of
+csrc/cuda/levels_cuda.cu through the same library (:class:`CudaLevels`). The process setting
+``device_kernels`` (``CGX_DEVICE_KERNELS``) selects:
 
 - ``reference``: tensor operations only;
 - ``auto`` (default): at the first use of each (implementation, device type, dtype, bits,
@@ -33,7 +34,9 @@ from typing import Dict, Iterator, List, Optional, Sequence
 import torch
 
 __all__ = [
+    "CudaLevels",
     "CudaMaxMin",
+    "FusedLevels",
     "FusedMaxMin",
     "decisions",
     "fused_for",
@@ -90,6 +93,22 @@ def library_candidates() -> List[pathlib.Path]:
     ]
 
 
+def _open_library():
+    """The first of :func:`library_candidates` that exists, loaded and version-checked, with
+    its path; OSError / RuntimeError otherwise."""
+    found = [p for p in library_candidates() if p.is_file()]
+    if not found:
+        where = ", ".join(str(p) for p in library_candidates())
+        raise OSError(f"library not found (looked at {where}; build it with make gpu-build "
+                      "or set CGX_CUDA_LIBRARY)")  # fmt: skip
+    lib = ctypes.CDLL(str(found[0]))
+    if lib.cgx_cuda_capi_version() != CAPI_VERSION:
+        raise RuntimeError(f"{found[0]} has C ABI version {lib.cgx_cuda_capi_version()}, "
+                           f"this torch_cgx needs {CAPI_VERSION}")  # fmt: skip
+    lib.cgx_cuda_capi_last_error.restype = ctypes.c_char_p
+    return lib, found[0]
+
+
 class CudaMaxMin(FusedMaxMin):
     """csrc/cuda's max-min kernels through ctypes; CUDA tensors only, no clipped range."""
 
@@ -104,23 +123,14 @@ class CudaMaxMin(FusedMaxMin):
     def load(self) -> None:
         if self._lib is not None:
             return
-        found = [p for p in library_candidates() if p.is_file()]
-        if not found:
-            where = ", ".join(str(p) for p in library_candidates())
-            raise OSError(f"library not found (looked at {where}; build it with make gpu-build "
-                          "or set CGX_CUDA_LIBRARY)")  # fmt: skip
-        lib = ctypes.CDLL(str(found[0]))
-        if lib.cgx_cuda_capi_version() != CAPI_VERSION:
-            raise RuntimeError(f"{found[0]} has C ABI version {lib.cgx_cuda_capi_version()}, "
-                               f"this torch_cgx needs {CAPI_VERSION}")  # fmt: skip
+        lib, path = _open_library()
         i64, u64, ptr, c_int = ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int
-        lib.cgx_cuda_capi_last_error.restype = ctypes.c_char_p
         lib.cgx_cuda_capi_maxmin_encode.argtypes = [ptr, c_int, i64, c_int, i64, c_int, c_int,
                                                     u64, u64, ptr, u64, ptr]  # fmt: skip
         lib.cgx_cuda_capi_maxmin_decode.argtypes = [ptr, u64, ptr, c_int, i64, c_int, c_int, i64,
                                                     c_int, c_int, ptr, ptr]  # fmt: skip
         if not lib.cgx_cuda_capi_available():
-            raise RuntimeError(f"{found[0]} loaded but reports no usable CUDA device")
+            raise RuntimeError(f"{path} loaded but reports no usable CUDA device")
         self._lib = lib
 
     def _check(self, status: int, what: str) -> None:
@@ -155,6 +165,80 @@ class CudaMaxMin(FusedMaxMin):
         return out
 
 
+class FusedLevels(FusedMaxMin):
+    """A fused implementation of the level quantizers qsgd and terngrad (same protocol as
+    :class:`FusedMaxMin`)."""
+
+    name = "fused levels"
+    codecs = ("qsgd", "terngrad")
+
+    def supports(self, codec, dtype: torch.dtype) -> bool:
+        return codec.name in self.codecs
+
+
+class CudaLevels(FusedLevels):
+    """csrc/cuda/levels_cuda.cu's qsgd / terngrad kernels through ctypes; CUDA tensors only."""
+
+    name = "cuda-levels (libcgx_cuda_capi.so)"
+
+    def __init__(self) -> None:
+        self._lib = None
+
+    def applies(self, device: torch.device) -> bool:
+        return device.type == "cuda"
+
+    def load(self) -> None:
+        if self._lib is not None:
+            return
+        lib, path = _open_library()
+        i64, u64, ptr, c_int = ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int
+        f32 = ctypes.c_float
+        lib.cgx_cuda_capi_levels_encode.argtypes = [ptr, c_int, i64, c_int, c_int, f32, i64, u64,
+                                                    u64, ptr, u64, ptr]  # fmt: skip
+        lib.cgx_cuda_capi_levels_decode_add.argtypes = [ptr, u64, ptr, c_int, i64, c_int, c_int,
+                                                        f32, i64, ptr]  # fmt: skip
+        if not lib.cgx_cuda_capi_available():
+            raise RuntimeError(f"{path} loaded but reports no usable CUDA device")
+        self._lib = lib
+
+    @staticmethod
+    def _config(codec):
+        """(kind, bits, clip) of the C ABI: qsgd 0, terngrad 1."""
+        if codec.name == "qsgd":
+            return 0, codec.bits, 0.0
+        return 1, 2, float(codec.clip)
+
+    def _check(self, status: int, what: str) -> None:
+        if status != 0:
+            message = self._lib.cgx_cuda_capi_last_error().decode(errors="replace")
+            raise RuntimeError(f"{self.name} {what}: {message}")
+
+    def encode(self, codec, x, seed, stream):
+        from torch_cgx.device.codecs.base import DTYPE_CODES
+
+        n = x.numel()
+        kind, bits, clip = self._config(codec)
+        out = torch.empty(codec.encoded_size(n, x.dtype), dtype=torch.uint8, device=x.device)
+        with torch.cuda.device(x.device):
+            cuda_stream = torch.cuda.current_stream(x.device).cuda_stream
+            self._check(self._lib.cgx_cuda_capi_levels_encode(
+                x.data_ptr(), DTYPE_CODES[x.dtype], n, kind, bits, clip, codec.bucket_size, seed,
+                stream, out.data_ptr(), out.numel(), cuda_stream), "encode")  # fmt: skip
+        return out
+
+    def decode_add_(self, codec, out, payload):
+        from torch_cgx.device.codecs.base import DTYPE_CODES
+
+        kind, bits, clip = self._config(codec)
+        with torch.cuda.device(out.device):
+            cuda_stream = torch.cuda.current_stream(out.device).cuda_stream
+            self._check(self._lib.cgx_cuda_capi_levels_decode_add(
+                payload.data_ptr(), payload.numel(), out.data_ptr(), DTYPE_CODES[out.dtype],
+                out.numel(), kind, bits, clip, codec.bucket_size, cuda_stream),
+                "decode_add")  # fmt: skip
+        return out
+
+
 class _State:
     def __init__(self, impls: Sequence) -> None:
         self.lock = threading.RLock()
@@ -164,7 +248,7 @@ class _State:
         self.checked: Dict[tuple, Optional[str]] = {}  # key -> None (passed) or the reason
 
 
-_state = _State([CudaMaxMin()])
+_state = _State([CudaMaxMin(), CudaLevels()])
 
 
 def mode() -> str:
@@ -219,10 +303,17 @@ def decisions() -> Dict[tuple, str]:
         }
 
 
+def _variant(codec) -> int:
+    """What else selects a kernel variant: max-min's flags, else the envelope's param1
+    (terngrad's clip bits; qsgd's bits)."""
+    return codec.flags if hasattr(codec, "flags") else codec.param1
+
+
 def _describe(impl, codec, dtype) -> str:
     dt = str(dtype).replace("torch.", "")
+    what = "flags" if hasattr(codec, "flags") else "param1"
     return (f"{impl.name} for {codec.name} ({dt}, bits={codec.bits}, "
-            f"bucket_size={codec.bucket_size}, flags={codec.flags})")  # fmt: skip
+            f"bucket_size={codec.bucket_size}, {what}={_variant(codec)})")  # fmt: skip
 
 
 def _fail(what: str, reason: str, strict: bool) -> None:
@@ -254,7 +345,7 @@ def fused_for(codec, device: torch.device, dtype: torch.dtype):
             _state.unavailable[id(impl)] = why = f"unavailable ({type(e).__name__}: {e})"
             _fail(impl.name, why, strict)
             return None
-        key = (impl.name, device.type, dtype, codec.bits, codec.bucket_size, codec.flags)
+        key = (impl.name, device.type, dtype, codec.bits, codec.bucket_size, _variant(codec))
         if key not in _state.checked:
             _state.checked[key] = why = _self_check(impl, codec, device, dtype)
             if why is not None:
@@ -270,7 +361,10 @@ def fused_for(codec, device: torch.device, dtype: torch.dtype):
 
 def check_size(bucket_size: int) -> int:
     """Elements of the self-check buffer: two full buckets, half of one and 3 more (a raw tail
-    or an incomplete bucket, and a partial code byte), at most 2^19 + 3."""
+    or an incomplete bucket, and a partial code byte), at most 2^19 + 3; 4099 for bucket size 0
+    (the whole tensor is one bucket)."""
+    if bucket_size <= 0:
+        return 4099
     if bucket_size > 1 << 17:
         return (1 << 19) + 3
     return 2 * bucket_size + bucket_size // 2 + 3
@@ -279,6 +373,7 @@ def check_size(bucket_size: int) -> int:
 def _check_input(n: int, bucket_size: int, dtype, device) -> torch.Tensor:
     """Gaussian values over six decades (bucket by bucket), a constant second bucket and a zero;
     built on the host from a fixed seed and copied to the device."""
+    bucket_size = bucket_size if bucket_size > 0 else n
     g = torch.Generator().manual_seed(20240528)
     x = torch.randn(n, generator=g, dtype=torch.float64)
     scale = 10.0 ** (torch.arange(n, dtype=torch.float64) // bucket_size % 7 - 3)

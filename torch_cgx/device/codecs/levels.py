@@ -4,6 +4,10 @@ max-min generator keyed by (seed, stream, element index)) and tbq (a fixed thres
 The rule, in fp32 and in this order: ``a = min(|x|, clip)`` (NaN: clip), ``f = floor(num * a / den
 + u)``, ``l = min(f, levels)``, code ``l + (x < 0 and l > 0 ? neg : 0)``. Code 3 of the 2-bit
 formats decodes to NaN and makes ``header_ok`` False (the native decoder raises instead).
+
+qsgd and terngrad may run through a fused kernel (csrc/cuda/levels_cuda.cu) where one applies
+and passed its self-check (torch_cgx/device/kernels.py: CUDA tensors); the tensor operations
+here are the reference, and the only path on the CPU.
 """
 
 from __future__ import annotations
@@ -67,6 +71,37 @@ class _Levels(DenseCodec):
             (self.codes(body, numel) != 3).all() if self.ternary else super().codes_ok(body, numel)
         )
 
+    # ---- fused kernels (qsgd, terngrad): kernels.fused_for decides, as maxmin.py ---------------
+
+    def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
+        """The payload; through a fused kernel where one applies, else the tensor operations."""
+        from torch_cgx.device import kernels
+
+        x = check_input(x, self.name)
+        check_keys(self.name, seed=seed, stream=stream, shared=shared)
+        fused = kernels.fused_for(self, x.device, x.dtype)
+        if fused is not None:
+            return fused.encode(self, x, seed, stream)
+        return self.reference_encode(x, seed=seed, stream=stream, shared=shared)
+
+    def decode_add_(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
+        """``out += decode(payload)`` (fp32, rounded once); through a fused kernel where one
+        applies (the envelope is not checked here: :meth:`header_ok`)."""
+        if (isinstance(out, torch.Tensor) and isinstance(payload, torch.Tensor)
+                and out.is_contiguous() and payload.is_contiguous()
+                and payload.device == out.device):  # fmt: skip
+            from torch_cgx.device import kernels
+
+            self.body(payload, out.numel(), out.dtype)  # dtype and size checks
+            fused = kernels.fused_for(self, out.device, out.dtype)
+            if fused is not None:
+                fused.decode_add_(self, out.view(-1), payload)
+                return out
+        return self.reference_decode_add_(out, payload)
+
+    def reference_decode_add_(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
+        return DenseCodec.decode_add_(self, out, payload)
+
 
 class TernGrad(_Levels):
     """Per bucket s = max |x| (with clip = c > 0: min(max |x|, c * sqrt(mean x^2)), values clipped
@@ -80,7 +115,7 @@ class TernGrad(_Levels):
         self.clip = to_f32(self.config["clip"])
         self.param1 = f32_bits(self.clip)
 
-    def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
+    def reference_encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0):
         x, v = self._prepare(x, seed, stream, shared)
         layout = self.layout(v.numel())
         grid = layout.grid(v)
@@ -116,7 +151,7 @@ class QSGD(_Levels):
         self.bits = self.param1 = int(self.config["bits"])
         self.levels = (1 << (self.bits - 1)) - 1
 
-    def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
+    def reference_encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0):
         x, v = self._prepare(x, seed, stream, shared)
         layout = self.layout(v.numel())
         grid = layout.grid(v)

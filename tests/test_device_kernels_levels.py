@@ -1,0 +1,199 @@
+"""The fused-kernel selection (torch_cgx/device/kernels.py) for the level quantizers qsgd and
+terngrad, on CPU tensors with injected fake kernels (a correct one is used after one
+self-check; a wrong one: auto warns once naming it and uses the reference, fused raises), and
+the real CUDA kernels (csrc/cuda/levels_cuda.cu) against the CPU codec where a GPU is."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import warnings
+
+import pytest
+import torch
+
+from torch_cgx.device import codecs, kernels
+
+
+class FakeLevels(kernels.FusedLevels):
+    """A 'kernel' on CPU tensors: the reference itself, optionally corrupted."""
+
+    def __init__(self, name="fake-levels", corrupt_encode=False, corrupt_decode=False):
+        self.name = name
+        self.corrupt_encode, self.corrupt_decode = corrupt_encode, corrupt_decode
+        self.encodes = self.decodes = 0
+
+    def applies(self, device):
+        return device.type == "cpu"
+
+    def encode(self, codec, x, seed, stream):
+        self.encodes += 1
+        p = codec.reference_encode(x, seed=seed, stream=stream)
+        if self.corrupt_encode:
+            p[-1] ^= 1  # one bit of the last code byte
+        return p
+
+    def decode_add_(self, codec, out, payload):
+        self.decodes += 1
+        codec.reference_decode_add_(out, payload)
+        if self.corrupt_decode:
+            out[out.numel() // 2] += 1
+        return out
+
+
+@pytest.fixture
+def mode(monkeypatch):
+    def set_mode(value):
+        monkeypatch.setenv("CGX_DEVICE_KERNELS", value)
+        kernels.reset()
+
+    yield set_mode
+    monkeypatch.delenv("CGX_DEVICE_KERNELS", raising=False)
+    kernels.reset()
+
+
+CODECS = [
+    ("qsgd", dict(bits=3, bucket_size=100)),
+    ("qsgd", dict(bits=8, bucket_size=0)),
+    ("terngrad", dict(bucket_size=64)),
+    ("terngrad", dict(bucket_size=64, clip=2.5)),
+]
+
+
+def _roundtrip(codec, n=1000, dtype=torch.float32):
+    x = torch.randn(n).to(dtype)
+    p = codec.encode(x, seed=3, stream=4)
+    out = torch.zeros(n, dtype=dtype)
+    codec.decode_add_(out, p)
+    return x, p, out
+
+
+@pytest.mark.parametrize("name,params", CODECS)
+def test_a_correct_kernel_is_used_after_one_self_check(mode, name, params):
+    mode("auto")
+    fake = FakeLevels()
+    codec = codecs.get(name, **params)
+    with kernels.use_implementations([fake]), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        x, p, out = _roundtrip(codec)
+        assert torch.equal(p, codec.reference_encode(x, seed=3, stream=4))
+        want = torch.zeros(1000)
+        codec.reference_decode_add_(want, p)
+        assert torch.equal(out, want)
+        _roundtrip(codec)
+        assert (fake.encodes, fake.decodes) == (3, 3)  # one self-check, then two round trips
+        ((key, outcome),) = kernels.decisions().items()
+        assert key == ("fake-levels", "cpu", torch.float32, codec.bits, codec.bucket_size,
+                       codec.param1) and outcome == "fused"  # fmt: skip
+        _roundtrip(codec, dtype=torch.bfloat16)
+        assert len(kernels.decisions()) == 2  # a new dtype: checked again
+
+
+def test_the_fake_is_not_offered_other_codecs(mode):
+    mode("fused")
+    fake = FakeLevels(corrupt_encode=True)
+    with kernels.use_implementations([fake]), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in ("tbq", "efsignsgd", "maxmin"):
+            _roundtrip(codecs.get(name))
+    assert fake.encodes == 0 and kernels.decisions() == {}
+
+
+@pytest.mark.parametrize("name,params", CODECS)
+@pytest.mark.parametrize("broken", ["encode", "decode"])
+def test_auto_warns_once_naming_the_kernel_and_falls_back(mode, name, params, broken):
+    mode("auto")
+    fake = FakeLevels("wrong-levels", corrupt_encode=broken == "encode",
+                      corrupt_decode=broken == "decode")  # fmt: skip
+    codec = codecs.get(name, **params)
+    with kernels.use_implementations([fake]):
+        with pytest.warns(RuntimeWarning) as record:
+            x, p, out = _roundtrip(codec, n=777)
+            _roundtrip(codec, n=777)
+        assert len(record) == 1
+        message = str(record[0].message)
+        assert "wrong-levels" in message and "failed its self-check" in message
+        assert f"for {name} (float32, bits={codec.bits}" in message
+        assert ("encode differs" if broken == "encode" else "decode_add differs") in message
+        assert torch.equal(p, codec.reference_encode(x, seed=3, stream=4))
+        want = torch.zeros(777)
+        codec.reference_decode_add_(want, p)
+        assert torch.equal(out, want)
+        assert fake.encodes == 1  # the self-check only
+
+
+@pytest.mark.parametrize("name,params", CODECS[:3:2])
+def test_fused_mode_raises_on_a_wrong_kernel(mode, name, params):
+    mode("fused")
+    codec = codecs.get(name, **params)
+    with kernels.use_implementations([FakeLevels("wrong-levels", corrupt_decode=True)]):
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="wrong-levels .*failed its self-check"):
+                codec.encode(torch.randn(50))
+    with kernels.use_implementations([FakeLevels("good-levels")]):
+        _roundtrip(codec)
+
+
+def test_bad_payloads_are_rejected_before_any_kernel(mode):
+    mode("fused")
+    fake = FakeLevels()
+    codec = codecs.get("qsgd")
+    with kernels.use_implementations([fake]):
+        p = codec.encode(torch.randn(100))
+        with pytest.raises(ValueError, match="payload corrupt"):
+            codec.decode_add_(torch.zeros(101), p)
+        with pytest.raises(ValueError, match="dtype must be"):
+            codec.decode_add_(torch.zeros(100, dtype=torch.float64), p)
+        with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+            codec.encode(torch.zeros(4, dtype=torch.int32))
+    assert fake.decodes == 1  # the self-check's
+
+
+def test_the_cuda_kernels_never_apply_to_cpu_tensors(mode, monkeypatch, tmp_path):
+    mode("fused")
+    monkeypatch.setenv("CGX_CUDA_LIBRARY", str(tmp_path / "missing.so"))
+    real = kernels.CudaLevels()
+    with kernels.use_implementations([real]), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name, params in CODECS:
+            _roundtrip(codecs.get(name, **params))
+    assert real._lib is None
+    with pytest.raises(OSError, match="missing.so"):
+        real.load()
+    assert any(isinstance(i, kernels.CudaLevels) for i in kernels.implementations())
+
+
+def test_the_cuda_kernels_pass_their_self_check_on_a_gpu(mode):
+    """On a GPU with the library built (make gpu-build): mode fused, every configuration
+    checked and used, the payloads the CPU codec's bytes and the decoded values its values."""
+    from test_device_maxmin import cuda_or_skip
+
+    from torch_cgx import compressors
+
+    cuda = cuda_or_skip()
+    mode("fused")
+    try:
+        kernels.CudaLevels().load()
+    except (OSError, RuntimeError, AttributeError) as e:
+        if os.environ.get("CGX_TEST_REQUIRE_CUDA") == "1":
+            raise
+        pytest.skip(f"no CUDA levels kernel library: {e}")
+    configs = [("qsgd", dict(bits=b)) for b in (2, 4, 8)]
+    configs += [("terngrad", dict(clip=c)) for c in (0.0, 2.5)]
+    for (name, params), dtype, bucket in itertools.product(
+        configs, (torch.float32, torch.float16, torch.bfloat16), (0, 7, 512, 4097)
+    ):
+        x = torch.randn(20011).to(dtype)
+        x[5000:5100] = 0
+        c = codecs.get(name, bucket_size=bucket, **params)
+        got = c.encode(x.to(cuda), seed=9, stream=bucket)
+        native = compressors.get(name, bucket_size=bucket, **params)
+        want = native.encode(x, seed=9, stream=bucket)
+        assert torch.equal(got.cpu(), want), (name, params, dtype, bucket)
+        out = torch.randn(20011).to(dtype)
+        dev_out = out.to(cuda)
+        c.decode_add_(dev_out, got)
+        ref = native.decode_add_(out, want)
+        bits = torch.int32 if dtype == torch.float32 else torch.int16
+        assert torch.equal(dev_out.cpu().view(bits), ref.view(bits)), (name, params, dtype)
+    assert kernels.decisions() and set(kernels.decisions().values()) == {"fused"}
