@@ -54,7 +54,7 @@ def mode(monkeypatch):
 
 CODECS = [
     ("qsgd", dict(bits=3, bucket_size=100)),
-    ("qsgd", dict(bits=8, bucket_size=0)),
+    ("qsgd", dict(bits=8, bucket_size=4097)),
     ("terngrad", dict(bucket_size=64)),
     ("terngrad", dict(bucket_size=64, clip=2.5)),
 ]
@@ -89,13 +89,16 @@ def test_a_correct_kernel_is_used_after_one_self_check(mode, name, params):
         assert len(kernels.decisions()) == 2  # a new dtype: checked again
 
 
-def test_the_fake_is_not_offered_other_codecs(mode):
+def test_other_codecs_and_long_buckets_take_the_reference_silently(mode):
     mode("fused")
     fake = FakeLevels(corrupt_encode=True)
     with kernels.use_implementations([fake]), warnings.catch_warnings():
         warnings.simplefilter("error")
         for name in ("tbq", "efsignsgd", "maxmin"):
             _roundtrip(codecs.get(name))
+        for bucket in (0, kernels.FusedLevels.max_bucket + 1):
+            _roundtrip(codecs.get("qsgd", bucket_size=bucket))
+            _roundtrip(codecs.get("terngrad", bucket_size=bucket))
     assert fake.encodes == 0 and kernels.decisions() == {}
 
 
@@ -181,7 +184,7 @@ def test_the_cuda_kernels_pass_their_self_check_on_a_gpu(mode):
     configs = [("qsgd", dict(bits=b)) for b in (2, 4, 8)]
     configs += [("terngrad", dict(clip=c)) for c in (0.0, 2.5)]
     for (name, params), dtype, bucket in itertools.product(
-        configs, (torch.float32, torch.float16, torch.bfloat16), (0, 7, 512, 4097)
+        configs, (torch.float32, torch.float16, torch.bfloat16), (1, 7, 512, 4097)
     ):
         x = torch.randn(20011).to(dtype)
         x[5000:5100] = 0
@@ -197,3 +200,35 @@ def test_the_cuda_kernels_pass_their_self_check_on_a_gpu(mode):
         bits = torch.int32 if dtype == torch.float32 else torch.int16
         assert torch.equal(dev_out.cpu().view(bits), ref.view(bits)), (name, params, dtype)
     assert kernels.decisions() and set(kernels.decisions().values()) == {"fused"}
+
+
+def test_the_c_abi_rejects_bad_arguments_where_built():
+    """Where make gpu-build made the library: the levels entry points return argument errors as
+    status 1 with a message, before touching a device (so this runs without a GPU)."""
+    import ctypes
+
+    found = [p for p in kernels.library_candidates() if p.is_file()]
+    if not found:
+        pytest.skip("libcgx_cuda_capi.so not built (make gpu-build)")
+    lib = ctypes.CDLL(str(found[0]))
+    if not hasattr(lib, "cgx_cuda_capi_levels_encode"):
+        pytest.skip(f"{found[0]} predates the levels kernels (rebuild: make gpu-build)")
+    lib.cgx_cuda_capi_last_error.restype = ctypes.c_char_p
+    i64, u64, ptr, c_int, f32 = (ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int,
+                                 ctypes.c_float)  # fmt: skip
+    enc = lib.cgx_cuda_capi_levels_encode
+    enc.argtypes = [ptr, c_int, i64, c_int, c_int, f32, i64, u64, u64, ptr, u64, ptr]
+    dec = lib.cgx_cuda_capi_levels_decode_add
+    dec.argtypes = [ptr, u64, ptr, c_int, i64, c_int, c_int, f32, i64, ptr]
+    cases = [
+        ((0, 10, 0, 9, 0.0, 512, 0, 0, None, 0), "qsgd bits must be in [2, 8]"),
+        ((0, 10, 2, 4, 0.0, 512, 0, 0, None, 0), "levels kind must be"),
+        ((0, 10, 1, 2, -1.0, 512, 0, 0, None, 0), "clip must be finite"),
+        ((7, 10, 0, 4, 0.0, 512, 0, 0, None, 0), "dtype code 7"),
+        ((0, 10, 0, 4, 0.0, 512, 0, 0, None, 10), "out has 10 bytes, need 41"),
+    ]
+    for args, message in cases:  # the message is read right after each call
+        assert enc(None, *args, None) == 1
+        assert message in lib.cgx_cuda_capi_last_error().decode()
+    assert dec(None, 40, None, 0, 10, 1, 2, 0.0, 4, None) == 1
+    assert "payload has 40 bytes, need 47" in lib.cgx_cuda_capi_last_error().decode()

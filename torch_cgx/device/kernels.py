@@ -171,9 +171,12 @@ class FusedLevels(FusedMaxMin):
 
     name = "fused levels"
     codecs = ("qsgd", "terngrad")
+    # Eight threads sum a bucket in prim::stats' lane order (serial per lane, for the native
+    # bytes): buckets beyond this, and bucket size 0 (the whole tensor), take the reference.
+    max_bucket = 1 << 16
 
     def supports(self, codec, dtype: torch.dtype) -> bool:
-        return codec.name in self.codecs
+        return codec.name in self.codecs and 0 < codec.bucket_size <= self.max_bucket
 
 
 class CudaLevels(FusedLevels):
