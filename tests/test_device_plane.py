@@ -87,6 +87,15 @@ def body_other_calls(rank, world):
     out_list = torch.empty(2048)
     dist.reduce_scatter(out_list, chunks, group=dev)
     assert torch.equal(out_list, out_host)
+    # allreduce_with (the hooks' entry): result and error-feedback residual as natively.
+    import torch_cgx
+
+    x, y = _values(rank, 3000, 4), _values(rank, 3000, 4)
+    res_dev, res_host = torch.empty(3000), torch.empty(3000)
+    for group, t, res in ((dev, x, res_dev), (host, y, res_host)):
+        backend = torch_cgx.cgx_backend(group)
+        backend.allreduce_with(t, backend.config(), True, res).wait()
+    assert torch.equal(x, y) and torch.equal(res_dev, res_host) and res_dev.abs().sum() > 0
     # Forwarded collectives of CPU tensors stay on the inner Gloo backend.
     b = torch.full((3,), float(rank))
     dist.broadcast(b, src=1, group=dev)
@@ -154,3 +163,23 @@ def test_bad_data_plane_value():
 
     with pytest.raises(ValueError, match="data_plane"):
         torch_cgx.Options(data_plane="gpu")
+
+
+def body_hierarchical(rank, world):
+    import torch_cgx
+    from torch_cgx.device import plane
+
+    dev, host = _groups(bits=4, bucket_size=128, hierarchical="on", inner_communicator="gloo")
+    assert torch_cgx.cgx_backend(dev).hierarchical() and torch_cgx.cgx_backend(host).hierarchical()
+    assert plane.plane_of(torch_cgx.cgx_backend(dev)).engines["cpu"].hierarchy is not None
+    for n in (5000, 777):
+        a, b = _values(rank, n), _values(rank, n)
+        dist.all_reduce(a, group=dev)
+        dist.all_reduce(b, group=host)
+        assert torch.equal(a, b), (n, (a - b).abs().max())
+    dist.destroy_process_group()
+
+
+def test_hierarchical_allreduce_on_the_device_plane_equals_the_native_engine():
+    # 4 ranks as 2 emulated nodes of 2 (the launcher's LOCAL_WORLD_SIZE)
+    run_ranks(body_hierarchical, 4, env={"LOCAL_WORLD_SIZE": "2"}, timeout=180)

@@ -18,7 +18,9 @@
 namespace cgx::binding {
 
 struct DevicePlane {
-  // (kind, outputs, inputs, reduce op, the call's settings) -> the call's Work. Kinds: "allreduce"
+  // (kind, outputs, inputs, reduce op, the call's settings) -> the call's Work. Kinds:
+  // "allreduce_call" (allreduce_with / allreduce_call: outputs the tensor, inputs its residual,
+  // if any; SUM or AVG; the settings hold the stream), "allreduce"
   // (outputs: the tensor), "allreduce_coalesced" (outputs: the tensors), "reduce_scatter" (outputs:
   // one output; inputs: its chunks in rank order), "reduce_scatter_base" and
   // "reduce_scatter_coalesced" (outputs and inputs pairwise). Called with the GIL taken.

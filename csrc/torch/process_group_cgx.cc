@@ -186,6 +186,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_call(at::Tensor tensor
   TORCH_CHECK_VALUE(tensor.device().is_cpu() || tensor.device().is_cuda(),
                     "allreduce_with needs a tensor with data on the CPU or a GPU, got one on ",
                     tensor.device());
+  if (plane_.serves(tensor)) {  // the options' config carries the stream
+    std::vector<at::Tensor> residuals;
+    if (residual) residuals.push_back(*residual);
+    const int64_t op = average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
+    return plane_.call("allreduce_call", {tensor}, residuals, op, options.config());
+  }
   if (residual) {
     TORCH_CHECK_VALUE(residual->scalar_type() == at::kFloat && residual->is_contiguous() &&
                           residual->device().is_cpu() && residual->numel() == tensor.numel(),

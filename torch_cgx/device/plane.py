@@ -36,9 +36,12 @@ class DevicePlane:
     """The device plane of one cgx group (see the module). ``transports``: device type ->
     :class:`GroupTransport` (``cuda``: NCCL or Gloo; ``cpu``: Gloo, with ``data_plane=device``)."""
 
-    def __init__(self, transports: Dict[str, GroupTransport]) -> None:
+    def __init__(self, transports: Dict[str, GroupTransport], hierarchies=None) -> None:
         self.transports = transports
-        self.engines = {kind: DeviceEngine(t) for kind, t in transports.items()}
+        hierarchies = hierarchies or {}
+        self.engines = {
+            kind: DeviceEngine(t, hierarchies.get(kind)) for kind, t in transports.items()
+        }
         self.token = next(_TOKENS)
         self._calls: Dict[tuple, Optional[DeviceCall]] = {}
         self._since: dict = {}
@@ -66,7 +69,10 @@ class DevicePlane:
             self._exact_other(engine.t, kind, outputs, inputs, op)
             return _done(outputs)
         call = self._call(native, op == _AVG)
-        if kind == "allreduce":
+        if kind == "allreduce_call":  # the hooks' and allreduce_with's: the stream is given
+            residual = inputs[0] if inputs else None
+            engine.allreduce(t, call, stream=native.stream, residual=residual, average=op == _AVG)
+        elif kind == "allreduce":
             engine.allreduce(t, call, average=op == _AVG)
         elif kind == "allreduce_coalesced":  # one fused piece, as the native adapter
             flat = torch.cat([x.reshape(-1) for x in outputs])
@@ -86,16 +92,6 @@ class DevicePlane:
         else:
             raise ValueError(f"cgx device plane: unknown call {kind!r}")
         return _done(outputs)
-
-    def allreduce_call(self, tensor: torch.Tensor, options, average: bool, residual=None):
-        """The hooks' call (``ProcessGroupCGX.allreduce_call`` for the tensors this plane
-        serves): ``tensor`` averaged (summed) in place with the hook's ``_C.CallOptions``;
-        ``residual`` (fp32 on the tensor's device) receives what this rank's compression left
-        out. Returns the completed Work."""
-        engine = self._engine(tensor)
-        call = self._call(options.config, average) if options.compressed else None
-        engine.allreduce(tensor, call, stream=options.stream, residual=residual, average=average)
-        return _done([tensor])
 
     def serves(self, tensor: torch.Tensor) -> bool:
         return tensor.device.type in self.engines
@@ -211,5 +207,35 @@ def install(backend, config: CGXConfig, store, rank: int, size: int, timeout) ->
         if cuda and "cuda" not in transports:
             transports["cuda"] = GroupTransport(gloo, rank, size, device="cuda")
         carrier = carrier or gloo
-    plane = DevicePlane(transports)
+    hierarchies = {}
+    if backend.hierarchical():  # the native layout (topology.attach_hierarchy), on the device
+        hierarchies = {
+            kind: _hierarchy(kind, t.pg, config, store, rank, size, timeout)
+            for kind, t in transports.items()
+        }
+    plane = DevicePlane(transports, hierarchies)
     backend.set_device_plane(plane, carrier, every, plane.token)
+
+
+def _hierarchy(kind: str, carrier, config: CGXConfig, store, rank: int, size: int, timeout):
+    """The node and cross-node transports of the hierarchical allreduce for ``kind``'s tensors,
+    of the carrier's type (NCCL or Gloo), on the node layout topology.attach_hierarchy found."""
+    from torch_cgx.device.engine import Hierarchy
+    from torch_cgx.topology import _place, layout
+
+    nodes = layout([store.get(f"node/{r}").decode() for r in range(size)])
+    node, local = _place(nodes, rank)
+    nccl = type(carrier).__name__ == "ProcessGroupNCCL"
+
+    def group(prefix: str, r: int, n: int) -> GroupTransport:
+        s = dist.PrefixStore(f"device/{kind}/{prefix}", store)
+        pg = dist.ProcessGroupNCCL(s, r, n) if nccl else dist.ProcessGroupGloo(s, r, n, timeout)
+        return GroupTransport(pg, r, n, device=kind)
+
+    intra = group(f"intra/{node}/", local, len(nodes[node]))
+    cross = None
+    if not config.intra_broadcast:
+        cross = group(f"cross/{local}/", node, len(nodes))
+    elif local == 0:
+        cross = group("cross/", node, len(nodes))
+    return Hierarchy(intra, cross, local, len(nodes[node]), config.intra_broadcast)

@@ -173,15 +173,14 @@ def issue(backend, tensor: torch.Tensor, options: _C.CallOptions, stream: int = 
     ``tensor``'s size, receives what its compression left out. Returns the Work."""
     if stream != options.stream:
         options = options.with_stream(stream)  # a cheap copy: the compressor is shared
-    plane = device_plane(backend, tensor)
-    if plane is not None:  # CUDA tensors (any, with data_plane=device): on their device
-        return plane.allreduce_call(tensor, options, average, residual)
+    # A tensor the group's device plane serves (CUDA; any with data_plane=device) goes there.
     return backend.allreduce_call(tensor, options, average, residual)
 
 
 def device_plane(backend, tensor: torch.Tensor):
     """The group's device plane when it serves ``tensor`` (torch_cgx/device/plane.py), else
-    None: the hooks' staged tensors then stay on their device (docs/gpu.md)."""
+    None: such a bucket is staged here, on its device, and each staged tensor reduced by the
+    plane (the adapter routes ``allreduce_call`` to it; docs/gpu.md)."""
     if not backend.device_plane_token():
         return None
     from torch_cgx.device.plane import plane_of
