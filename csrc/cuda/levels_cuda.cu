@@ -68,14 +68,8 @@ __global__ void codes_kernel(const typename dev::ElemIO<D>::Raw* x, lv::Params p
   const int64_t groups = (p.count + 7) / 8;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < groups; g += stride) {
-    uint32_t c[8];
-    const int cnt = int(p.count - 8 * g < 8 ? p.count - 8 * g : 8);
-    for (int k = 0; k < cnt; ++k) {
-      const int64_t i = 8 * g + k;
-      const float s = lv::as_f32(dev::load_u32(scalars + 4 * (i / p.bucket)));
-      c[k] = lv::level_code(p, s, IO::to_float(x[i]), uint64_t(i));
-    }
-    const uint64_t word = lv::pack8(c, cnt, p.bits);
+    const uint64_t word =
+        lv::group_codes(p, scalars, g, [&](int64_t i) { return IO::to_float(x[i]); });
     const int nbytes = lv::group_bytes(p, g);
     for (int k = 0; k < nbytes; ++k) codes[g * p.bits + k] = uint8_t(word >> (8 * k));
   }
@@ -84,12 +78,10 @@ __global__ void codes_kernel(const typename dev::ElemIO<D>::Raw* x, lv::Params p
 template <DType D, bool kAdd>
 __global__ void decode_kernel(const uint8_t* payload, lv::Params p,
                               typename dev::ElemIO<D>::Raw* out) {
-  const uint8_t* scalars = payload + 32;
-  const uint8_t* codes = payload + 32 + p.codes_offset;
+  const uint8_t* body = payload + 32;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.count; i += stride) {
-    const float s = lv::as_f32(dev::load_u32(scalars + 4 * (i / p.bucket)));
-    lv::put<D>(out, i, lv::code_value(p, s, lv::code_at(codes, i, p.bits)), kAdd);
+    lv::put<D>(out, i, lv::element_value(p, body, i), kAdd);
   }
 }
 

@@ -151,10 +151,22 @@ CGX_HD uint32_t level_code(const Params& p, float s, float x, uint64_t index) {
   return uint32_t(l) + ((x < 0.0f && l > 0.0f) ? p.neg_add : 0u);
 }
 
-// The packed bytes of up to eight consecutive codes (code k at bits [k*bits, (k+1)*bits)).
-CGX_HD uint64_t pack8(const uint32_t* codes, int cnt, int bits) {
+// Bucket scalar of element i, read from the payload's scalars (4-byte aligned there).
+CGX_HD float scalar_of(const Params& p, const uint8_t* scalars, int64_t i) {
+  return as_f32(dev::load_u32(scalars + 4 * (i / p.bucket)));
+}
+
+// The packed bytes of group g (elements 8g .. 8g + 7 that exist; code k at bits [k*bits,
+// (k+1)*bits)), the scalars read from the payload and element i's value from load(i).
+template <typename Load>
+CGX_HD uint64_t group_codes(const Params& p, const uint8_t* scalars, int64_t g, Load&& load) {
+  const int64_t cnt = p.count - 8 * g < 8 ? p.count - 8 * g : 8;
   uint64_t w = 0;
-  for (int k = 0; k < cnt; ++k) w |= uint64_t(codes[k]) << (k * bits);
+  for (int k = 0; k < int(cnt); ++k) {
+    const int64_t i = 8 * g + k;
+    const uint32_t c = level_code(p, scalar_of(p, scalars, i), load(i), uint64_t(i));
+    w |= uint64_t(c) << (k * p.bits);
+  }
   return w;
 }
 
@@ -184,6 +196,12 @@ CGX_HD uint32_t code_at(const uint8_t* codes, int64_t i, int bits) {
   uint32_t two = codes[bit >> 3];
   if (((bit & 7) + bits) > 8) two |= uint32_t(codes[(bit >> 3) + 1]) << 8;
   return (two >> (bit & 7)) & ((1u << bits) - 1u);
+}
+
+// The decoded value of element i of a payload's body (scalars, then the code stream).
+CGX_HD float element_value(const Params& p, const uint8_t* body, int64_t i) {
+  const uint8_t* codes = body + p.codes_offset;
+  return code_value(p, scalar_of(p, body, i), code_at(codes, i, p.bits));
 }
 
 // out = value (add: fp32 out + value, rounded once to out's type), core/dtype.h's conversions.

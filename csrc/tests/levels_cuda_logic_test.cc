@@ -84,15 +84,8 @@ std::vector<uint8_t> emulate_encode(const Case& c, const std::vector<uint8_t>& i
   }
   uint8_t* codes = out.data() + 32 + p.codes_offset;
   for (int64_t g = 0; g < (n + 7) / 8; ++g) {
-    uint32_t cs[8];
-    const int cnt = int(std::min<int64_t>(8, n - 8 * g));
-    for (int k = 0; k < cnt; ++k) {
-      const int64_t i = 8 * g + k;
-      float s;
-      std::memcpy(&s, out.data() + 32 + 4 * (i / p.bucket), 4);
-      cs[k] = lv::level_code(p, s, load_as_float(in.data(), t, i), uint64_t(i));
-    }
-    const uint64_t word = lv::pack8(cs, cnt, p.bits);
+    const uint64_t word = lv::group_codes(
+        p, out.data() + 32, g, [&](int64_t i) { return load_as_float(in.data(), t, i); });
     for (int k = 0; k < lv::group_bytes(p, g); ++k)
       codes[g * p.bits + k] = uint8_t(word >> (8 * k));
   }
@@ -104,10 +97,7 @@ template <DType D>
 void emulate_decode_typed(const lv::Params& p, const uint8_t* payload, void* out, bool add) {
   auto* o = static_cast<typename cuda::dev::ElemIO<D>::Raw*>(out);
   for (int64_t i = 0; i < p.count; ++i) {
-    float s;
-    std::memcpy(&s, payload + 32 + 4 * (i / p.bucket), 4);
-    const uint32_t code = lv::code_at(payload + 32 + p.codes_offset, i, p.bits);
-    lv::put<D>(o, i, lv::code_value(p, s, code), add);
+    lv::put<D>(o, i, lv::element_value(p, payload + 32, i), add);
   }
 }
 
