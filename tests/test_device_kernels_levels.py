@@ -1,7 +1,7 @@
-"""The fused-kernel selection (torch_cgx/device/kernels.py) for the level quantizers qsgd and
-terngrad, on CPU tensors with injected fake kernels (a correct one is used after one
-self-check; a wrong one: auto warns once naming it and uses the reference, fused raises), and
-the real CUDA kernels (csrc/cuda/levels_cuda.cu) against the CPU codec where a GPU is."""
+"""The fused-kernel selection (torch_cgx/device/kernels.py) for the dense bucketed codecs qsgd,
+terngrad, onebit and efsignsgd, on CPU tensors with injected fake kernels (a correct one is used
+after one self-check; a wrong one: auto warns once naming it and uses the reference, fused
+raises), and the real CUDA kernels (csrc/cuda/levels_cuda.cu) against the CPU codec on a GPU."""
 
 from __future__ import annotations
 
@@ -57,6 +57,8 @@ CODECS = [
     ("qsgd", dict(bits=8, bucket_size=4097)),
     ("terngrad", dict(bucket_size=64)),
     ("terngrad", dict(bucket_size=64, clip=2.5)),
+    ("onebit", dict(bucket_size=33)),
+    ("efsignsgd", dict(bucket_size=512)),
 ]
 
 
@@ -94,11 +96,11 @@ def test_other_codecs_and_long_buckets_take_the_reference_silently(mode):
     fake = FakeLevels(corrupt_encode=True)
     with kernels.use_implementations([fake]), warnings.catch_warnings():
         warnings.simplefilter("error")
-        for name in ("tbq", "efsignsgd", "maxmin"):
+        for name in ("tbq", "signsgd", "maxmin"):
             _roundtrip(codecs.get(name))
         for bucket in (0, kernels.FusedLevels.max_bucket + 1):
-            _roundtrip(codecs.get("qsgd", bucket_size=bucket))
-            _roundtrip(codecs.get("terngrad", bucket_size=bucket))
+            for name in kernels.FusedLevels.codecs:
+                _roundtrip(codecs.get(name, bucket_size=bucket))
     assert fake.encodes == 0 and kernels.decisions() == {}
 
 
@@ -125,7 +127,7 @@ def test_auto_warns_once_naming_the_kernel_and_falls_back(mode, name, params, br
         assert fake.encodes == 1  # the self-check only
 
 
-@pytest.mark.parametrize("name,params", CODECS[:3:2])
+@pytest.mark.parametrize("name,params", CODECS[::2])
 def test_fused_mode_raises_on_a_wrong_kernel(mode, name, params):
     mode("fused")
     codec = codecs.get(name, **params)
@@ -183,6 +185,7 @@ def test_the_cuda_kernels_pass_their_self_check_on_a_gpu(mode):
         pytest.skip(f"no CUDA levels kernel library: {e}")
     configs = [("qsgd", dict(bits=b)) for b in (2, 4, 8)]
     configs += [("terngrad", dict(clip=c)) for c in (0.0, 2.5)]
+    configs += [("onebit", {}), ("efsignsgd", {})]
     for (name, params), dtype, bucket in itertools.product(
         configs, (torch.float32, torch.float16, torch.bfloat16), (1, 7, 512, 4097)
     ):
@@ -222,7 +225,7 @@ def test_the_c_abi_rejects_bad_arguments_where_built():
     dec.argtypes = [ptr, u64, ptr, c_int, i64, c_int, c_int, f32, i64, ptr]
     cases = [
         ((0, 10, 0, 9, 0.0, 512, 0, 0, None, 0), "qsgd bits must be in [2, 8]"),
-        ((0, 10, 2, 4, 0.0, 512, 0, 0, None, 0), "levels kind must be"),
+        ((0, 10, 7, 4, 0.0, 512, 0, 0, None, 0), "levels kind must be"),
         ((0, 10, 1, 2, -1.0, 512, 0, 0, None, 0), "clip must be finite"),
         ((7, 10, 0, 4, 0.0, 512, 0, 0, None, 0), "dtype code 7"),
         ((0, 10, 0, 4, 0.0, 512, 0, 0, None, 10), "out has 10 bytes, need 41"),

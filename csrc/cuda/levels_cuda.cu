@@ -1,6 +1,7 @@
-// Fused kernels of the level quantizers (levels_cuda.h): every number is computed by
-// levels_device.h's functions, in the decomposition levels_cuda_logic_test.cc replays on the host.
-// Deterministic: no atomics; the only reduction (the bucket sums) runs in prim::stats' lane order.
+// Fused kernels of the level quantizers and the bucketed sign compressors (levels_cuda.h): every
+// number is computed by levels_device.h's functions, in the decomposition levels_cuda_logic_test.cc
+// replays on the host. Deterministic: no atomics; the only reduction (the bucket sums) runs in
+// prim::stats' lane order.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -20,7 +21,10 @@ using detail::kThreads;
 
 __device__ __forceinline__ lv::Lane shfl_lane(const lv::Lane& l, int offset) {
   lv::Lane r;
+  r.sum = __shfl_xor_sync(0xffffffffu, l.sum, offset);
+  r.abs = __shfl_xor_sync(0xffffffffu, l.abs, offset);
   r.sq = __shfl_xor_sync(0xffffffffu, l.sq, offset);
+  r.neg = __shfl_xor_sync(0xffffffffu, static_cast<long long>(l.neg), offset);
   r.mn = __shfl_xor_sync(0xffffffffu, l.mn, offset);
   r.mx = __shfl_xor_sync(0xffffffffu, l.mx, offset);
   r.nan = __shfl_xor_sync(0xffffffffu, l.nan, offset);
@@ -53,7 +57,10 @@ __global__ void scalars_kernel(const typename dev::ElemIO<D>::Raw* x, lv::Params
       l = lv::lane_merge(l, shfl_lane(l, offset));
     }
     if (b < p.buckets && j == 0) {
-      dev::store_u32(out + 32 + 4 * b, lv::as_u32(lv::bucket_scalar(p, l, length)));
+      const lv::Scalars v = lv::bucket_scalars(p, l, length);
+      uint8_t* at = out + 32 + 4 * p.scalars * b;
+      dev::store_u32(at, lv::as_u32(v.s0));
+      if (p.scalars == 2) dev::store_u32(at + 4, lv::as_u32(v.s1));
     }
   }
 }
@@ -86,7 +93,8 @@ __global__ void decode_kernel(const uint8_t* payload, lv::Params p,
 }
 
 lv::Params checked_params(const LevelsConfig& c, int64_t count, uint64_t seed, uint64_t stream) {
-  CGX_CHECK_ARG(c.kind == 0 || c.kind == 1, "levels kind must be 0 (qsgd) or 1 (terngrad), got ",
+  CGX_CHECK_ARG(c.kind >= 0 && c.kind <= 3,
+                "levels kind must be 0 (qsgd), 1 (terngrad), 2 (onebit) or 3 (efsignsgd), got ",
                 c.kind);
   CGX_CHECK_ARG(c.kind != 0 || (c.bits >= 2 && c.bits <= 8), "qsgd bits must be in [2, 8], got ",
                 c.bits);

@@ -1,4 +1,5 @@
-// The level quantizers qsgd and terngrad (csrc/compressors/{qsgd,terngrad}.cc) on CUDA devices:
+// The level quantizers qsgd and terngrad and the bucketed sign compressors onebit and efsignsgd
+// (csrc/compressors/{qsgd,terngrad,onebit,efsignsgd}.cc) on CUDA devices:
 // the native compressors' payloads byte for byte (docs/FORMAT.md, "Compressor payloads"), from
 // fused kernels (levels_cuda.cu: one pass for the bucket scalars and the envelope, one for the
 // packed codes; one pass to decode) on raw device pointers in a caller's stream. Torch-free;
@@ -17,7 +18,8 @@
 
 namespace cgx::cuda {
 
-// Which compressor: kind 0 qsgd (bits 2..8), kind 1 terngrad (2-bit codes, clip >= 0).
+// Which compressor: kind 0 qsgd (bits 2..8), 1 terngrad (2-bit codes, clip >= 0), 2 onebit,
+// 3 efsignsgd (1-bit codes; bits and clip ignored).
 struct LevelsConfig {
   int kind = 0;
   int bits = 4;
@@ -25,7 +27,7 @@ struct LevelsConfig {
   int64_t bucket_size = 512;  // 0: the whole tensor is one bucket
 };
 
-// The payload size of `count` values: 32 + 4 nb + packed(count, bits).
+// The payload size of `count` values: 32 + 4 scalars nb + packed(count, bits).
 size_t levels_encoded_size(const LevelsConfig& c, int64_t count);
 
 // Encodes `count` values of `dtype` at `in` into the `out_size` bytes at `out` (exactly

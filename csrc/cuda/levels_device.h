@@ -27,7 +27,8 @@ namespace cgx::cuda::lv {
 using dev::as_f32;
 using dev::as_u32;
 
-enum Kind : int32_t { kQsgd = 0, kTernGrad = 1 };
+// qsgd and terngrad (level codes); onebit and efsignsgd (one sign bit per value, 1 = x < 0).
+enum Kind : int32_t { kQsgd = 0, kTernGrad = 1, kOneBit = 2, kEFSign = 3 };
 
 constexpr int kLanes = 8;
 
@@ -48,14 +49,15 @@ CGX_HD float abs_f(float v) { return as_f32(as_u32(v) & 0x7fffffffu); }
 // What one encode or decode needs (the compressor's parameters and the payload's layout).
 struct Params {
   int32_t kind = kQsgd;
-  int32_t bits = 2;       // code width: qsgd's bits, terngrad 2
+  int32_t bits = 2;       // code width: qsgd's bits, terngrad 2, the sign kinds 1
+  int32_t scalars = 1;    // f32 per bucket: onebit 2, the others 1
   int32_t levels = 1;     // qsgd: 2^(bits-1) - 1; terngrad: 1
   uint32_t neg_add = 1;   // qsgd: 2^(bits-1); terngrad: 1
   float clip = 0.0f;      // terngrad's clip factor (0: off)
   int64_t count = 0;      // n
   int64_t bucket = 1;     // effective bucket size (>= 1)
   int64_t buckets = 0;    // nb
-  uint64_t codes_offset;  // bytes of the scalars: 4 nb
+  uint64_t codes_offset;  // bytes of the scalars: 4 scalars nb
   uint64_t body = 0;      // body bytes
   RngKey key;
 };
@@ -65,27 +67,30 @@ CGX_HD Params make_params(int32_t kind, int32_t bits, float clip, int64_t count,
                           int64_t bucket_size, uint64_t seed, uint64_t stream) {
   Params p;
   p.kind = kind;
-  p.bits = kind == kQsgd ? bits : 2;
+  p.bits = kind == kQsgd ? bits : (kind == kTernGrad ? 2 : 1);
+  p.scalars = kind == kOneBit ? 2 : 1;
   p.levels = kind == kQsgd ? (1 << (bits - 1)) - 1 : 1;
   p.neg_add = kind == kQsgd ? (1u << (bits - 1)) : 1u;
   p.clip = kind == kTernGrad ? clip : 0.0f;
   p.count = count;
   p.bucket = bucket_size == 0 ? (count > 1 ? count : 1) : bucket_size;
   p.buckets = (count + p.bucket - 1) / p.bucket;
-  p.codes_offset = uint64_t(p.buckets) * 4u;
+  p.codes_offset = uint64_t(p.buckets) * 4u * uint64_t(p.scalars);
   p.body = p.codes_offset + uint64_t((count * p.bits + 7) / 8);
   p.key = rng_key(seed, stream);
   return p;
 }
 
-// The 32-byte envelope (compressor id 13 or 12, flags 0, param0 the bucket size, param1 qsgd's
-// bits or terngrad's clip bits).
+// The 32-byte envelope (compressor id 13, 12, 10 or 11, flags 0, param0 the bucket size, param1
+// qsgd's bits, terngrad's clip bits, else 0).
 CGX_HD void write_envelope(const Params& p, int dtype_code, uint32_t param0, uint8_t* out) {
-  const uint8_t head[8] = {
-      'C', 'G', 'X', 'C', 1, uint8_t(dtype_code), uint8_t(p.kind == kQsgd ? 13 : 12), 0};
+  const uint8_t id =
+      p.kind == kQsgd ? 13 : (p.kind == kTernGrad ? 12 : (p.kind == kOneBit ? 10 : 11));
+  const uint8_t head[8] = {'C', 'G', 'X', 'C', 1, uint8_t(dtype_code), id, 0};
   for (int k = 0; k < 8; ++k) out[k] = head[k];
   const uint64_t count = uint64_t(p.count), body = p.body;
-  const uint32_t param1 = p.kind == kQsgd ? uint32_t(p.bits) : as_u32(p.clip);
+  const uint32_t param1 =
+      p.kind == kQsgd ? uint32_t(p.bits) : (p.kind == kTernGrad ? as_u32(p.clip) : 0u);
   for (int k = 0; k < 8; ++k) out[8 + k] = uint8_t(count >> (8 * k));
   for (int k = 0; k < 8; ++k) out[16 + k] = uint8_t(body >> (8 * k));
   for (int k = 0; k < 4; ++k) out[24 + k] = uint8_t(param0 >> (8 * k));
@@ -94,45 +99,75 @@ CGX_HD void write_envelope(const Params& p, int dtype_code, uint32_t param0, uin
 
 // ---- the bucket scalar ----------------------------------------------------------------------
 
-// One lane of a bucket: fp64 sum of squares in element order, min / max ignoring NaN.
+// One lane of a bucket (prim::detail::StatLanes' fields): fp64 sums of x, |x| and x^2 in element
+// order, the count of negatives, min / max ignoring NaN.
 struct Lane {
-  double sq;
+  double sum, abs, sq;
+  int64_t neg;
   float mn, mx;
   uint32_t nan;
 };
 
-CGX_HD Lane lane_init() { return Lane{0.0, INFINITY, -INFINITY, 0u}; }
+CGX_HD Lane lane_init() { return Lane{0.0, 0.0, 0.0, 0, INFINITY, -INFINITY, 0u}; }
 
 CGX_HD void lane_add(Lane& l, float v) {
   l.nan |= is_nan(v) ? 1u : 0u;
   l.mn = v < l.mn ? v : l.mn;
   l.mx = v > l.mx ? v : l.mx;
   const double d = double(v);
+  l.sum = dev::dadd(l.sum, d);
+  l.abs = dev::dadd(l.abs, double(abs_f(v)));  // fabs, exactly
   l.sq = dev::dadd(l.sq, dev::dmul(d, d));
+  l.neg += v < 0.0f ? 1 : 0;
 }
 
 // Two lanes of one butterfly step: sums added (the order is symmetric), min / max merged.
 CGX_HD Lane lane_merge(const Lane& a, const Lane& b) {
   Lane r;
+  r.sum = dev::dadd(a.sum, b.sum);
+  r.abs = dev::dadd(a.abs, b.abs);
   r.sq = dev::dadd(a.sq, b.sq);
+  r.neg = a.neg + b.neg;
   r.mn = b.mn < a.mn ? b.mn : a.mn;
   r.mx = b.mx > a.mx ? b.mx : a.mx;
   r.nan = a.nan | b.nan;
   return r;
 }
 
-// The bucket's f32 scalar from its merged lanes and length: qsgd's l2 norm, terngrad's scale
-// (max |x|, or min(max |x|, clip * sqrt(mean x^2))); NaN for a bucket holding NaN or Inf.
-CGX_HD float bucket_scalar(const Params& p, const Lane& all, int64_t length) {
+// The bucket's f32 scalars (p.scalars of them) from its merged lanes and length: qsgd's l2 norm;
+// terngrad's scale (max |x|, or min(max |x|, clip * sqrt(mean x^2))); onebit's (mean of the
+// negatives, mean of the non-negatives) from (sum -+ sum |x|) / 2, 0 for a kind not present;
+// efsignsgd's sum |x| / length. NaN for a bucket holding NaN or Inf.
+struct Scalars {
+  float s0, s1;  // s1: onebit's second scalar only
+};
+
+CGX_HD Scalars bucket_scalars(const Params& p, const Lane& all, int64_t length) {
   const float qnan = as_f32(0x7fc00000u);
-  if (all.nan || !is_finite(all.mn) || !is_finite(all.mx)) return qnan;
-  if (p.kind == kQsgd) return dev::d2f(dsqrt(all.sq));
-  const float amn = abs_f(all.mn), amx = abs_f(all.mx);
-  const float abs_max = amn < amx ? amx : amn;  // std::max(|mn|, |mx|)
-  if (!(p.clip > 0.0f)) return abs_max;
-  const double sigma = dsqrt(dev::ddiv(all.sq, double(length)));
-  const float c = dev::d2f(dev::dmul(double(p.clip), sigma));
-  return c < abs_max ? c : abs_max;  // std::min(abs_max, c)
+  const bool finite = !all.nan && is_finite(all.mn) && is_finite(all.mx);
+  Scalars out{qnan, qnan};
+  if (!finite) return out;
+  if (p.kind == kQsgd) {
+    out.s0 = dev::d2f(dsqrt(all.sq));
+  } else if (p.kind == kTernGrad) {
+    const float amn = abs_f(all.mn), amx = abs_f(all.mx);
+    const float abs_max = amn < amx ? amx : amn;  // std::max(|mn|, |mx|)
+    out.s0 = abs_max;
+    if (p.clip > 0.0f) {
+      const double sigma = dsqrt(dev::ddiv(all.sq, double(length)));
+      const float c = dev::d2f(dev::dmul(double(p.clip), sigma));
+      out.s0 = c < abs_max ? c : abs_max;  // std::min(abs_max, c)
+    }
+  } else if (p.kind == kOneBit) {
+    const double neg = dev::ddiv(dev::dsub(all.sum, all.abs), 2.0);
+    const double pos = dev::ddiv(dev::dadd(all.sum, all.abs), 2.0);
+    const int64_t npos = length - all.neg;
+    out.s0 = all.neg ? dev::d2f(dev::ddiv(neg, double(all.neg))) : 0.0f;
+    out.s1 = npos ? dev::d2f(dev::ddiv(pos, double(npos))) : 0.0f;
+  } else {
+    out.s0 = dev::d2f(dev::ddiv(all.abs, double(length)));
+  }
+  return out;
 }
 
 // ---- per element ------------------------------------------------------------------------------
@@ -140,6 +175,7 @@ CGX_HD float bucket_scalar(const Params& p, const Lane& all, int64_t length) {
 // prim::Levels' code of element `index` (value x) in a bucket of scalar s (zero unless s is
 // finite and positive).
 CGX_HD uint32_t level_code(const Params& p, float s, float x, uint64_t index) {
+  if (p.kind >= kOneBit) return x < 0.0f ? 1u : 0u;  // the sign kinds: 1 = negative (NaN: 0)
   if (!(is_finite(s) && s > 0.0f)) return 0u;
   const float clip = p.kind == kQsgd ? INFINITY : s;
   float a = abs_f(x);
@@ -151,9 +187,9 @@ CGX_HD uint32_t level_code(const Params& p, float s, float x, uint64_t index) {
   return uint32_t(l) + ((x < 0.0f && l > 0.0f) ? p.neg_add : 0u);
 }
 
-// Bucket scalar of element i, read from the payload's scalars (4-byte aligned there).
-CGX_HD float scalar_of(const Params& p, const uint8_t* scalars, int64_t i) {
-  return as_f32(dev::load_u32(scalars + 4 * (i / p.bucket)));
+// Scalar k of element i's bucket, read from the payload's scalars (4-byte aligned there).
+CGX_HD float scalar_of(const Params& p, const uint8_t* scalars, int64_t i, int k = 0) {
+  return as_f32(dev::load_u32(scalars + 4 * (int64_t(p.scalars) * (i / p.bucket) + k)));
 }
 
 // The packed bytes of group g (elements 8g .. 8g + 7 that exist; code k at bits [k*bits,
@@ -164,7 +200,8 @@ CGX_HD uint64_t group_codes(const Params& p, const uint8_t* scalars, int64_t g, 
   uint64_t w = 0;
   for (int k = 0; k < int(cnt); ++k) {
     const int64_t i = 8 * g + k;
-    const uint32_t c = level_code(p, scalar_of(p, scalars, i), load(i), uint64_t(i));
+    const float s = p.kind >= kOneBit ? 0.0f : scalar_of(p, scalars, i);
+    const uint32_t c = level_code(p, s, load(i), uint64_t(i));
     w |= uint64_t(c) << (k * p.bits);
   }
   return w;
@@ -198,10 +235,14 @@ CGX_HD uint32_t code_at(const uint8_t* codes, int64_t i, int bits) {
   return (two >> (bit & 7)) & ((1u << bits) - 1u);
 }
 
-// The decoded value of element i of a payload's body (scalars, then the code stream).
+// The decoded value of element i of a payload's body (scalars, then the code stream); the sign
+// kinds: onebit's bit selects (negatives' mean, non-negatives' mean), efsignsgd's -s or +s.
 CGX_HD float element_value(const Params& p, const uint8_t* body, int64_t i) {
-  const uint8_t* codes = body + p.codes_offset;
-  return code_value(p, scalar_of(p, body, i), code_at(codes, i, p.bits));
+  const uint32_t c = code_at(body + p.codes_offset, i, p.bits);
+  if (p.kind == kOneBit) return scalar_of(p, body, i, c ? 0 : 1);
+  const float s = scalar_of(p, body, i);
+  if (p.kind == kEFSign) return c ? -s : s;
+  return code_value(p, s, c);
 }
 
 // out = value (add: fp32 out + value, rounded once to out's type), core/dtype.h's conversions.

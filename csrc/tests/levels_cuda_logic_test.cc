@@ -1,9 +1,10 @@
-// The fused level-quantizer kernels' building blocks (csrc/cuda/levels_device.h), run on the host
-// in the kernels' decomposition (levels_cuda.cu: eight lanes per bucket combined by an xor
-// butterfly, one work item per group of eight codes, one per decoded element), must give the
-// native qsgd / terngrad compressors' bytes and decoded values. Needs no GPU and no CUDA
-// toolkit; the GPU runs the same functions (tests/test_device_kernels_levels.py checks the
-// kernels themselves against the reference where a device exists).
+// The fused level-quantizer (and bucketed sign) kernels' building blocks
+// (csrc/cuda/levels_device.h), run on the host in the kernels' decomposition (levels_cuda.cu: eight
+// lanes per bucket combined by an xor butterfly, one work item per group of eight codes, one per
+// decoded element), must give the native qsgd / terngrad / onebit / efsignsgd compressors' bytes
+// and decoded values. Needs no GPU and no CUDA toolkit; the GPU runs the same functions
+// (tests/test_device_kernels_levels.py checks the kernels themselves against the reference where a
+// device exists).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -31,10 +32,10 @@ struct Case {
 };
 
 std::string describe(const Case& c, int64_t n, DType t) {
-  return std::string(c.kind == lv::kQsgd ? "qsgd" : "terngrad") +
-         " bits=" + std::to_string(c.bits) + " clip=" + std::to_string(c.clip) +
-         " bucket=" + std::to_string(c.bucket) + " n=" + std::to_string(n) +
-         " dtype=" + std::to_string(int(t));
+  const char* names[4] = {"qsgd", "terngrad", "onebit", "efsignsgd"};
+  return std::string(names[c.kind]) + " bits=" + std::to_string(c.bits) +
+         " clip=" + std::to_string(c.clip) + " bucket=" + std::to_string(c.bucket) +
+         " n=" + std::to_string(n) + " dtype=" + std::to_string(int(t));
 }
 
 // Values over six decades, bucket by bucket (spacing 37), with a zero run, and optionally a NaN
@@ -76,11 +77,18 @@ std::vector<uint8_t> emulate_encode(const Case& c, const std::vector<uint8_t>& i
     for (int j = 1; j < lv::kLanes; ++j) {  // every thread of the group agrees
       EXPECT_EQ(std::memcmp(&lanes[j].sq, &lanes[0].sq, 8), 0);
     }
-    // the fp64 sum itself is prim::stats' (the f32 norm alone would hide most order changes)
-    const double want_sq = prim::stats(in.data(), t, lo, hi).sq_sum;
-    EXPECT_EQ(std::memcmp(&lanes[0].sq, &want_sq, 8), 0) << "bucket " << b << " of n=" << n;
-    const float s = lv::bucket_scalar(p, lanes[0], hi - lo);
-    std::memcpy(out.data() + 32 + 4 * b, &s, 4);
+    // the fp64 sums themselves are prim::stats' (the f32 scalars alone would hide most order
+    // changes), and so is the count of negatives
+    const prim::RangeStats st = prim::stats(in.data(), t, lo, hi);
+    EXPECT_EQ(std::memcmp(&lanes[0].sq, &st.sq_sum, 8), 0) << "bucket " << b << " of n=" << n;
+    if (!std::isnan(st.sum)) {
+      EXPECT_EQ(std::memcmp(&lanes[0].sum, &st.sum, 8), 0) << "bucket " << b << " of n=" << n;
+      EXPECT_EQ(std::memcmp(&lanes[0].abs, &st.abs_sum, 8), 0) << "bucket " << b;
+    }
+    EXPECT_EQ(lanes[0].neg, st.negatives);
+    const lv::Scalars v = lv::bucket_scalars(p, lanes[0], hi - lo);
+    std::memcpy(out.data() + 32 + 4 * p.scalars * b, &v.s0, 4);
+    if (p.scalars == 2) std::memcpy(out.data() + 32 + 4 * p.scalars * b + 4, &v.s1, 4);
   }
   uint8_t* codes = out.data() + 32 + p.codes_offset;
   for (int64_t g = 0; g < (n + 7) / 8; ++g) {
@@ -112,6 +120,10 @@ void emulate_decode(const Case& c, const std::vector<uint8_t>& payload, int64_t 
 }
 
 std::unique_ptr<Compressor> native(const Case& c) {
+  if (c.kind == lv::kOneBit) return make_compressor("onebit", {{"bucket_size", double(c.bucket)}});
+  if (c.kind == lv::kEFSign) {
+    return make_compressor("efsignsgd", {{"bucket_size", double(c.bucket)}});
+  }
   if (c.kind == lv::kQsgd) {
     return make_compressor("qsgd", {{"bits", c.bits}, {"bucket_size", double(c.bucket)}});
   }
@@ -163,11 +175,23 @@ TEST(LevelsCudaLogic, TernGradBytesAndValuesAreTheNativeOnes) {
   }
 }
 
+TEST(LevelsCudaLogic, OneBitAndEFSignSGDBytesAndValuesAreTheNativeOnes) {
+  for (int kind : {lv::kOneBit, lv::kEFSign}) {
+    for (int64_t bucket : kBuckets) {
+      for (int64_t n : kSizes) {
+        for (DType t : kTypes) check_case({kind, 1, 0.0f, bucket}, n, t, n % 2 == 1);
+      }
+    }
+  }
+}
+
 TEST(LevelsCudaLogic, LargeBucketsOfOneLaneOrder) {
   // fp64 sums over long lanes: any other summation order would change the norm's last bits.
   for (DType t : kTypes) {
     check_case({lv::kQsgd, 4, 0.0f, 0}, 100003, t, false);
     check_case({lv::kTernGrad, 2, 2.5f, 65536}, 100003, t, false);
+    check_case({lv::kOneBit, 1, 0.0f, 0}, 100003, t, false);
+    check_case({lv::kEFSign, 1, 0.0f, 65536}, 100003, t, false);
   }
 }
 

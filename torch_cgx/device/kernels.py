@@ -2,9 +2,9 @@
 
 A *fused implementation* replaces a device codec's tensor operations (the *reference*) by a
 kernel for the tensors it applies to. Today: max-min's CUDA kernels (csrc/cuda) through the C
-ABI of ``libcgx_cuda_capi.so`` (:class:`CudaMaxMin`), and the fused qsgd / terngrad kernels of
-csrc/cuda/levels_cuda.cu through the same library (:class:`CudaLevels`). The process setting
-``device_kernels`` (``CGX_DEVICE_KERNELS``) selects:
+ABI of ``libcgx_cuda_capi.so`` (:class:`CudaMaxMin`), and the fused qsgd / terngrad / onebit /
+efsignsgd kernels of csrc/cuda/levels_cuda.cu through the same library (:class:`CudaLevels`).
+The process setting ``device_kernels`` (``CGX_DEVICE_KERNELS``) selects:
 
 - ``reference``: tensor operations only;
 - ``auto`` (default): at the first use of each (implementation, device type, dtype, bits,
@@ -166,11 +166,11 @@ class CudaMaxMin(FusedMaxMin):
 
 
 class FusedLevels(FusedMaxMin):
-    """A fused implementation of the level quantizers qsgd and terngrad (same protocol as
-    :class:`FusedMaxMin`)."""
+    """A fused implementation of the dense bucketed compressors qsgd, terngrad, onebit and
+    efsignsgd (same protocol as :class:`FusedMaxMin`)."""
 
     name = "fused levels"
-    codecs = ("qsgd", "terngrad")
+    codecs = ("qsgd", "terngrad", "onebit", "efsignsgd")
     # Eight threads sum a bucket in prim::stats' lane order (serial per lane, for the native
     # bytes): buckets beyond this, and bucket size 0 (the whole tensor), take the reference.
     max_bucket = 1 << 16
@@ -180,7 +180,8 @@ class FusedLevels(FusedMaxMin):
 
 
 class CudaLevels(FusedLevels):
-    """csrc/cuda/levels_cuda.cu's qsgd / terngrad kernels through ctypes; CUDA tensors only."""
+    """csrc/cuda/levels_cuda.cu's qsgd / terngrad / onebit / efsignsgd kernels through ctypes;
+    CUDA tensors only."""
 
     name = "cuda-levels (libcgx_cuda_capi.so)"
 
@@ -206,10 +207,12 @@ class CudaLevels(FusedLevels):
 
     @staticmethod
     def _config(codec):
-        """(kind, bits, clip) of the C ABI: qsgd 0, terngrad 1."""
+        """(kind, bits, clip) of the C ABI: qsgd 0, terngrad 1, onebit 2, efsignsgd 3."""
         if codec.name == "qsgd":
             return 0, codec.bits, 0.0
-        return 1, 2, float(codec.clip)
+        if codec.name == "terngrad":
+            return 1, 2, float(codec.clip)
+        return (2 if codec.name == "onebit" else 3), 1, 0.0
 
     def _check(self, status: int, what: str) -> None:
         if status != 0:

@@ -1,6 +1,6 @@
-// The fused qsgd / terngrad kernels (cuda/levels_cuda.h) against the native compressors: the
-// same payload bytes, the same decode_add values (bit for bit, NaN included), also with the
-// grid-stride loops running several rounds. Needs a GPU (skipped otherwise); the argument
+// The fused qsgd / terngrad / onebit / efsignsgd kernels (cuda/levels_cuda.h) against the native
+// compressors: the same payload bytes, the same decode_add values (bit for bit, NaN included), also
+// with the grid-stride loops running several rounds. Needs a GPU (skipped otherwise); the argument
 // errors run everywhere. The host-side twin of these checks is
 // csrc/tests/levels_cuda_logic_test.cc.
 #include "cuda/levels_cuda.h"
@@ -35,6 +35,8 @@ std::vector<uint8_t> values(int64_t n, DType t, uint32_t seed, bool specials) {
 }
 
 std::unique_ptr<Compressor> native(const cuda::LevelsConfig& c) {
+  if (c.kind == 2) return make_compressor("onebit", {{"bucket_size", double(c.bucket_size)}});
+  if (c.kind == 3) return make_compressor("efsignsgd", {{"bucket_size", double(c.bucket_size)}});
   if (c.kind == 0) {
     return make_compressor("qsgd", {{"bits", c.bits}, {"bucket_size", double(c.bucket_size)}});
   }
@@ -101,6 +103,7 @@ TEST_F(CudaLevels, BytesAndValuesAreTheNativeOnes) {
       for (int64_t n : {0, 1, 9, 1000, 20011}) {
         for (int bits : {2, 4, 8}) check({0, bits, 0.0f, bucket}, n, t);
         for (float clip : {0.0f, 2.5f}) check({1, 2, clip, bucket}, n, t);
+        for (int kind : {2, 3}) check({kind, 1, 0.0f, bucket}, n, t);
       }
     }
   }
@@ -110,6 +113,7 @@ TEST_F(CudaLevels, GridStrideLoopsMatchNative) {
   cuda::set_max_blocks(3);
   check({0, 4, 0.0f, 8}, 100003, DType::kFloat32);
   check({1, 2, 2.5f, 100}, 100003, DType::kBFloat16);
+  check({2, 1, 0.0f, 33}, 100003, DType::kFloat16);
   cuda::set_max_blocks(0);
 }
 

@@ -29,6 +29,7 @@ from torch_cgx.device.codecs.dense_common import (
     to_f32,
     widen,
 )
+from torch_cgx.device.codecs.fused import Fusable
 
 __all__ = ["QSGD", "TBQ", "TernGrad"]
 
@@ -71,39 +72,8 @@ class _Levels(DenseCodec):
             (self.codes(body, numel) != 3).all() if self.ternary else super().codes_ok(body, numel)
         )
 
-    # ---- fused kernels (qsgd, terngrad): kernels.fused_for decides, as maxmin.py ---------------
 
-    def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
-        """The payload; through a fused kernel where one applies, else the tensor operations."""
-        from torch_cgx.device import kernels
-
-        x = check_input(x, self.name)
-        check_keys(self.name, seed=seed, stream=stream, shared=shared)
-        fused = kernels.fused_for(self, x.device, x.dtype)
-        if fused is not None:
-            return fused.encode(self, x, seed, stream)
-        return self.reference_encode(x, seed=seed, stream=stream, shared=shared)
-
-    def decode_add_(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
-        """``out += decode(payload)`` (fp32, rounded once); through a fused kernel where one
-        applies (the envelope is not checked here: :meth:`header_ok`)."""
-        if (isinstance(out, torch.Tensor) and isinstance(payload, torch.Tensor)
-                and out.is_contiguous() and payload.is_contiguous()
-                and payload.device == out.device):  # fmt: skip
-            from torch_cgx.device import kernels
-
-            self.body(payload, out.numel(), out.dtype)  # dtype and size checks
-            fused = kernels.fused_for(self, out.device, out.dtype)
-            if fused is not None:
-                fused.decode_add_(self, out.view(-1), payload)
-                return out
-        return self.reference_decode_add_(out, payload)
-
-    def reference_decode_add_(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
-        return DenseCodec.decode_add_(self, out, payload)
-
-
-class TernGrad(_Levels):
+class TernGrad(Fusable, _Levels):
     """Per bucket s = max |x| (with clip = c > 0: min(max |x|, c * sqrt(mean x^2)), values clipped
     to s); codes 0 -> 0, 1 -> +s, 2 -> -s (3 invalid)."""
 
@@ -139,7 +109,7 @@ class TernGrad(_Levels):
         return table[b, self.codes(body, numel).to(torch.int64)]
 
 
-class QSGD(_Levels):
+class QSGD(Fusable, _Levels):
     """Per bucket the l2 norm; code: sign bit (top) and level l of 2^(bits-1) - 1, value
     norm * l / levels."""
 

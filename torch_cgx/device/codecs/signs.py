@@ -1,6 +1,7 @@
 """Device codecs of the sign compressors: signsgd / signum (+-1, flag bit 0 for non-finite input),
 onebit (per bucket the means of the negative and of the non-negative values) and efsignsgd (per
-bucket the mean magnitude). Codes: one bit per value, 1 = negative (NaN: 0)."""
+bucket the mean magnitude). Codes: one bit per value, 1 = negative (NaN: 0). onebit and
+efsignsgd may run through a fused kernel (codecs/fused.py; csrc/cuda/levels_cuda.cu)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from torch_cgx.device.codecs.dense_common import (
     non_finite_flag,
     widen,
 )
+from torch_cgx.device.codecs.fused import Fusable
 
 __all__ = ["EFSignSGD", "OneBit", "SignSGD", "Signum"]
 
@@ -76,13 +78,13 @@ class _Bucketed(_Signs):
         return layout, grid, abs_max(grid) < inf, lane_sum(g64), lane_sum(g64.abs())
 
 
-class OneBit(_Bucketed):
+class OneBit(Fusable, _Bucketed):
     """Per bucket (mean of the negatives, mean of the non-negatives) from the fp64 sums
     (sum x -+ sum |x|) / 2; a bucket without one kind stores 0 for its mean; NaN if non-finite."""
 
     name, compressor_id, scalars = "onebit", 10, 2
 
-    def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
+    def reference_encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0):
         x = self._encode(x, seed, stream, shared)
         layout, grid, finite, total, magnitude = self._stats(x)
         nneg = (grid < 0).sum(1)
@@ -98,12 +100,12 @@ class OneBit(_Bucketed):
         return self._select(payload, numel, dtype, means[:, 0], means[:, 1])
 
 
-class EFSignSGD(_Bucketed):
+class EFSignSGD(Fusable, _Bucketed):
     """Per bucket the scale sum |x| / length (fp64); values decode to +-scale; NaN if non-finite."""
 
     name, compressor_id, scalars = "efsignsgd", 11, 1
 
-    def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
+    def reference_encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0):
         x = self._encode(x, seed, stream, shared)
         layout, _, finite, _, magnitude = self._stats(x)
         scale = nan_where(finite, (magnitude / layout.lengths(x.device)).to(torch.float32))
