@@ -71,6 +71,8 @@ def body_other_calls(rank, world):
     i = torch.arange(4) + rank
     dist.all_reduce(i, group=dev)
     assert torch.equal(i, torch.arange(4) * world + sum(range(world)))
+    with pytest.raises(ValueError, match="AVG needs a floating-point"):
+        dist.all_reduce(i, op=dist.ReduceOp.AVG, group=dev)
     # Coalesced: one fused piece, like the native adapter.
     xs = [_values(rank, 300, 1), _values(rank, 1000, 2).view(10, 100)]
     ys = [x.clone() for x in xs]

@@ -65,6 +65,8 @@ class DevicePlane:
     def __call__(self, kind: str, outputs: List[torch.Tensor], inputs, op: int, native):
         t = outputs[0]
         engine = self._engine(t)
+        if op == _AVG and not t.is_floating_point():  # as the native adapter
+            raise ValueError(f"ReduceOp.AVG needs a floating-point tensor, got {t.dtype}")
         if op not in (_SUM, _AVG) or not t.is_floating_point():
             self._exact_other(engine.t, kind, outputs, inputs, op)
             return _done(outputs)
