@@ -38,19 +38,9 @@ from torch_cgx.backend import cgx_backend
 __all__ = ["Stats", "plan", "stats", "reset_stats"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Stats:
-    """One rank's counters of one cgx group (see the module docstring)."""
-
-    bytes_sent: int
-    bytes_exact: int
-    calls_compressed: int
-    calls_exact: int
-    reduce_scatter_compressed: int
-    reduce_scatter_exact: int
-    compute_seconds: float
-    wire_seconds: float
-    plan: str = ""
+class ByteCounts:
+    """What a dataclass of counters with ``bytes_sent`` and ``bytes_exact`` derives from them
+    (:class:`Stats`, :class:`torch_cgx.hook_stats.HookStats`)."""
 
     @property
     def bytes_saved(self) -> int:
@@ -65,6 +55,21 @@ class Stats:
         out = dataclasses.asdict(self)
         out.update(bytes_saved=self.bytes_saved, ratio=self.ratio)
         return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats(ByteCounts):
+    """One rank's counters of one cgx group (see the module docstring)."""
+
+    bytes_sent: int
+    bytes_exact: int
+    calls_compressed: int
+    calls_exact: int
+    reduce_scatter_compressed: int
+    reduce_scatter_exact: int
+    compute_seconds: float
+    wire_seconds: float
+    plan: str = ""
 
     def __str__(self) -> str:
         return (

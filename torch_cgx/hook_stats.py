@@ -24,6 +24,8 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
+from torch_cgx.counters import ByteCounts
+
 __all__ = ["HookStats", "counted", "hook_stats", "describe_state"]
 
 _COUNTERS = ("bytes_sent", "bytes_exact", "calls_compressed", "calls_exact")
@@ -31,7 +33,7 @@ _SECONDS = ("compute_seconds", "wire_seconds")
 
 
 @dataclasses.dataclass(frozen=True)
-class HookStats:
+class HookStats(ByteCounts):
     """One rank's counters of one hook state (see the module docstring)."""
 
     hook: str
@@ -44,20 +46,6 @@ class HookStats:
     calls_exact: int
     compute_seconds: float
     wire_seconds: float
-
-    @property
-    def bytes_saved(self) -> int:
-        return self.bytes_exact - self.bytes_sent
-
-    @property
-    def ratio(self) -> float:
-        """How many times fewer bytes than exact fp32 (1.0 before any call)."""
-        return self.bytes_exact / self.bytes_sent if self.bytes_sent else 1.0
-
-    def as_dict(self) -> dict:
-        out = dataclasses.asdict(self)
-        out.update(bytes_saved=self.bytes_saved, ratio=self.ratio)
-        return out
 
     def __str__(self) -> str:
         return (
