@@ -38,6 +38,7 @@ MALFORMED = {
     "CGX_INTRA_COMPRESS": "int3",
     "CGX_COMPRESSION_ROTATION": "sideways",
     "CGX_COMPRESSION_CLIP": "half",
+    "CGX_DATA_PLANE": "gpu",
 }
 
 
