@@ -73,6 +73,9 @@ def body_other_calls(rank, world):
     assert torch.equal(i, torch.arange(4) * world + sum(range(world)))
     with pytest.raises(ValueError, match="AVG needs a floating-point"):
         dist.all_reduce(i, op=dist.ReduceOp.AVG, group=dev)
+    premul = dist._make_nccl_premul_sum(0.5)  # its factor never reaches the plane: refused
+    with pytest.raises(ValueError, match="does not serve reduce op"):
+        dist.all_reduce(torch.ones(4), op=premul, group=dev)
     # Coalesced: one fused piece, like the native adapter.
     xs = [_values(rank, 300, 1), _values(rank, 1000, 2).view(10, 100)]
     ys = [x.clone() for x in xs]

@@ -67,6 +67,8 @@ class DevicePlane:
         engine = self._engine(t)
         if op == _AVG and not t.is_floating_point():  # as the native adapter
             raise ValueError(f"ReduceOp.AVG needs a floating-point tensor, got {t.dtype}")
+        if op not in (_SUM, _AVG) and op not in _OPS:  # PREMUL_SUM: its factor is not here
+            raise ValueError(f"the cgx device plane does not serve reduce op {op} (RedOpType)")
         if op not in (_SUM, _AVG) or not t.is_floating_point():
             self._exact_other(engine.t, kind, outputs, inputs, op)
             return _done(outputs)
@@ -120,7 +122,8 @@ class DevicePlane:
     def _exact_other(transport: GroupTransport, kind, outputs, inputs, op: int) -> None:
         """Reductions the compressors do not serve (MIN, MAX, ..., integer tensors), exactly,
         on the plane's backend."""
-        rop = dist.ReduceOp.AVG if op == _AVG else getattr(dist.ReduceOp, _OPS.get(op, "SUM"))
+        names = {_SUM: "SUM", _AVG: "AVG", **_OPS}
+        rop = getattr(dist.ReduceOp, names[op])
         pg = transport.pg
         if kind in ("allreduce", "allreduce_coalesced"):
             for x in outputs:
