@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from torch_cgx.device import codecs, kernels
+from torch_cgx.device import codecs, cuda_kernels, kernels
 
 
 class Fake(kernels.FusedMaxMin):
@@ -231,7 +231,7 @@ def test_the_c_abi_library_loads_and_reports_errors_where_built():
     if not found:
         pytest.skip("libcgx_cuda_capi.so not built (make gpu-build)")
     lib = ctypes.CDLL(str(found[0]))
-    assert lib.cgx_cuda_capi_version() == kernels.CAPI_VERSION
+    assert lib.cgx_cuda_capi_version() == cuda_kernels.CAPI_VERSION
     lib.cgx_cuda_capi_last_error.restype = ctypes.c_char_p
     i64, u64, ptr, c_int = ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int
     lib.cgx_cuda_capi_maxmin_encode.argtypes = [ptr, c_int, i64, c_int, i64, c_int, c_int, u64,
