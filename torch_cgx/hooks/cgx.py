@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from torch_cgx.config import CGXConfig
 from torch_cgx.hooks import core, levers
+from torch_cgx.hooks.layer_state import LayerState
 
 __all__ = ["CGXState", "cgx_hook", "DEFAULT_LEVERS"]
 
@@ -44,7 +45,7 @@ _LEVERS = ("split_layers", "error_feedback", "rotation", "mean_levels", "clip")
 _DEFAULT_BUCKET_SIZE = CGXConfig.bucket_size  # the group's default, when resolved() is not told
 
 
-class CGXState(core.LayerState):
+class CGXState(LayerState):
     """State of :func:`cgx_hook`.
 
     Args:

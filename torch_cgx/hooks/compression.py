@@ -36,6 +36,7 @@ from torch_cgx import _C, compressors
 from torch_cgx.backend import get_config
 from torch_cgx.config import CGXConfig
 from torch_cgx.hooks import core
+from torch_cgx.hooks.layer_state import LayerState
 
 __all__ = ["CompressionState", "compression_hook"]
 
@@ -55,7 +56,7 @@ _DEFAULTS = {
 _SPARSE = ("topk", "randomk", "threshold", "dgc", "graddrop")
 
 
-class CompressionState(core.LayerState):
+class CompressionState(LayerState):
     """State of :func:`compression_hook`.
 
     Args:
