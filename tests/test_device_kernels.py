@@ -78,7 +78,7 @@ def test_a_correct_kernel_is_used_after_one_self_check(mode):
         # one self-check (1 encode + 1 decode_add), then the two calls of each round trip
         assert (fake.encodes, fake.decodes, fake.loads) == (3, 3, 4)
         (key, outcome), = kernels.decisions().items()  # fmt: skip
-        assert key == ("fake", "cpu", torch.float32, 3, 100, 2) and outcome == "fused"
+        assert key == ("fake", "maxmin", "cpu", torch.float32, 3, 100, 2) and outcome == "fused"
         _roundtrip(codecs.get("maxmin", bits=3, bucket_size=100), dtype=torch.bfloat16)
         assert len(kernels.decisions()) == 2  # a new (dtype, flags): checked again
 

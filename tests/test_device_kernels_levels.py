@@ -1,7 +1,8 @@
-"""The fused-kernel selection (torch_cgx/device/kernels.py) for the dense bucketed codecs qsgd,
-terngrad, onebit and efsignsgd, on CPU tensors with injected fake kernels (a correct one is used
-after one self-check; a wrong one: auto warns once naming it and uses the reference, fused
-raises), and the real CUDA kernels (csrc/cuda/levels_cuda.cu) against the CPU codec on a GPU."""
+"""The fused-kernel selection (torch_cgx/device/kernels.py) for the dense codecs qsgd, terngrad,
+onebit, efsignsgd, signsgd, signum and tbq, on CPU tensors with injected fake kernels (a correct
+one is used after one self-check; a wrong one: auto warns once naming it and uses the reference,
+fused raises), and the real CUDA kernels (csrc/cuda/levels_cuda.cu) against the CPU codec on a
+GPU."""
 
 from __future__ import annotations
 
@@ -12,15 +13,17 @@ import warnings
 import pytest
 import torch
 
-from torch_cgx.device import codecs, kernels
+from torch_cgx.device import codecs, cuda_kernels, kernels
 
 
 class FakeLevels(kernels.FusedLevels):
     """A 'kernel' on CPU tensors: the reference itself, optionally corrupted."""
 
-    def __init__(self, name="fake-levels", corrupt_encode=False, corrupt_decode=False):
+    def __init__(self, name="fake-levels", corrupt_encode=False, corrupt_decode=False,
+                 drop_flag=False):  # fmt: skip
         self.name = name
         self.corrupt_encode, self.corrupt_decode = corrupt_encode, corrupt_decode
+        self.drop_flag = drop_flag  # a kernel that never sets the non-finite flag
         self.encodes = self.decodes = 0
 
     def applies(self, device):
@@ -31,6 +34,8 @@ class FakeLevels(kernels.FusedLevels):
         p = codec.reference_encode(x, seed=seed, stream=stream)
         if self.corrupt_encode:
             p[-1] ^= 1  # one bit of the last code byte
+        if self.drop_flag:
+            p[7] = 0
         return p
 
     def decode_add_(self, codec, out, payload):
@@ -59,6 +64,9 @@ CODECS = [
     ("terngrad", dict(bucket_size=64, clip=2.5)),
     ("onebit", dict(bucket_size=33)),
     ("efsignsgd", dict(bucket_size=512)),
+    ("signsgd", {}),
+    ("signum", {}),
+    ("tbq", dict(tau=0.5)),
 ]
 
 
@@ -83,9 +91,10 @@ def test_a_correct_kernel_is_used_after_one_self_check(mode, name, params):
         codec.reference_decode_add_(want, p)
         assert torch.equal(out, want)
         _roundtrip(codec)
-        assert (fake.encodes, fake.decodes) == (3, 3)  # one self-check, then two round trips
+        # one self-check (a second encode, with a NaN, for the flagging codecs), two round trips
+        assert (fake.encodes, fake.decodes) == (3 + bool(codec.flag_mask), 3)
         ((key, outcome),) = kernels.decisions().items()
-        assert key == ("fake-levels", "cpu", torch.float32, codec.bits, codec.bucket_size,
+        assert key == ("fake-levels", name, "cpu", torch.float32, codec.bits, codec.bucket_size,
                        codec.param1) and outcome == "fused"  # fmt: skip
         _roundtrip(codec, dtype=torch.bfloat16)
         assert len(kernels.decisions()) == 2  # a new dtype: checked again
@@ -96,10 +105,10 @@ def test_other_codecs_and_long_buckets_take_the_reference_silently(mode):
     fake = FakeLevels(corrupt_encode=True)
     with kernels.use_implementations([fake]), warnings.catch_warnings():
         warnings.simplefilter("error")
-        for name in ("tbq", "signsgd", "maxmin"):
+        for name in ("fp16", "maxmin", "topk"):
             _roundtrip(codecs.get(name))
         for bucket in (0, kernels.FusedLevels.max_bucket + 1):
-            for name in kernels.FusedLevels.codecs:
+            for name in ("qsgd", "terngrad", "onebit", "efsignsgd"):
                 _roundtrip(codecs.get(name, bucket_size=bucket))
     assert fake.encodes == 0 and kernels.decisions() == {}
 
@@ -124,7 +133,21 @@ def test_auto_warns_once_naming_the_kernel_and_falls_back(mode, name, params, br
         want = torch.zeros(777)
         codec.reference_decode_add_(want, p)
         assert torch.equal(out, want)
-        assert fake.encodes == 1  # the self-check only
+        assert fake.encodes == 1 + (broken == "decode" and bool(codec.flag_mask))  # the check's
+
+
+@pytest.mark.parametrize("name,params", [c for c in CODECS if c[0] in ("signsgd", "signum", "tbq")])
+def test_the_self_check_catches_a_kernel_that_drops_the_non_finite_flag(mode, name, params):
+    mode("auto")
+    codec = codecs.get(name, **params)
+    with kernels.use_implementations([FakeLevels("flagless", drop_flag=True)]):
+        with pytest.warns(RuntimeWarning, match="encode \\(with a NaN\\) differs .* from byte 7 "):
+            _roundtrip(codec)
+        x = torch.randn(10)
+        x[3] = float("inf")
+        out = torch.zeros(10)
+        codec.decode_add_(out, codec.encode(x))  # the reference: every value NaN
+        assert torch.isnan(out).all()
 
 
 @pytest.mark.parametrize("name,params", CODECS[::2])
@@ -186,14 +209,22 @@ def test_the_cuda_kernels_pass_their_self_check_on_a_gpu(mode):
     configs = [("qsgd", dict(bits=b)) for b in (2, 4, 8)]
     configs += [("terngrad", dict(clip=c)) for c in (0.0, 2.5)]
     configs += [("onebit", {}), ("efsignsgd", {})]
-    for (name, params), dtype, bucket in itertools.product(
-        configs, (torch.float32, torch.float16, torch.bfloat16), (1, 7, 512, 4097)
+    configs = [(n, p, bucket) for (n, p), bucket in itertools.product(configs, (1, 7, 512, 4097))]
+    configs += [(n, p, nan) for n, p in [("signsgd", {}), ("signum", {}), ("tbq", dict(tau=0.3))]
+                for nan in (False, True)]  # fmt: skip
+    for (name, params, bucket), dtype in itertools.product(
+        configs, (torch.float32, torch.float16, torch.bfloat16)
     ):
         x = torch.randn(20011).to(dtype)
         x[5000:5100] = 0
-        c = codecs.get(name, bucket_size=bucket, **params)
+        if isinstance(bucket, bool):  # no bucket size; with / without a NaN (the envelope's flag)
+            x[12345] = float("nan") if bucket else x[12345]
+            params, bucket = dict(params), int(bucket)
+        else:
+            params = dict(params, bucket_size=bucket)
+        c = codecs.get(name, **params)
         got = c.encode(x.to(cuda), seed=9, stream=bucket)
-        native = compressors.get(name, bucket_size=bucket, **params)
+        native = compressors.get(name, **params)
         want = native.encode(x, seed=9, stream=bucket)
         assert torch.equal(got.cpu(), want), (name, params, dtype, bucket)
         out = torch.randn(20011).to(dtype)
@@ -214,8 +245,7 @@ def test_the_c_abi_rejects_bad_arguments_where_built():
     if not found:
         pytest.skip("libcgx_cuda_capi.so not built (make gpu-build)")
     lib = ctypes.CDLL(str(found[0]))
-    if not hasattr(lib, "cgx_cuda_capi_levels_encode"):
-        pytest.skip(f"{found[0]} predates the levels kernels (rebuild: make gpu-build)")
+    assert lib.cgx_cuda_capi_version() == cuda_kernels.CAPI_VERSION, f"{found[0]} is stale"
     lib.cgx_cuda_capi_last_error.restype = ctypes.c_char_p
     i64, u64, ptr, c_int, f32 = (ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int,
                                  ctypes.c_float)  # fmt: skip
@@ -229,6 +259,8 @@ def test_the_c_abi_rejects_bad_arguments_where_built():
         ((0, 10, 1, 2, -1.0, 512, 0, 0, None, 0), "clip must be finite"),
         ((7, 10, 0, 4, 0.0, 512, 0, 0, None, 0), "dtype code 7"),
         ((0, 10, 0, 4, 0.0, 512, 0, 0, None, 10), "out has 10 bytes, need 41"),
+        ((0, 10, 6, 2, 0.0, 0, 0, 0, None, 0), "tbq tau must be in [1e-30, 1e30]"),
+        ((0, 10, 4, 1, 0.0, 0, 0, 0, None, 10), "out has 10 bytes, need 34"),
     ]
     for args, message in cases:  # the message is read right after each call
         assert enc(None, *args, None) == 1

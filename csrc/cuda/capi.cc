@@ -60,7 +60,7 @@ cgx::DType dtype_of(int code) {
 extern "C" {
 
 // Bumped whenever a signature below changes; kernels.py refuses another version.
-__attribute__((visibility("default"))) int cgx_cuda_capi_version() { return 1; }
+__attribute__((visibility("default"))) int cgx_cuda_capi_version() { return 2; }
 
 __attribute__((visibility("default"))) const char* cgx_cuda_capi_last_error() {
   return g_error.c_str();
@@ -103,8 +103,9 @@ __attribute__((visibility("default"))) int cgx_cuda_capi_maxmin_decode(
   });
 }
 
-// cgx::cuda::levels_encode (qsgd: kind 0, terngrad: kind 1; bits and clip as the compressors'
-// parameters): `count` values of `dtype` at `in` into the `out_size` bytes at `out`.
+// cgx::cuda::levels_encode (kind: 0 qsgd, 1 terngrad, 2 onebit, 3 efsignsgd, 4 signsgd, 5 signum,
+// 6 tbq; bits, clip (tbq: tau) and bucket_size as the compressors' parameters): `count` values of
+// `dtype` at `in` into the `out_size` bytes at `out`.
 __attribute__((visibility("default"))) int cgx_cuda_capi_levels_encode(
     const void* in, int dtype, int64_t count, int kind, int bits, float clip, int64_t bucket_size,
     uint64_t seed, uint64_t stream_id, void* out, uint64_t out_size, void* stream) {

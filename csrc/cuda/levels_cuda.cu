@@ -1,10 +1,12 @@
-// Fused kernels of the level quantizers and the bucketed sign compressors (levels_cuda.h): every
-// number is computed by levels_device.h's functions, in the decomposition levels_cuda_logic_test.cc
-// replays on the host. Deterministic: no atomics; the only reduction (the bucket sums) runs in
-// prim::stats' lane order.
+// Fused kernels of the level quantizers and the sign compressors (levels_cuda.h): every number is
+// computed by levels_device.h's functions, in the decomposition levels_cuda_logic_test.cc replays
+// on the host. Deterministic: the only reduction of numbers (the bucket sums) runs in prim::stats'
+// lane order; the one atomic is an OR of the non-finite flag (signsgd, signum, tbq), whose result
+// does not depend on the order.
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 #include "codec_cuda_launch.h"
@@ -65,8 +67,14 @@ __global__ void scalars_kernel(const typename dev::ElemIO<D>::Raw* x, lv::Params
   }
 }
 
+// The envelope alone (the kinds without bucket scalars), before the codes kernel ORs the flag.
+__global__ void envelope_kernel(lv::Params p, int dtype_code, uint8_t* out) {
+  lv::write_envelope(p, dtype_code, 0u, out);
+}
+
 // One thread per group of eight codes (`bits` bytes of the stream), reading the scalars the
-// previous kernel stored in the payload.
+// previous kernel stored in the payload; a thread that saw NaN or Inf ORs the flag into the
+// envelope (the kinds without bucket scalars; `out` 4-byte aligned).
 template <DType D>
 __global__ void codes_kernel(const typename dev::ElemIO<D>::Raw* x, lv::Params p, uint8_t* out) {
   using IO = dev::ElemIO<D>;
@@ -74,32 +82,38 @@ __global__ void codes_kernel(const typename dev::ElemIO<D>::Raw* x, lv::Params p
   uint8_t* codes = out + 32 + p.codes_offset;
   const int64_t groups = (p.count + 7) / 8;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  bool nonfinite = false;
   for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < groups; g += stride) {
     const uint64_t word =
-        lv::group_codes(p, scalars, g, [&](int64_t i) { return IO::to_float(x[i]); });
+        lv::group_codes(p, scalars, g, [&](int64_t i) { return IO::to_float(x[i]); }, nonfinite);
     const int nbytes = lv::group_bytes(p, g);
     for (int k = 0; k < nbytes; ++k) codes[g * p.bits + k] = uint8_t(word >> (8 * k));
+  }
+  if (nonfinite && !lv::has_buckets(p.kind)) {
+    atomicOr(reinterpret_cast<unsigned int*>(out + 4), lv::kNonFiniteWord);
   }
 }
 
 template <DType D, bool kAdd>
 __global__ void decode_kernel(const uint8_t* payload, lv::Params p,
                               typename dev::ElemIO<D>::Raw* out) {
-  const uint8_t* body = payload + 32;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.count; i += stride) {
-    lv::put<D>(out, i, lv::element_value(p, body, i), kAdd);
+    lv::put<D>(out, i, lv::element_value(p, payload, i), kAdd);
   }
 }
 
 lv::Params checked_params(const LevelsConfig& c, int64_t count, uint64_t seed, uint64_t stream) {
-  CGX_CHECK_ARG(c.kind >= 0 && c.kind <= 3,
-                "levels kind must be 0 (qsgd), 1 (terngrad), 2 (onebit) or 3 (efsignsgd), got ",
+  CGX_CHECK_ARG(c.kind >= 0 && c.kind <= 6,
+                "levels kind must be 0 (qsgd), 1 (terngrad), 2 (onebit), 3 (efsignsgd), "
+                "4 (signsgd), 5 (signum) or 6 (tbq), got ",
                 c.kind);
   CGX_CHECK_ARG(c.kind != 0 || (c.bits >= 2 && c.bits <= 8), "qsgd bits must be in [2, 8], got ",
                 c.bits);
   CGX_CHECK_ARG(c.kind != 1 || (std::isfinite(c.clip) && c.clip >= 0),
                 "terngrad clip must be finite and >= 0, got ", c.clip);
+  CGX_CHECK_ARG(c.kind != 6 || (c.clip >= 1e-30f && c.clip <= 1e30f),
+                "tbq tau must be in [1e-30, 1e30], got ", c.clip);
   CGX_CHECK_ARG(c.bucket_size >= 0 && c.bucket_size <= int64_t(4294967295u),
                 "bucket_size must be in [0, 2^32 - 1], got ", c.bucket_size);
   CGX_CHECK_ARG(count >= 0 && count <= (int64_t(1) << 48), "count must be in [0, 2^48], got ",
@@ -133,14 +147,21 @@ void levels_encode(const void* in, DType dtype, int64_t count, const LevelsConfi
   CGX_CHECK_ARG(out_size == 32 + p.body, "levels_encode: out has ", out_size, " bytes, need ",
                 32 + p.body);
   CGX_CHECK_ARG(out != nullptr && (in != nullptr || count == 0), "levels_encode: null pointer");
+  CGX_CHECK_ARG(reinterpret_cast<uintptr_t>(out) % 4 == 0,
+                "levels_encode: out must be 4-byte aligned");
   by_dtype(dtype, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     using Raw = typename dev::ElemIO<D>::Raw;
     const Raw* x = static_cast<const Raw*>(in);
-    const int blocks = blocks_for(p.buckets * lv::kLanes, kThreads);  // >= 1: the envelope
-    scalars_kernel<D>
-        <<<blocks, kThreads, 0, stream>>>(x, p, int(uint8_t(dtype)), uint32_t(c.bucket_size), out);
-    check_cuda(cudaGetLastError(), "levels scalars kernel launch");
+    if (lv::has_buckets(p.kind)) {
+      const int blocks = blocks_for(p.buckets * lv::kLanes, kThreads);  // >= 1: the envelope
+      scalars_kernel<D><<<blocks, kThreads, 0, stream>>>(x, p, int(uint8_t(dtype)),
+                                                         uint32_t(c.bucket_size), out);
+      check_cuda(cudaGetLastError(), "levels scalars kernel launch");
+    } else {
+      envelope_kernel<<<1, 1, 0, stream>>>(p, int(uint8_t(dtype)), out);
+      check_cuda(cudaGetLastError(), "levels envelope kernel launch");
+    }
     if (count == 0) return;
     codes_kernel<D><<<blocks_for((count + 7) / 8, kThreads), kThreads, 0, stream>>>(x, p, out);
     check_cuda(cudaGetLastError(), "levels codes kernel launch");

@@ -1,5 +1,7 @@
-// Building blocks of the fused level-quantizer kernels (levels_cuda.cu: qsgd and terngrad, the
-// prim::Levels rule of csrc/core/primitives.h), written once for both sides like codec_device.h:
+// Building blocks of the fused level-quantizer and sign kernels (levels_cuda.cu: qsgd, terngrad
+// and tbq, the prim::Levels rule of csrc/core/primitives.h; onebit and efsignsgd, per bucket;
+// signsgd and signum, with tbq the kinds without bucket scalars, whose non-finite input sets the
+// envelope's flag bit 0 instead), written once for both sides like codec_device.h:
 // __host__ __device__ under nvcc, plain inline functions elsewhere. The CPU-only test
 // csrc/tests/levels_cuda_logic_test.cc drives them in the kernels' decomposition (eight lanes
 // per bucket, an xor butterfly over the lanes, groups of eight codes) against the native
@@ -27,8 +29,21 @@ namespace cgx::cuda::lv {
 using dev::as_f32;
 using dev::as_u32;
 
-// qsgd and terngrad (level codes); onebit and efsignsgd (one sign bit per value, 1 = x < 0).
-enum Kind : int32_t { kQsgd = 0, kTernGrad = 1, kOneBit = 2, kEFSign = 3 };
+// qsgd and terngrad (level codes); onebit and efsignsgd (one sign bit per value, 1 = x < 0);
+// then the kinds without bucket scalars: signsgd and signum (sign bits), tbq (level codes of a
+// fixed threshold).
+enum Kind : int32_t {
+  kQsgd = 0,
+  kTernGrad = 1,
+  kOneBit = 2,
+  kEFSign = 3,
+  kSignSGD = 4,
+  kSignum = 5,
+  kTbq = 6
+};
+
+CGX_HD bool has_buckets(int32_t kind) { return kind <= kEFSign; }
+CGX_HD bool sign_codes(int32_t kind) { return kind >= kOneBit && kind != kTbq; }
 
 constexpr int kLanes = 8;
 
@@ -49,48 +64,58 @@ CGX_HD float abs_f(float v) { return as_f32(as_u32(v) & 0x7fffffffu); }
 // What one encode or decode needs (the compressor's parameters and the payload's layout).
 struct Params {
   int32_t kind = kQsgd;
-  int32_t bits = 2;       // code width: qsgd's bits, terngrad 2, the sign kinds 1
-  int32_t scalars = 1;    // f32 per bucket: onebit 2, the others 1
-  int32_t levels = 1;     // qsgd: 2^(bits-1) - 1; terngrad: 1
-  uint32_t neg_add = 1;   // qsgd: 2^(bits-1); terngrad: 1
-  float clip = 0.0f;      // terngrad's clip factor (0: off)
+  int32_t bits = 2;       // code width: qsgd's bits, terngrad and tbq 2, the sign kinds 1
+  int32_t scalars = 1;    // f32 per bucket: onebit 2, signsgd / signum / tbq 0, the others 1
+  int32_t levels = 1;     // qsgd: 2^(bits-1) - 1; terngrad, tbq: 1
+  uint32_t neg_add = 1;   // qsgd: 2^(bits-1); terngrad, tbq: 1
+  float clip = 0.0f;      // terngrad's clip factor (0: off); tbq's tau
   int64_t count = 0;      // n
   int64_t bucket = 1;     // effective bucket size (>= 1)
-  int64_t buckets = 0;    // nb
+  int64_t buckets = 0;    // nb (0 for the kinds without bucket scalars)
   uint64_t codes_offset;  // bytes of the scalars: 4 scalars nb
   uint64_t body = 0;      // body bytes
   RngKey key;
 };
 
-// bucketed::layout for one f32 scalar per bucket; bucket_size 0: the whole tensor.
+// bucketed::layout for one f32 scalar per bucket; bucket_size 0: the whole tensor. `clip`:
+// terngrad's clip, tbq's tau (ignored otherwise); `bucket_size` is ignored by the kinds without
+// bucket scalars.
 CGX_HD Params make_params(int32_t kind, int32_t bits, float clip, int64_t count,
                           int64_t bucket_size, uint64_t seed, uint64_t stream) {
   Params p;
   p.kind = kind;
-  p.bits = kind == kQsgd ? bits : (kind == kTernGrad ? 2 : 1);
-  p.scalars = kind == kOneBit ? 2 : 1;
+  p.bits = kind == kQsgd ? bits : (kind == kTernGrad || kind == kTbq ? 2 : 1);
+  p.scalars = kind == kOneBit ? 2 : (has_buckets(kind) ? 1 : 0);
   p.levels = kind == kQsgd ? (1 << (bits - 1)) - 1 : 1;
   p.neg_add = kind == kQsgd ? (1u << (bits - 1)) : 1u;
-  p.clip = kind == kTernGrad ? clip : 0.0f;
+  p.clip = kind == kTernGrad || kind == kTbq ? clip : 0.0f;
   p.count = count;
-  p.bucket = bucket_size == 0 ? (count > 1 ? count : 1) : bucket_size;
-  p.buckets = (count + p.bucket - 1) / p.bucket;
+  p.bucket = bucket_size == 0 || !has_buckets(kind) ? (count > 1 ? count : 1) : bucket_size;
+  p.buckets = has_buckets(kind) ? (count + p.bucket - 1) / p.bucket : 0;
   p.codes_offset = uint64_t(p.buckets) * 4u * uint64_t(p.scalars);
   p.body = p.codes_offset + uint64_t((count * p.bits + 7) / 8);
   p.key = rng_key(seed, stream);
   return p;
 }
 
-// The 32-byte envelope (compressor id 13, 12, 10 or 11, flags 0, param0 the bucket size, param1
-// qsgd's bits, terngrad's clip bits, else 0).
-CGX_HD void write_envelope(const Params& p, int dtype_code, uint32_t param0, uint8_t* out) {
-  const uint8_t id =
-      p.kind == kQsgd ? 13 : (p.kind == kTernGrad ? 12 : (p.kind == kOneBit ? 10 : 11));
-  const uint8_t head[8] = {'C', 'G', 'X', 'C', 1, uint8_t(dtype_code), id, 0};
+// The compressor id of the envelope: qsgd 13, terngrad 12, onebit 10, efsignsgd 11, signsgd 3,
+// signum 4, tbq 14 (csrc/compressors/list.h).
+CGX_HD uint8_t compressor_id(int32_t kind) {
+  const uint8_t ids[7] = {13, 12, 10, 11, 3, 4, 14};
+  return ids[kind];
+}
+
+// The 32-byte envelope (flags 0: the codes pass ORs in the non-finite flag of the kinds without
+// bucket scalars; param0 the bucket size of the bucketed kinds, else 0; param1 qsgd's bits,
+// terngrad's clip bits, tbq's tau bits, else 0).
+CGX_HD void write_envelope(const Params& p, int dtype_code, uint32_t bucket_size, uint8_t* out) {
+  const uint8_t head[8] = {'C', 'G', 'X', 'C', 1, uint8_t(dtype_code), compressor_id(p.kind), 0};
   for (int k = 0; k < 8; ++k) out[k] = head[k];
   const uint64_t count = uint64_t(p.count), body = p.body;
-  const uint32_t param1 =
-      p.kind == kQsgd ? uint32_t(p.bits) : (p.kind == kTernGrad ? as_u32(p.clip) : 0u);
+  const uint32_t param0 = has_buckets(p.kind) ? bucket_size : 0u;
+  const uint32_t param1 = p.kind == kQsgd                           ? uint32_t(p.bits)
+                          : (p.kind == kTernGrad || p.kind == kTbq) ? as_u32(p.clip)
+                                                                    : 0u;
   for (int k = 0; k < 8; ++k) out[8 + k] = uint8_t(count >> (8 * k));
   for (int k = 0; k < 8; ++k) out[16 + k] = uint8_t(body >> (8 * k));
   for (int k = 0; k < 4; ++k) out[24 + k] = uint8_t(param0 >> (8 * k));
@@ -173,15 +198,15 @@ CGX_HD Scalars bucket_scalars(const Params& p, const Lane& all, int64_t length) 
 // ---- per element ------------------------------------------------------------------------------
 
 // prim::Levels' code of element `index` (value x) in a bucket of scalar s (zero unless s is
-// finite and positive).
+// finite and positive; tbq: s = tau, no clip, no uniform).
 CGX_HD uint32_t level_code(const Params& p, float s, float x, uint64_t index) {
-  if (p.kind >= kOneBit) return x < 0.0f ? 1u : 0u;  // the sign kinds: 1 = negative (NaN: 0)
+  if (sign_codes(p.kind)) return x < 0.0f ? 1u : 0u;  // 1 = negative (NaN: 0)
   if (!(is_finite(s) && s > 0.0f)) return 0u;
-  const float clip = p.kind == kQsgd ? INFINITY : s;
+  const float clip = p.kind == kTernGrad ? s : INFINITY;
   float a = abs_f(x);
   a = a < clip ? a : clip;
   const float num = float(p.levels);
-  const float u = rng_uniform(p.key, index);
+  const float u = p.kind == kTbq ? 0.0f : rng_uniform(p.key, index);
   const float f = ffloor(dev::fadd(fdiv(dev::fmul(num, a), s), u));
   const float l = f < num ? f : num;
   return uint32_t(l) + ((x < 0.0f && l > 0.0f) ? p.neg_add : 0u);
@@ -193,19 +218,27 @@ CGX_HD float scalar_of(const Params& p, const uint8_t* scalars, int64_t i, int k
 }
 
 // The packed bytes of group g (elements 8g .. 8g + 7 that exist; code k at bits [k*bits,
-// (k+1)*bits)), the scalars read from the payload and element i's value from load(i).
+// (k+1)*bits)), the scalars read from the payload and element i's value from load(i);
+// `nonfinite` becomes true when one of the group's values is NaN or Inf.
 template <typename Load>
-CGX_HD uint64_t group_codes(const Params& p, const uint8_t* scalars, int64_t g, Load&& load) {
+CGX_HD uint64_t group_codes(const Params& p, const uint8_t* scalars, int64_t g, Load&& load,
+                            bool& nonfinite) {
   const int64_t cnt = p.count - 8 * g < 8 ? p.count - 8 * g : 8;
   uint64_t w = 0;
   for (int k = 0; k < int(cnt); ++k) {
     const int64_t i = 8 * g + k;
-    const float s = p.kind >= kOneBit ? 0.0f : scalar_of(p, scalars, i);
-    const uint32_t c = level_code(p, s, load(i), uint64_t(i));
+    const float x = load(i);
+    const float s = p.kind == kTbq ? p.clip : sign_codes(p.kind) ? 0.0f : scalar_of(p, scalars, i);
+    nonfinite |= !is_finite(x);
+    const uint32_t c = level_code(p, s, x, uint64_t(i));
     w |= uint64_t(c) << (k * p.bits);
   }
   return w;
 }
+
+// The envelope's flag bit 0 as the word the codes pass ORs into the payload's bytes 4..7
+// (little-endian: byte 7 is the word's top byte); the kinds without bucket scalars only.
+constexpr uint32_t kNonFiniteWord = 1u << 24;
 
 // Bytes of group g (elements 8g .. 8g + 7) in the code stream: `bits` for a full group.
 CGX_HD int group_bytes(const Params& p, int64_t g) {
@@ -214,7 +247,7 @@ CGX_HD int group_bytes(const Params& p, int64_t g) {
 }
 
 // The value code c decodes to in a bucket of scalar s (qsgd: norm * l / levels with the sign
-// bit; terngrad: 0, +s, -s, NaN for 3 and a NaN scale's 0).
+// bit; terngrad and tbq: 0, +s, -s, NaN for 3 and a NaN scale's 0).
 CGX_HD float code_value(const Params& p, float s, uint32_t c) {
   if (p.kind == kQsgd) {
     const float mag = dev::fmul(s, fdiv(float(c & (p.neg_add - 1u)), float(p.levels)));
@@ -235,10 +268,16 @@ CGX_HD uint32_t code_at(const uint8_t* codes, int64_t i, int bits) {
   return (two >> (bit & 7)) & ((1u << bits) - 1u);
 }
 
-// The decoded value of element i of a payload's body (scalars, then the code stream); the sign
-// kinds: onebit's bit selects (negatives' mean, non-negatives' mean), efsignsgd's -s or +s.
-CGX_HD float element_value(const Params& p, const uint8_t* body, int64_t i) {
+// The decoded value of element i of a payload (envelope, scalars, then the code stream); the
+// sign kinds: onebit's bit selects (negatives' mean, non-negatives' mean), efsignsgd's -s or +s,
+// signsgd's -1 or +1; tbq's codes decode with the envelope's tau; with the envelope's flag bit 0
+// signsgd, signum and tbq decode to NaN.
+CGX_HD float element_value(const Params& p, const uint8_t* payload, int64_t i) {
+  const uint8_t* body = payload + 32;
   const uint32_t c = code_at(body + p.codes_offset, i, p.bits);
+  if (!has_buckets(p.kind) && (payload[7] & 1u)) return as_f32(0x7fc00000u);
+  if (p.kind == kSignSGD || p.kind == kSignum) return c ? -1.0f : 1.0f;
+  if (p.kind == kTbq) return code_value(p, as_f32(dev::load_u32(payload + 28)), c);
   if (p.kind == kOneBit) return scalar_of(p, body, i, c ? 0 : 1);
   const float s = scalar_of(p, body, i);
   if (p.kind == kEFSign) return c ? -s : s;

@@ -1,10 +1,10 @@
 // The fused level-quantizer (and bucketed sign) kernels' building blocks
 // (csrc/cuda/levels_device.h), run on the host in the kernels' decomposition (levels_cuda.cu: eight
 // lanes per bucket combined by an xor butterfly, one work item per group of eight codes, one per
-// decoded element), must give the native qsgd / terngrad / onebit / efsignsgd compressors' bytes
-// and decoded values. Needs no GPU and no CUDA toolkit; the GPU runs the same functions
-// (tests/test_device_kernels_levels.py checks the kernels themselves against the reference where a
-// device exists).
+// decoded element), must give the native qsgd / terngrad / onebit / efsignsgd / signsgd / signum /
+// tbq compressors' bytes and decoded values. Needs no GPU and no CUDA toolkit; the GPU runs the
+// same functions (tests/test_device_kernels_levels.py checks the kernels themselves against the
+// reference where a device exists).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -25,14 +25,14 @@ namespace {
 namespace lv = cuda::lv;
 
 struct Case {
-  int kind;  // lv::kQsgd or lv::kTernGrad
+  int kind;  // lv::Kind
   int bits;
-  float clip;
+  float clip;  // terngrad's clip, tbq's tau
   int64_t bucket;
 };
 
 std::string describe(const Case& c, int64_t n, DType t) {
-  const char* names[4] = {"qsgd", "terngrad", "onebit", "efsignsgd"};
+  const char* names[7] = {"qsgd", "terngrad", "onebit", "efsignsgd", "signsgd", "signum", "tbq"};
   return std::string(names[c.kind]) + " bits=" + std::to_string(c.bits) +
          " clip=" + std::to_string(c.clip) + " bucket=" + std::to_string(c.bucket) +
          " n=" + std::to_string(n) + " dtype=" + std::to_string(int(t));
@@ -60,6 +60,7 @@ std::vector<uint8_t> emulate_encode(const Case& c, const std::vector<uint8_t>& i
   const lv::Params p = lv::make_params(c.kind, c.bits, c.clip, n, c.bucket, seed, stream);
   std::vector<uint8_t> out(32 + p.body, 0xAB);  // poison: every byte must be written
   lv::write_envelope(p, int(uint8_t(t)), uint32_t(c.bucket), out.data());
+  EXPECT_EQ(p.buckets == 0, n == 0 || !lv::has_buckets(c.kind));
   for (int64_t b = 0; b < p.buckets; ++b) {
     const int64_t lo = b * p.bucket, hi = std::min(n, lo + p.bucket);
     lv::Lane lanes[lv::kLanes];
@@ -92,10 +93,18 @@ std::vector<uint8_t> emulate_encode(const Case& c, const std::vector<uint8_t>& i
   }
   uint8_t* codes = out.data() + 32 + p.codes_offset;
   for (int64_t g = 0; g < (n + 7) / 8; ++g) {
+    bool nonfinite = false;  // per work item, as a thread's
     const uint64_t word = lv::group_codes(
-        p, out.data() + 32, g, [&](int64_t i) { return load_as_float(in.data(), t, i); });
+        p, out.data() + 32, g, [&](int64_t i) { return load_as_float(in.data(), t, i); },
+        nonfinite);
     for (int k = 0; k < lv::group_bytes(p, g); ++k)
       codes[g * p.bits + k] = uint8_t(word >> (8 * k));
+    if (nonfinite && !lv::has_buckets(c.kind)) {  // the kernel's atomicOr on bytes 4..7
+      uint32_t word4;
+      std::memcpy(&word4, out.data() + 4, 4);
+      word4 |= lv::kNonFiniteWord;
+      std::memcpy(out.data() + 4, &word4, 4);
+    }
   }
   return out;
 }
@@ -105,7 +114,7 @@ template <DType D>
 void emulate_decode_typed(const lv::Params& p, const uint8_t* payload, void* out, bool add) {
   auto* o = static_cast<typename cuda::dev::ElemIO<D>::Raw*>(out);
   for (int64_t i = 0; i < p.count; ++i) {
-    lv::put<D>(o, i, lv::element_value(p, payload + 32, i), add);
+    lv::put<D>(o, i, lv::element_value(p, payload, i), add);
   }
 }
 
@@ -120,6 +129,9 @@ void emulate_decode(const Case& c, const std::vector<uint8_t>& payload, int64_t 
 }
 
 std::unique_ptr<Compressor> native(const Case& c) {
+  if (c.kind == lv::kSignSGD) return make_compressor("signsgd", {});
+  if (c.kind == lv::kSignum) return make_compressor("signum", {});
+  if (c.kind == lv::kTbq) return make_compressor("tbq", {{"tau", c.clip}});
   if (c.kind == lv::kOneBit) return make_compressor("onebit", {{"bucket_size", double(c.bucket)}});
   if (c.kind == lv::kEFSign) {
     return make_compressor("efsignsgd", {{"bucket_size", double(c.bucket)}});
@@ -183,6 +195,43 @@ TEST(LevelsCudaLogic, OneBitAndEFSignSGDBytesAndValuesAreTheNativeOnes) {
       }
     }
   }
+}
+
+TEST(LevelsCudaLogic, SignSGDSignumAndTbqBytesAndValuesAreTheNativeOnes) {
+  // No bucket scalars: the bucket size must change nothing; NaN / Inf set the flag.
+  for (int64_t bucket : {0, 7}) {
+    for (int64_t n : kSizes) {
+      for (DType t : kTypes) {
+        for (bool specials : {false, true}) {
+          check_case({lv::kSignSGD, 1, 0.0f, bucket}, n, t, specials);
+          check_case({lv::kSignum, 1, 0.0f, bucket}, n, t, specials);
+          for (float tau : {1.0f, 0.37f, 1e-3f, 1e-30f}) {
+            check_case({lv::kTbq, 2, tau, bucket}, n, t, specials);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(LevelsCudaLogic, TheFlagIsSetByAnyGroupAndOnlyByNonFiniteValues) {
+  for (int64_t at : {0, 7, 8, 4102}) {
+    for (float special : {NAN, INFINITY, -INFINITY}) {
+      std::vector<uint8_t> in(4103 * 4);
+      for (int64_t i = 0; i < 4103; ++i) store_from_float(in.data(), DType::kFloat32, i, 1e30f);
+      store_from_float(in.data(), DType::kFloat32, at, special);
+      for (int kind : {lv::kSignSGD, lv::kTbq}) {
+        const auto p = emulate_encode({kind, 1, 0.5f, 0}, in, DType::kFloat32, 4103, 1, 2);
+        EXPECT_EQ(p[7], 1) << "kind " << kind << " at " << at;
+        std::vector<float> out(4103, 0.0f);
+        emulate_decode({kind, 1, 0.5f, 0}, p, 4103, DType::kFloat32, out.data(), true);
+        for (float v : out) ASSERT_TRUE(std::isnan(v));
+      }
+    }
+  }
+  std::vector<uint8_t> big(9 * 4);
+  for (int64_t i = 0; i < 9; ++i) store_from_float(big.data(), DType::kFloat32, i, -3.4e38f);
+  EXPECT_EQ(emulate_encode({lv::kTbq, 2, 1e-30f, 0}, big, DType::kFloat32, 9, 1, 2)[7], 0);
 }
 
 TEST(LevelsCudaLogic, LargeBucketsOfOneLaneOrder) {

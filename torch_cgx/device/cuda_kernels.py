@@ -14,7 +14,7 @@ import torch
 
 __all__ = ["CudaLevels", "CudaMaxMin", "FusedLevels", "FusedMaxMin", "library_candidates"]
 
-CAPI_VERSION = 1
+CAPI_VERSION = 2  # 2: the levels kinds 4..6 (signsgd, signum, tbq)
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -140,21 +140,24 @@ class CudaMaxMin(_Library, FusedMaxMin):
 
 class FusedLevels(FusedMaxMin):
     """A fused implementation of the dense bucketed compressors qsgd, terngrad, onebit and
-    efsignsgd (same protocol as :class:`FusedMaxMin`)."""
+    efsignsgd and of those without bucket scalars, signsgd, signum and tbq (same protocol as
+    :class:`FusedMaxMin`)."""
 
     name = "fused levels"
-    codecs = ("qsgd", "terngrad", "onebit", "efsignsgd")
+    codecs = ("qsgd", "terngrad", "onebit", "efsignsgd", "signsgd", "signum", "tbq")
     # Eight threads sum a bucket in prim::stats' lane order (serial per lane, for the native
     # bytes): buckets beyond this, and bucket size 0 (the whole tensor), take the reference.
     max_bucket = 1 << 16
 
     def supports(self, codec, dtype: torch.dtype) -> bool:
-        return codec.name in self.codecs and 0 < codec.bucket_size <= self.max_bucket
+        if codec.name not in self.codecs:
+            return False
+        return codec.scalars == 0 or 0 < codec.bucket_size <= self.max_bucket
 
 
 class CudaLevels(_Library, FusedLevels):
-    """csrc/cuda/levels_cuda.cu's qsgd / terngrad / onebit / efsignsgd kernels through ctypes;
-    CUDA tensors only."""
+    """csrc/cuda/levels_cuda.cu's qsgd / terngrad / onebit / efsignsgd / signsgd / signum / tbq
+    kernels through ctypes; CUDA tensors only."""
 
     name = "cuda-levels (libcgx_cuda_capi.so)"
 
@@ -172,14 +175,14 @@ class CudaLevels(_Library, FusedLevels):
             raise RuntimeError(f"{path} loaded but reports no usable CUDA device")
         self._lib = lib
 
-    @staticmethod
-    def _config(codec):
-        """(kind, bits, clip) of the C ABI: qsgd 0, terngrad 1, onebit 2, efsignsgd 3."""
-        if codec.name == "qsgd":
-            return 0, codec.bits, 0.0
-        if codec.name == "terngrad":
-            return 1, 2, float(codec.clip)
-        return (2 if codec.name == "onebit" else 3), 1, 0.0
+    KINDS = {"qsgd": 0, "terngrad": 1, "onebit": 2, "efsignsgd": 3, "signsgd": 4, "signum": 5,
+             "tbq": 6}  # fmt: skip
+
+    @classmethod
+    def _config(cls, codec):
+        """(kind, bits, clip) of the C ABI (clip: terngrad's clip, tbq's tau)."""
+        clip = {"terngrad": "clip", "tbq": "tau"}.get(codec.name)
+        return cls.KINDS[codec.name], codec.bits, float(getattr(codec, clip)) if clip else 0.0
 
     def encode(self, codec, x, seed, stream):
         from torch_cgx.device.codecs.base import DTYPE_CODES

@@ -3,15 +3,18 @@
 A *fused implementation* replaces a device codec's tensor operations (the *reference*) by a
 kernel for the tensors it applies to. Today: max-min's CUDA kernels (csrc/cuda) through the C
 ABI of ``libcgx_cuda_capi.so`` (:class:`CudaMaxMin`), and the fused qsgd / terngrad / onebit /
-efsignsgd kernels of csrc/cuda/levels_cuda.cu through the same library (:class:`CudaLevels`).
+efsignsgd / signsgd / signum / tbq kernels of csrc/cuda/levels_cuda.cu through the same library
+(:class:`CudaLevels`).
 The process setting ``device_kernels`` (``CGX_DEVICE_KERNELS``) selects:
 
 - ``reference``: tensor operations only;
-- ``auto`` (default): at the first use of each (implementation, device type, dtype, bits,
+- ``auto`` (default): at the first use of each (implementation, codec, device type, dtype, bits,
   bucket size, flags) the kernel encodes a small buffer on the caller's device and must give the
   reference's bytes, then decode-adds that payload and must give the reference's values (NaN
-  equal to NaN); on a mismatch, an exception, or a library that is missing or fails to load, it
-  warns once, naming the kernel and the reason, and the reference is used from then on;
+  equal to NaN); a codec that flags non-finite input in its envelope (signsgd, signum, tbq) also
+  encodes the buffer with a NaN in it; on a mismatch, an exception, or a library that is missing
+  or fails to load, it warns once, naming the kernel and the reason, and the reference is used
+  from then on;
 - ``fused``: the same self-check, but a failure raises ``RuntimeError``.
 
 Implementations are injectable (:func:`use_implementations`), so the selection logic runs in the
@@ -161,7 +164,8 @@ def fused_for(codec, device: torch.device, dtype: torch.dtype):
             _state.unavailable[id(impl)] = why = f"unavailable ({type(e).__name__}: {e})"
             _fail(impl.name, why, strict)
             return None
-        key = (impl.name, device.type, dtype, codec.bits, codec.bucket_size, _variant(codec))
+        key = (impl.name, codec.name, device.type, dtype, codec.bits, codec.bucket_size,
+               _variant(codec))  # fmt: skip
         if key not in _state.checked:
             _state.checked[key] = why = _self_check(impl, codec, device, dtype)
             if why is not None:
@@ -208,6 +212,15 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(((a.view(bits) == b.view(bits)) | both_nan).all())
 
 
+def _compare(got: torch.Tensor, want: torch.Tensor, what: str) -> Optional[str]:
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"encode{what} gave {got.dtype} {tuple(got.shape)}, want {want.numel()} uint8"
+    if not torch.equal(got, want):
+        first = int((got != want).nonzero()[0])
+        return f"encode{what} differs from the reference from byte {first} of {want.numel()}"
+    return None
+
+
 def _self_check(impl, codec, device, dtype) -> Optional[str]:
     """None when ``impl`` gives the reference's bytes and values on a small buffer, else why."""
     n = check_size(codec.bucket_size)
@@ -216,11 +229,14 @@ def _self_check(impl, codec, device, dtype) -> Optional[str]:
     try:
         want = codec.reference_encode(x, seed=seed, stream=stream)
         got = impl.encode(codec, x, seed, stream)
-        if got.shape != want.shape or got.dtype != want.dtype:
-            return f"encode gave {got.dtype} {tuple(got.shape)}, want {want.numel()} uint8"
-        if not torch.equal(got, want):
-            first = int((got != want).nonzero()[0])
-            return f"encode differs from the reference from byte {first} of {want.numel()}"
+        why = _compare(got, want, "")
+        if why is None and getattr(codec, "flag_mask", 0) & 1:  # the non-finite flag
+            x_nan = x.clone()
+            x_nan[n // 2] = float("nan")
+            want_nan = codec.reference_encode(x_nan, seed=seed, stream=stream)
+            why = _compare(impl.encode(codec, x_nan, seed, stream), want_nan, " (with a NaN)")
+        if why is not None:
+            return why
         out0 = torch.randn(n, generator=torch.Generator().manual_seed(7)).to(dtype).to(device)
         ref, fused = out0.clone(), out0.clone()
         codec.reference_decode_add_(ref, want)

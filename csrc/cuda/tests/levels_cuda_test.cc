@@ -1,4 +1,5 @@
-// The fused qsgd / terngrad / onebit / efsignsgd kernels (cuda/levels_cuda.h) against the native
+// The fused qsgd / terngrad / onebit / efsignsgd / signsgd / signum / tbq kernels
+// (cuda/levels_cuda.h) against the native
 // compressors: the same payload bytes, the same decode_add values (bit for bit, NaN included), also
 // with the grid-stride loops running several rounds. Needs a GPU (skipped otherwise); the argument
 // errors run everywhere. The host-side twin of these checks is
@@ -35,6 +36,9 @@ std::vector<uint8_t> values(int64_t n, DType t, uint32_t seed, bool specials) {
 }
 
 std::unique_ptr<Compressor> native(const cuda::LevelsConfig& c) {
+  if (c.kind == 4) return make_compressor("signsgd", {});
+  if (c.kind == 5) return make_compressor("signum", {});
+  if (c.kind == 6) return make_compressor("tbq", {{"tau", c.clip}});
   if (c.kind == 2) return make_compressor("onebit", {{"bucket_size", double(c.bucket_size)}});
   if (c.kind == 3) return make_compressor("efsignsgd", {{"bucket_size", double(c.bucket_size)}});
   if (c.kind == 0) {
@@ -104,6 +108,8 @@ TEST_F(CudaLevels, BytesAndValuesAreTheNativeOnes) {
         for (int bits : {2, 4, 8}) check({0, bits, 0.0f, bucket}, n, t);
         for (float clip : {0.0f, 2.5f}) check({1, 2, clip, bucket}, n, t);
         for (int kind : {2, 3}) check({kind, 1, 0.0f, bucket}, n, t);
+        for (int kind : {4, 5}) check({kind, 1, 0.0f, bucket}, n, t);
+        for (float tau : {1.0f, 1e-3f}) check({6, 2, tau, bucket}, n, t);
       }
     }
   }
@@ -114,11 +120,13 @@ TEST_F(CudaLevels, GridStrideLoopsMatchNative) {
   check({0, 4, 0.0f, 8}, 100003, DType::kFloat32);
   check({1, 2, 2.5f, 100}, 100003, DType::kBFloat16);
   check({2, 1, 0.0f, 33}, 100003, DType::kFloat16);
+  check({4, 1, 0.0f, 0}, 100003, DType::kFloat32);  // n % 3 == 1: a NaN, the flag from one block
+  check({6, 2, 0.5f, 0}, 100003, DType::kBFloat16);
   cuda::set_max_blocks(0);
 }
 
 TEST(CudaLevelsArgs, BadArgumentsThrowBeforeAnyLaunch) {
-  uint8_t dummy[64];
+  alignas(8) uint8_t dummy[64];
   EXPECT_THROW(
       cuda::levels_encode(dummy, DType::kFloat32, 10, {0, 9, 0.0f, 512}, 0, 0, dummy, 41, nullptr),
       InvalidArgument);
@@ -128,7 +136,18 @@ TEST(CudaLevelsArgs, BadArgumentsThrowBeforeAnyLaunch) {
   EXPECT_THROW(
       cuda::levels_decode(dummy, 46, dummy, DType::kFloat32, 10, {1, 2, 0.0f, 4}, true, nullptr),
       InvalidArgument);
+  EXPECT_THROW(
+      cuda::levels_encode(dummy, DType::kFloat32, 10, {6, 2, 0.0f, 0}, 0, 0, dummy, 35, nullptr),
+      InvalidArgument);  // tau 0
+  EXPECT_THROW(
+      cuda::levels_encode(dummy, DType::kFloat32, 10, {7, 1, 0.0f, 0}, 0, 0, dummy, 34, nullptr),
+      InvalidArgument);
+  EXPECT_THROW(cuda::levels_encode(dummy, DType::kFloat32, 10, {4, 1, 0.0f, 0}, 0, 0, dummy + 1, 34,
+                                   nullptr),
+               InvalidArgument);  // out not 4-byte aligned
   EXPECT_EQ(cuda::levels_encoded_size({1, 2, 0.0f, 4}, 10), 47u);
+  EXPECT_EQ(cuda::levels_encoded_size({4, 1, 0.0f, 4}, 10), 34u);
+  EXPECT_EQ(cuda::levels_encoded_size({6, 2, 1.0f, 4}, 10), 35u);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-"""The fused-kernel dispatch of the dense bucketed codecs (qsgd, terngrad, onebit, efsignsgd):
+"""The fused-kernel dispatch of the dense codecs (qsgd, terngrad, tbq, onebit, efsignsgd, signsgd,
+signum):
 ``encode`` / ``decode_add_`` ask ``kernels.fused_for`` (torch_cgx/device/kernels.py: a kernel
 that passed its self-check, CUDA tensors only) and otherwise run ``reference_encode`` /
 ``reference_decode_add_``, the tensor operations, as max-min's codec does."""

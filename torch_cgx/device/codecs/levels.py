@@ -5,7 +5,7 @@ The rule, in fp32 and in this order: ``a = min(|x|, clip)`` (NaN: clip), ``f = f
 + u)``, ``l = min(f, levels)``, code ``l + (x < 0 and l > 0 ? neg : 0)``. Code 3 of the 2-bit
 formats decodes to NaN and makes ``header_ok`` False (the native decoder raises instead).
 
-qsgd and terngrad may run through a fused kernel (csrc/cuda/levels_cuda.cu) where one applies
+Each may run through a fused kernel (csrc/cuda/levels_cuda.cu) where one applies
 and passed its self-check (torch_cgx/device/kernels.py: CUDA tensors); the tensor operations
 here are the reference, and the only path on the CPU.
 """
@@ -146,7 +146,7 @@ class QSGD(Fusable, _Levels):
         return torch.where((code & sign) != 0, -mag, mag)
 
 
-class TBQ(_Levels):
+class TBQ(Fusable, _Levels):
     """|x| / tau >= 1 (fp32) -> +-tau by the sign, else 0; NaN or Inf anywhere: flag bit 0 and
     the whole tensor decodes to NaN. Decodes with the tau of the payload's header (as native)."""
 
@@ -157,7 +157,7 @@ class TBQ(_Levels):
         self.tau = to_f32(self.config["tau"])
         self.param1 = f32_bits(self.tau)
 
-    def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
+    def reference_encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0):
         x, v = self._prepare(x, seed, stream, shared)
         tau = torch.full((1,), self.tau, device=v.device)
         codes = level_codes(v, 1.0, tau, float("inf"), 1, 1)

@@ -1,7 +1,7 @@
 """Device codecs of the sign compressors: signsgd / signum (+-1, flag bit 0 for non-finite input),
 onebit (per bucket the means of the negative and of the non-negative values) and efsignsgd (per
-bucket the mean magnitude). Codes: one bit per value, 1 = negative (NaN: 0). onebit and
-efsignsgd may run through a fused kernel (codecs/fused.py; csrc/cuda/levels_cuda.cu)."""
+bucket the mean magnitude). Codes: one bit per value, 1 = negative (NaN: 0). Each may run
+through a fused kernel (codecs/fused.py; csrc/cuda/levels_cuda.cu)."""
 
 from __future__ import annotations
 
@@ -42,12 +42,12 @@ class _Signs(DenseCodec):
         return torch.where(negative, neg[b], pos[b])
 
 
-class SignSGD(_Signs):
+class SignSGD(Fusable, _Signs):
     """x < 0 -> -1, else +1; NaN or Inf anywhere: flag bit 0 and the whole tensor decodes to NaN."""
 
     name, compressor_id, flag_mask = "signsgd", 3, 1
 
-    def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
+    def reference_encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0):
         x = self._encode(x, seed, stream, shared)
         flags = non_finite_flag(x)
         return self.wrap(x, [pack_bits(x < 0, 1)], flags)
