@@ -12,6 +12,8 @@ device engine mirrors the native algorithms, so the results must be bitwise equa
 - a DDP step with ``device_ids=[r % device_count]`` on a CUDA module: one ``Linear`` layer, batch
   of one, loss ``(out * c).sum()``, so every local gradient is one exactly rounded product
   (``c_i x_j``) and equal on the GPU and the CPU; the averaged gradients must be bitwise equal;
+- ``init_process_group("cgx", device_id=...)``: the world binds the device, its CUDA tensors go
+  to the device plane (bitwise the host engine), its barrier returns;
 - no device-to-host copy in the data path: ``dist.all_reduce`` of a CUDA tensor (after a first
   call, which runs the fused kernel's one-time self-check) under the host-read recorder of
   tests/device_engine_reads.py plus a recorder of CUDA-to-host ``copy_`` / ``to`` / ``cpu``.
@@ -163,3 +165,29 @@ def body_no_device_to_host(rank, world):
 
 def test_no_device_to_host_copy_in_the_data_path():
     _run(body_no_device_to_host)
+
+
+def body_device_id(rank, world):
+    import torch_cgx
+
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    dist.init_process_group("cgx", device_id=device, pg_options=torch_cgx.Options(**SETTINGS))
+    world_group = dist.group.WORLD
+    assert world_group.bound_device_id == device
+    _cuda_engine(world_group)  # the world's CUDA tensors are on the device plane
+    host = dist.new_group([0, 1], backend="cgx",
+                          pg_options=torch_cgx.Options(data_plane="host", **SETTINGS))  # fmt: skip
+    x = _values(rank, 100003)
+    a, b = x.to(device), x.clone()
+    dist.all_reduce(a)
+    dist.all_reduce(b, group=host)
+    assert a.device == device and torch.equal(a.cpu(), b)
+    dist.barrier()  # on the bound device (torch passes it in BarrierOptions)
+    dist.destroy_process_group()
+
+
+def test_init_process_group_with_device_id():
+    """``init_process_group('cgx', device_id=...)``: the world binds the device, serves its CUDA
+    tensors on the device plane (bitwise the host engine's result) and its barrier returns."""
+    _run(body_device_id)
