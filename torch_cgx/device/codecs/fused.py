@@ -1,27 +1,44 @@
-"""The fused-kernel dispatch of the dense codecs (qsgd, terngrad, tbq, onebit, efsignsgd, signsgd,
-signum):
-``encode`` / ``decode_add_`` ask ``kernels.fused_for`` (torch_cgx/device/kernels.py: a kernel
-that passed its self-check, CUDA tensors only) and otherwise run ``reference_encode`` /
-``reference_decode_add_``, the tensor operations, as max-min's codec does."""
+"""The fused-kernel dispatch of the device codecs that have a fused kernel (max-min; qsgd,
+terngrad, tbq, onebit, efsignsgd, signsgd, signum): ``encode`` / ``decode_add_`` ask
+``kernels.fused_for`` (torch_cgx/device/kernels.py: a kernel that passed its self-check, CUDA
+tensors only) and otherwise run ``reference_encode`` / ``reference_decode_add_``, the tensor
+operations."""
 
 from __future__ import annotations
 
 import torch
 
-from torch_cgx.device.codecs.dense_common import DenseCodec, check_input, check_keys
+from torch_cgx.device.codecs.dense_common import check_input, check_keys
 
 __all__ = ["Fusable"]
 
 
 class Fusable:
-    """Mixin for a :class:`DenseCodec` that defines ``reference_encode``."""
+    """Mixin for a device codec that defines ``reference_encode`` (and, through the next class
+    of its MRO, the reference ``decode_add_``). A codec with other input rules overrides
+    :meth:`fusable_input` / :meth:`fusable_decode`."""
+
+    def fusable_input(self, x, seed: int, stream: int, shared: int) -> torch.Tensor:
+        """The checked input of ``encode`` (ValueError / TypeError on bad input or keys)."""
+        x = check_input(x, self.name)
+        check_keys(self.name, seed=seed, stream=stream, shared=shared)
+        return x
+
+    def fusable_decode(self, out, payload) -> bool:
+        """Whether a fused ``decode_add_`` may take (out, payload), after the size checks that
+        must run before any kernel; False leaves every check to the reference."""
+        if not (isinstance(out, torch.Tensor) and isinstance(payload, torch.Tensor)
+                and out.is_contiguous() and payload.is_contiguous()
+                and payload.device == out.device):  # fmt: skip
+            return False
+        self.body(payload, out.numel(), out.dtype)  # dtype and size checks
+        return True
 
     def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
         """The payload; through a fused kernel where one applies, else the tensor operations."""
         from torch_cgx.device import kernels
 
-        x = check_input(x, self.name)
-        check_keys(self.name, seed=seed, stream=stream, shared=shared)
+        x = self.fusable_input(x, seed, stream, shared)
         fused = kernels.fused_for(self, x.device, x.dtype)
         if fused is not None:
             return fused.encode(self, x, seed, stream)
@@ -30,12 +47,9 @@ class Fusable:
     def decode_add_(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
         """``out += decode(payload)`` (fp32, rounded once); through a fused kernel where one
         applies (the envelope is not checked here: ``header_ok``)."""
-        if (isinstance(out, torch.Tensor) and isinstance(payload, torch.Tensor)
-                and out.is_contiguous() and payload.is_contiguous()
-                and payload.device == out.device):  # fmt: skip
+        if self.fusable_decode(out, payload):
             from torch_cgx.device import kernels
 
-            self.body(payload, out.numel(), out.dtype)  # dtype and size checks
             fused = kernels.fused_for(self, out.device, out.dtype)
             if fused is not None:
                 fused.decode_add_(self, out.view(-1), payload)
@@ -43,4 +57,5 @@ class Fusable:
         return self.reference_decode_add_(out, payload)
 
     def reference_decode_add_(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
-        return DenseCodec.decode_add_(self, out, payload)
+        """The tensor operations' ``decode_add_`` (the codec's base class)."""
+        return super().decode_add_(out, payload)

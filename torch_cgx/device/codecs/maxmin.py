@@ -21,6 +21,7 @@ from typing import Tuple
 import torch
 
 from torch_cgx.device.codecs.base import DTYPE_CODES, DeviceCodec, uniform
+from torch_cgx.device.codecs.fused import Fusable
 
 __all__ = ["CODECS", "MaxMin", "lane_sum"]
 
@@ -71,7 +72,7 @@ def lane_sum(v: torch.Tensor, loop_rows: int = LOOP_ROWS) -> torch.Tensor:
     return total
 
 
-class MaxMin(DeviceCodec):
+class MaxMin(Fusable, DeviceCodec):
     """Max-min with the parameters of ``torch_cgx.compressors.params("maxmin")``."""
 
     name = "maxmin"
@@ -143,40 +144,23 @@ class MaxMin(DeviceCodec):
 
     # ---- encode ---------------------------------------------------------------------------------
 
-    def encode(self, x: torch.Tensor, *, seed: int = 0, stream: int = 0, shared: int = 0):
-        """The payload; through a fused kernel where one applies and passed its self-check
-        (torch_cgx/device/kernels.py), else :meth:`reference_encode`."""
+    def fusable_input(self, x, seed: int, stream: int, shared: int) -> torch.Tensor:
+        """encode's input (codecs/fused.py: the kernel or :meth:`reference_encode`)."""
         x = _flat_input(x)
         _check_seed(seed, stream)
-        from torch_cgx.device import kernels
+        return x
 
-        fused = kernels.fused_for(self, x.device, x.dtype)
-        if fused is not None:
-            return fused.encode(self, x, seed, stream)
-        return self.reference_encode(x, seed=seed, stream=stream)
-
-    def decode_add_(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
-        """``out += decode(payload)`` in fp32, rounded once to ``out``'s dtype; through a fused
-        kernel where one applies (the header is not checked here: :meth:`header_ok`)."""
+    def fusable_decode(self, out, payload) -> bool:
+        """decode_add_'s checks (the header is not checked here: :meth:`header_ok`)."""
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
         _check_dtype(out.dtype)
         self._check_payload(payload, out.numel(), out.dtype)
         if payload.device != out.device:
             raise ValueError(f"payload is on {payload.device}, out on {out.device}")
-        if out.is_contiguous() and payload.is_contiguous():
-            from torch_cgx.device import kernels
+        return out.is_contiguous() and payload.is_contiguous()
 
-            fused = kernels.fused_for(self, out.device, out.dtype)
-            if fused is not None:
-                fused.decode_add_(self, out.view(-1), payload)
-                return out
-        return self.reference_decode_add_(out, payload)
-
-    def reference_decode_add_(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
-        return DeviceCodec.decode_add_(self, out, payload)
-
-    def reference_encode(self, x: torch.Tensor, *, seed: int = 0, stream: int = 0):
+    def reference_encode(self, x: torch.Tensor, *, seed: int = 0, stream: int = 0, shared: int = 0):
         """The payload computed with tensor operations only."""
         x = _flat_input(x)
         _check_seed(seed, stream)
