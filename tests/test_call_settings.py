@@ -103,6 +103,39 @@ def test_one_rank_changing_raises_on_every_rank():
     run_ranks(body_one_rank_changes, 2, timeout=120)
 
 
+def body_one_rank_changes_on_the_device_plane(rank, world):
+    import torch_cgx
+    from torch_cgx.device import plane
+
+    os.environ[BITS] = "4"
+    os.environ["CGX_DATA_PLANE"] = "device"  # every tensor on the device plane
+    dist.init_process_group("cgx")
+    assert plane.plane_of(torch_cgx.cgx_backend()) is not None
+    dist.all_reduce(_data(rank))
+    exact = sum(_data(r) for r in range(world))
+    for call in ("all_reduce", "reduce_scatter_tensor"):
+        if rank == 1:
+            os.environ[BITS] = "8"
+        t, out = _data(rank), torch.zeros((1 << 16) // world)
+        keep = t.clone()
+        with pytest.raises(ValueError, match=f"differ.*{BITS}: rank 0 4 rank 1 8"):
+            if call == "all_reduce":
+                dist.all_reduce(t)
+            else:
+                dist.reduce_scatter_tensor(out, t)
+        assert torch.equal(t, keep) and not out.any()  # nothing reduced, nothing lost
+        os.environ[BITS] = "4"
+    dist.all_reduce(t)  # alike again: the plane works, within 4 bits' rounding
+    assert (t - exact).abs().max().item() < 2.0
+    dist.destroy_process_group()
+
+
+def test_one_rank_changing_raises_on_the_device_plane_too():
+    """The device plane agrees on the per-call settings before it exchanges payloads, as the
+    native path does (else the ranks' payloads would differ in size on the carrier)."""
+    run_ranks(body_one_rank_changes_on_the_device_plane, 2, timeout=120)
+
+
 def body_read_once(rank, world):
     import torch_cgx
 

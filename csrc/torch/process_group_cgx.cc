@@ -101,12 +101,34 @@ void ProcessGroupCGX::setTimeout(std::chrono::milliseconds timeout) {
   worker_.set_timeout(timeout);
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::plane_call(const std::string& kind,
+                                                           std::vector<at::Tensor> outputs,
+                                                           std::vector<at::Tensor> inputs,
+                                                           int64_t op, const BackendConfig& c) {
+  const bool sum = op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG;
+  // As natively: the coalesced tensors count as the one piece they are reduced as.
+  int64_t n = 0;
+  for (const at::Tensor& t : outputs) n += t.numel();
+  const bool coalesced = kind == "allreduce_coalesced";
+  if (sum && c.settings_per_call && !c.planned && getSize() > 1 && !outputs.empty() &&
+      is_codec_dtype(outputs[0].scalar_type()) &&
+      (coalesced ? n : outputs[0].numel()) >= std::max<int64_t>(c.minimal_size, 16)) {
+    auto agreed = enqueue({}, c10d::OpType::ALLREDUCE, [this, c]() { engine_.agree(c); });
+    if (PyGILState_Check()) {
+      pybind11::gil_scoped_release no_gil;  // queued work's callbacks may need it
+      agreed->wait();
+    } else {
+      agreed->wait();
+    }
+  }
+  return plane_.call(kind, std::move(outputs), std::move(inputs), op, c);
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
   TORCH_CHECK_VALUE(tensors.size() == 1, "cgx allreduce takes one tensor, got ", tensors.size());
   if (plane_.serves(tensors)) {
-    return plane_.call("allreduce", tensors, {}, opts.reduceOp.op_,
-                       call_config(tensors[0].numel()));
+    return plane_call("allreduce", tensors, {}, opts.reduceOp.op_, call_config(tensors[0].numel()));
   }
   const BackendConfig c = call_config(tensors[0].numel());
   if (c.compressor == kAutoCompressor && opts.reduceOp.op_ != c10d::ReduceOp::AVG) {
@@ -121,7 +143,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_coalesced(
   if (plane_.serves(tensors)) {
     int64_t n = 0;
     for (const at::Tensor& t : tensors) n += t.numel();
-    return plane_.call("allreduce_coalesced", tensors, {}, opts.reduceOp.op_, call_config(n));
+    return plane_call("allreduce_coalesced", tensors, {}, opts.reduceOp.op_, call_config(n));
   }
   bool uniform = true;
   for (const at::Tensor& t : tensors) {

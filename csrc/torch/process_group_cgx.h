@@ -169,6 +169,15 @@ class ProcessGroupCGX : public c10d::Backend {
   // The group's settings for an allreduce of `numel` values issued now (per-call variables and
   // the plan applied; numel < 0: no plan).
   BackendConfig call_config(int64_t numel = -1) { return settings_.call_config(numel); }
+  // The device plane's call `kind` (device_plane.h) with the settings `c`. A float SUM / AVG
+  // whose settings are read per call first makes the ranks agree on them, as the native path
+  // does (a 16-byte allgather on the worker, which the caller waits for, the GIL released):
+  // ranks whose variables differ raise ValueError instead of exchanging payloads of different
+  // sizes on the carrier. settings_per_call=False removes this host round trip.
+  c10::intrusive_ptr<c10d::Work> plane_call(const std::string& kind,
+                                            std::vector<at::Tensor> outputs,
+                                            std::vector<at::Tensor> inputs, int64_t op,
+                                            const BackendConfig& c);
   // The worker's job reducing t in place with c: the settings agreement when per call, then
   // compressed or exact.
   std::function<void()> reduce_job(at::Tensor t, const BackendConfig& c, const c10d::ReduceOp& rop);

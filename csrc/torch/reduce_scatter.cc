@@ -41,7 +41,7 @@ std::function<void()> ProcessGroupCGX::reduce_scatter_job(at::Tensor output, at:
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   if (plane_.serves(output)) {
-    return plane_.call("reduce_scatter_base", {output}, {input}, opts.reduceOp.op_, call_config());
+    return plane_call("reduce_scatter_base", {output}, {input}, opts.reduceOp.op_, call_config());
   }
   auto job = reduce_scatter_job(output, input, opts);
   if (!job) return inner()->_reduce_scatter_base(output, input, opts);  // Gloo checks the rest
@@ -72,7 +72,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   if (plane_.serves(outputs) && inputs.size() == 1) {
-    return plane_.call("reduce_scatter", outputs, inputs[0], opts.reduceOp.op_, call_config());
+    return plane_call("reduce_scatter", outputs, inputs[0], opts.reduceOp.op_, call_config());
   }
   at::Tensor input = joined_inputs(outputs, inputs, getSize());
   auto job = input.defined() ? reduce_scatter_job(outputs[0], input, opts) : nullptr;
@@ -84,8 +84,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   if (plane_.serves(outputs)) {
-    return plane_.call("reduce_scatter_coalesced", outputs, inputs, opts.reduceOp.op_,
-                       call_config());
+    return plane_call("reduce_scatter_coalesced", outputs, inputs, opts.reduceOp.op_,
+                      call_config());
   }
   const int world = getSize();
   bool uniform = !outputs.empty() && outputs.size() == inputs.size();
