@@ -11,59 +11,16 @@ import warnings
 
 import pytest
 import torch
+from device_kernel_fakes import FakeKernel, kernel_mode, roundtrip
 
 from torch_cgx.device import codecs, cuda_kernels, kernels
 
 
-class Fake(kernels.FusedMaxMin):
-    """A 'kernel' on CPU tensors: the reference itself, optionally corrupted."""
-
-    def __init__(self, name="fake", corrupt_encode=False, corrupt_decode=False, load_error=None):
-        self.name = name
-        self.corrupt_encode, self.corrupt_decode, self.load_error = (
-            corrupt_encode, corrupt_decode, load_error)  # fmt: skip
-        self.loads = self.encodes = self.decodes = 0
-
-    def applies(self, device):
-        return device.type == "cpu"
-
-    def load(self):
-        self.loads += 1
-        if self.load_error:
-            raise OSError(self.load_error)
-
-    def encode(self, codec, x, seed, stream):
-        self.encodes += 1
-        p = codec.reference_encode(x, seed=seed, stream=stream)
-        if self.corrupt_encode:
-            p[-1] ^= 1  # one bit of the last code byte
-        return p
-
-    def decode_add_(self, codec, out, payload):
-        self.decodes += 1
-        codec.reference_decode_add_(out, payload)
-        if self.corrupt_decode:
-            out[out.numel() // 2] += 1
-        return out
+class Fake(FakeKernel, kernels.FusedMaxMin):
+    default_name = "fake"
 
 
-@pytest.fixture
-def mode(monkeypatch):
-    def set_mode(value):
-        monkeypatch.setenv("CGX_DEVICE_KERNELS", value)
-        kernels.reset()
-
-    yield set_mode
-    monkeypatch.delenv("CGX_DEVICE_KERNELS", raising=False)
-    kernels.reset()
-
-
-def _roundtrip(codec, n=1000, dtype=torch.float32):
-    x = torch.randn(n).to(dtype)
-    p = codec.encode(x, seed=3, stream=4)
-    out = torch.zeros(n, dtype=dtype)
-    codec.decode_add_(out, p)
-    return x, p, out
+mode = pytest.fixture(kernel_mode, name="mode")
 
 
 def test_a_correct_kernel_is_used_after_one_self_check(mode):
@@ -72,14 +29,14 @@ def test_a_correct_kernel_is_used_after_one_self_check(mode):
     codec = codecs.get("maxmin", bits=3, bucket_size=100, stochastic=1)
     with kernels.use_implementations([fake]), warnings.catch_warnings():
         warnings.simplefilter("error")
-        x, p, out = _roundtrip(codec)
+        x, p, out = roundtrip(codec)
         assert torch.equal(p, codec.reference_encode(x, seed=3, stream=4))
-        _roundtrip(codec)
+        roundtrip(codec)
         # one self-check (1 encode + 1 decode_add), then the two calls of each round trip
         assert (fake.encodes, fake.decodes, fake.loads) == (3, 3, 4)
         (key, outcome), = kernels.decisions().items()  # fmt: skip
         assert key == ("fake", "maxmin", "cpu", torch.float32, 3, 100, 2) and outcome == "fused"
-        _roundtrip(codecs.get("maxmin", bits=3, bucket_size=100), dtype=torch.bfloat16)
+        roundtrip(codecs.get("maxmin", bits=3, bucket_size=100), dtype=torch.bfloat16)
         assert len(kernels.decisions()) == 2  # a new (dtype, flags): checked again
 
 
@@ -91,8 +48,8 @@ def test_auto_warns_once_naming_the_kernel_and_falls_back(mode, broken):
     codec = codecs.get("maxmin", bits=4, bucket_size=64, skip_incomplete_buckets=1)
     with kernels.use_implementations([fake]):
         with pytest.warns(RuntimeWarning) as record:
-            x, p, out = _roundtrip(codec, n=777)
-            _roundtrip(codec, n=777)
+            x, p, out = roundtrip(codec, n=777)
+            roundtrip(codec, n=777)
         assert len(record) == 1
         message = str(record[0].message)
         assert "wrong-kernel" in message and "failed its self-check" in message
@@ -115,7 +72,7 @@ def test_fused_mode_raises_on_a_wrong_kernel_and_keeps_raising(mode):
             with pytest.raises(RuntimeError, match="wrong-kernel .*failed its self-check"):
                 codec.encode(torch.randn(50))
     with kernels.use_implementations([Fake("good-kernel")]):
-        _roundtrip(codec)  # a correct kernel passes in fused mode
+        roundtrip(codec)  # a correct kernel passes in fused mode
 
 
 @pytest.mark.parametrize("setting", ["auto", "fused"])
@@ -130,7 +87,7 @@ def test_a_missing_library_warns_once_or_raises(mode, setting):
             return
         with pytest.warns(RuntimeWarning, match="absent-kernel: unavailable") as record:
             for _ in range(3):
-                _roundtrip(codec, n=600)
+                roundtrip(codec, n=600)
         assert len(record) == 1 and fake.loads == 1 and fake.encodes == 0
 
 
@@ -139,7 +96,7 @@ def test_reference_mode_never_loads_a_kernel(mode):
     fake = Fake()
     with kernels.use_implementations([fake]), warnings.catch_warnings():
         warnings.simplefilter("error")
-        _roundtrip(codecs.get("maxmin"))
+        roundtrip(codecs.get("maxmin"))
     assert fake.loads == 0 and kernels.decisions() == {}
 
 
@@ -148,7 +105,7 @@ def test_clip_is_not_covered_and_takes_the_reference_silently(mode):
     fake = Fake(corrupt_encode=True)
     with kernels.use_implementations([fake]), warnings.catch_warnings():
         warnings.simplefilter("error")
-        _roundtrip(codecs.get("maxmin", clip=1))
+        roundtrip(codecs.get("maxmin", clip=1))
     assert fake.loads == 0
 
 
@@ -160,7 +117,7 @@ def test_the_cuda_kernel_never_applies_to_cpu_tensors(mode, monkeypatch, tmp_pat
     real = kernels.CudaMaxMin()
     with kernels.use_implementations([real]), warnings.catch_warnings():
         warnings.simplefilter("error")
-        _roundtrip(codecs.get("maxmin", stochastic=1))
+        roundtrip(codecs.get("maxmin", stochastic=1))
         assert kernels.fused_for(codecs.get("maxmin"), torch.device("cpu"), torch.float32) is None
     assert real._lib is None
     with pytest.raises(OSError, match="missing.so"):

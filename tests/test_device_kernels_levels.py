@@ -12,49 +12,16 @@ import warnings
 
 import pytest
 import torch
+from device_kernel_fakes import FakeKernel, kernel_mode, roundtrip
 
 from torch_cgx.device import codecs, cuda_kernels, kernels
 
 
-class FakeLevels(kernels.FusedLevels):
-    """A 'kernel' on CPU tensors: the reference itself, optionally corrupted."""
-
-    def __init__(self, name="fake-levels", corrupt_encode=False, corrupt_decode=False,
-                 drop_flag=False):  # fmt: skip
-        self.name = name
-        self.corrupt_encode, self.corrupt_decode = corrupt_encode, corrupt_decode
-        self.drop_flag = drop_flag  # a kernel that never sets the non-finite flag
-        self.encodes = self.decodes = 0
-
-    def applies(self, device):
-        return device.type == "cpu"
-
-    def encode(self, codec, x, seed, stream):
-        self.encodes += 1
-        p = codec.reference_encode(x, seed=seed, stream=stream)
-        if self.corrupt_encode:
-            p[-1] ^= 1  # one bit of the last code byte
-        if self.drop_flag:
-            p[7] = 0
-        return p
-
-    def decode_add_(self, codec, out, payload):
-        self.decodes += 1
-        codec.reference_decode_add_(out, payload)
-        if self.corrupt_decode:
-            out[out.numel() // 2] += 1
-        return out
+class FakeLevels(FakeKernel, kernels.FusedLevels):
+    default_name = "fake-levels"
 
 
-@pytest.fixture
-def mode(monkeypatch):
-    def set_mode(value):
-        monkeypatch.setenv("CGX_DEVICE_KERNELS", value)
-        kernels.reset()
-
-    yield set_mode
-    monkeypatch.delenv("CGX_DEVICE_KERNELS", raising=False)
-    kernels.reset()
+mode = pytest.fixture(kernel_mode, name="mode")
 
 
 CODECS = [
@@ -70,14 +37,6 @@ CODECS = [
 ]
 
 
-def _roundtrip(codec, n=1000, dtype=torch.float32):
-    x = torch.randn(n).to(dtype)
-    p = codec.encode(x, seed=3, stream=4)
-    out = torch.zeros(n, dtype=dtype)
-    codec.decode_add_(out, p)
-    return x, p, out
-
-
 @pytest.mark.parametrize("name,params", CODECS)
 def test_a_correct_kernel_is_used_after_one_self_check(mode, name, params):
     mode("auto")
@@ -85,18 +44,18 @@ def test_a_correct_kernel_is_used_after_one_self_check(mode, name, params):
     codec = codecs.get(name, **params)
     with kernels.use_implementations([fake]), warnings.catch_warnings():
         warnings.simplefilter("error")
-        x, p, out = _roundtrip(codec)
+        x, p, out = roundtrip(codec)
         assert torch.equal(p, codec.reference_encode(x, seed=3, stream=4))
         want = torch.zeros(1000)
         codec.reference_decode_add_(want, p)
         assert torch.equal(out, want)
-        _roundtrip(codec)
+        roundtrip(codec)
         # one self-check (a second encode, with a NaN, for the flagging codecs), two round trips
         assert (fake.encodes, fake.decodes) == (3 + bool(codec.flag_mask), 3)
         ((key, outcome),) = kernels.decisions().items()
         assert key == ("fake-levels", name, "cpu", torch.float32, codec.bits, codec.bucket_size,
                        codec.param1) and outcome == "fused"  # fmt: skip
-        _roundtrip(codec, dtype=torch.bfloat16)
+        roundtrip(codec, dtype=torch.bfloat16)
         assert len(kernels.decisions()) == 2  # a new dtype: checked again
 
 
@@ -106,10 +65,10 @@ def test_other_codecs_and_long_buckets_take_the_reference_silently(mode):
     with kernels.use_implementations([fake]), warnings.catch_warnings():
         warnings.simplefilter("error")
         for name in ("fp16", "maxmin", "topk"):
-            _roundtrip(codecs.get(name))
+            roundtrip(codecs.get(name))
         for bucket in (0, kernels.FusedLevels.max_bucket + 1):
             for name in ("qsgd", "terngrad", "onebit", "efsignsgd"):
-                _roundtrip(codecs.get(name, bucket_size=bucket))
+                roundtrip(codecs.get(name, bucket_size=bucket))
     assert fake.encodes == 0 and kernels.decisions() == {}
 
 
@@ -122,8 +81,8 @@ def test_auto_warns_once_naming_the_kernel_and_falls_back(mode, name, params, br
     codec = codecs.get(name, **params)
     with kernels.use_implementations([fake]):
         with pytest.warns(RuntimeWarning) as record:
-            x, p, out = _roundtrip(codec, n=777)
-            _roundtrip(codec, n=777)
+            x, p, out = roundtrip(codec, n=777)
+            roundtrip(codec, n=777)
         assert len(record) == 1
         message = str(record[0].message)
         assert "wrong-levels" in message and "failed its self-check" in message
@@ -142,7 +101,7 @@ def test_the_self_check_catches_a_kernel_that_drops_the_non_finite_flag(mode, na
     codec = codecs.get(name, **params)
     with kernels.use_implementations([FakeLevels("flagless", drop_flag=True)]):
         with pytest.warns(RuntimeWarning, match="encode \\(with a NaN\\) differs .* from byte 7 "):
-            _roundtrip(codec)
+            roundtrip(codec)
         x = torch.randn(10)
         x[3] = float("inf")
         out = torch.zeros(10)
@@ -159,7 +118,7 @@ def test_fused_mode_raises_on_a_wrong_kernel(mode, name, params):
             with pytest.raises(RuntimeError, match="wrong-levels .*failed its self-check"):
                 codec.encode(torch.randn(50))
     with kernels.use_implementations([FakeLevels("good-levels")]):
-        _roundtrip(codec)
+        roundtrip(codec)
 
 
 def test_bad_payloads_are_rejected_before_any_kernel(mode):
@@ -184,7 +143,7 @@ def test_the_cuda_kernels_never_apply_to_cpu_tensors(mode, monkeypatch, tmp_path
     with kernels.use_implementations([real]), warnings.catch_warnings():
         warnings.simplefilter("error")
         for name, params in CODECS:
-            _roundtrip(codecs.get(name, **params))
+            roundtrip(codecs.get(name, **params))
     assert real._lib is None
     with pytest.raises(OSError, match="missing.so"):
         real.load()

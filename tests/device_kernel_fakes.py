@@ -1,0 +1,69 @@
+"""What the fused-kernel selection tests share (tests/test_device_kernels.py, _levels.py): fake
+kernels on CPU tensors (the reference itself, optionally corrupted), the ``device_kernels`` mode
+setter and a codec round trip."""
+
+from __future__ import annotations
+
+import torch
+
+from torch_cgx.device import kernels
+
+
+class FakeKernel:
+    """Mixin before a kernels.Fused* protocol: a 'kernel' on CPU tensors that counts its calls."""
+
+    default_name = "fake"
+
+    def __init__(self, name=None, corrupt_encode=False, corrupt_decode=False, drop_flag=False,
+                 load_error=None):  # fmt: skip
+        self.name = name or self.default_name
+        self.corrupt_encode, self.corrupt_decode = corrupt_encode, corrupt_decode
+        self.drop_flag = drop_flag  # a kernel that never sets the non-finite flag
+        self.load_error = load_error
+        self.loads = self.encodes = self.decodes = 0
+
+    def applies(self, device):
+        return device.type == "cpu"
+
+    def load(self):
+        self.loads += 1
+        if self.load_error:
+            raise OSError(self.load_error)
+
+    def encode(self, codec, x, seed, stream):
+        self.encodes += 1
+        p = codec.reference_encode(x, seed=seed, stream=stream)
+        if self.corrupt_encode:
+            p[-1] ^= 1  # one bit of the last code byte
+        if self.drop_flag:
+            p[7] = 0
+        return p
+
+    def decode_add_(self, codec, out, payload):
+        self.decodes += 1
+        codec.reference_decode_add_(out, payload)
+        if self.corrupt_decode:
+            out[out.numel() // 2] += 1
+        return out
+
+
+def kernel_mode(monkeypatch):
+    """Fixture body (``mode = pytest.fixture(kernel_mode, name="mode")``): ``mode("auto")`` sets
+    CGX_DEVICE_KERNELS and resets the selection's caches; both undone afterwards."""
+
+    def set_mode(value):
+        monkeypatch.setenv("CGX_DEVICE_KERNELS", value)
+        kernels.reset()
+
+    yield set_mode
+    monkeypatch.delenv("CGX_DEVICE_KERNELS", raising=False)
+    kernels.reset()
+
+
+def roundtrip(codec, n=1000, dtype=torch.float32):
+    """(x, its payload, decode_add of it onto zeros) through the codec's dispatch."""
+    x = torch.randn(n).to(dtype)
+    p = codec.encode(x, seed=3, stream=4)
+    out = torch.zeros(n, dtype=dtype)
+    codec.decode_add_(out, p)
+    return x, p, out
