@@ -95,7 +95,9 @@ def resolve(call: DeviceCall, make_codec) -> common.Plan:
     )
     alignment = getattr(codec, "alignment", None)
     if alignment is None:
-        bucket = int(params.get("bucket_size", 0)) if call.compressor in _BUCKETED else 0
+        # the codec's own bucket size: its default where the call's parameters leave it out,
+        # as the native compressor (payload.cc chunk_alignment)
+        bucket = int(getattr(codec, "bucket_size", 0) or 0) if call.compressor in _BUCKETED else 0
         alignment = bucket if bucket > 0 else 1
     return common.Plan(
         codec,
