@@ -4,18 +4,18 @@
 ``device`` every tensor (how the CPU test suite runs this code), ``host`` none. A call arrives
 with the group's settings for it (per-call variables and the plan applied by the adapter), runs
 on the caller's thread through :class:`~torch_cgx.device.engine.DeviceEngine` over the plane's
-own backend (NCCL for CUDA tensors where every rank has its own GPU, else a Gloo group of its
-own), and returns a completed Work: on CUDA its future is CUDA-aware (``wait()`` makes the
-current stream wait, the host never blocks), since every kernel and NCCL call was enqueued on
-the current stream.
+own backend (NCCL for CUDA tensors when the group's ranks use distinct GPUs, compared through
+the group's store; else a Gloo group of its own: see :func:`install`), and returns a completed
+Work: on CUDA its future is CUDA-aware (``wait()`` makes the current stream wait, the host never
+blocks), since every kernel and NCCL call was enqueued on the current stream.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
+import sys
 import weakref
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -185,24 +185,79 @@ def plane_of(backend) -> Optional[DevicePlane]:
     return _PLANES.get(backend.device_plane_token())
 
 
-def _nccl_usable() -> bool:
-    """NCCL serves when it is built in and every local rank can have a GPU of its own."""
-    if not (torch.cuda.is_available() and dist.is_nccl_available()):
-        return False
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    return local <= torch.cuda.device_count()
+# The ranks' device identifiers, in the plane's key space beside device/nccl/, device/gloo/ and
+# device/<device type>/ (hierarchies): "uuid" is none of those names.
+UUID_PREFIX = "device/uuid/"
+
+
+def publish_device(store, rank: int, identifier: str) -> None:
+    """Publishes the identifier of the CUDA device ``rank`` uses (its UUID)."""
+    store.set(f"{UUID_PREFIX}{rank}", identifier)
+
+
+def read_devices(store, size: int) -> List[str]:
+    """Every rank's published device identifier (waits for all of them)."""
+    return [store.get(f"{UUID_PREFIX}{r}").decode() for r in range(size)]
+
+
+def nccl_carries(identifiers: Sequence[str], nccl_available: bool) -> bool:
+    """NCCL carries the CUDA tensors when it is available and every rank uses a GPU of its own
+    (NCCL refuses two ranks of one communicator on one GPU: "Duplicate GPU detected"). An empty
+    identifier (a device that could not be named) counts as shared."""
+    return nccl_available and all(identifiers) and len(set(identifiers)) == len(identifiers)
+
+
+def _creating_device_id():
+    """The ``device_id`` of the c10d call creating the group now (init_process_group,
+    new_group), or None: torch binds it to the group (``bound_device_id``) only after the
+    backend's creator returns and never passes it to a custom backend's creator, so it is read
+    from torch's helper on the call stack."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code, module = frame.f_code.co_name, frame.f_globals.get("__name__")
+        if code == "_new_process_group_helper" and module == "torch.distributed.distributed_c10d":
+            return frame.f_locals.get("device_id")
+        frame = frame.f_back
+    return None
+
+
+def bound_index(candidates) -> Optional[int]:
+    """The index of the first CUDA device with an index among ``candidates`` (None skipped)."""
+    for dev in candidates:
+        dev = None if dev is None else torch.device(dev)
+        if dev is not None and dev.type == "cuda" and dev.index is not None:
+            return dev.index
+    return None
+
+
+def _device_uuid() -> str:
+    """The UUID of the CUDA device this rank is bound to: the creating call's ``device_id``,
+    else the default group's ``bound_device_id``, else the current device."""
+    default = None
+    if dist.is_initialized():
+        default = getattr(dist.distributed_c10d._get_default_group(), "bound_device_id", None)
+    index = bound_index([_creating_device_id(), default])
+    index = torch.cuda.current_device() if index is None else index
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+def _nccl_usable(store, rank: int, size: int) -> bool:
+    """Collective: the ranks compare their devices through the group's store."""
+    publish_device(store, rank, _device_uuid())
+    return nccl_carries(read_devices(store, size), dist.is_nccl_available())
 
 
 def install(backend, config: CGXConfig, store, rank: int, size: int, timeout) -> None:
     """Creates the plane's backends from the group's store and installs it on ``backend``
-    (collective: every rank of the group creates the same ones)."""
+    (collective: every rank of the group creates the same ones). The CUDA carrier: NCCL when
+    every rank publishes a distinct device UUID (:func:`nccl_carries`), else Gloo."""
     every = config.data_plane == "device"
     cuda = torch.cuda.is_available()
     if config.data_plane == "host" or not (every or cuda):
         return
     transports: Dict[str, GroupTransport] = {}
     carrier = None
-    if cuda and _nccl_usable():
+    if cuda and _nccl_usable(store, rank, size):
         carrier = dist.ProcessGroupNCCL(dist.PrefixStore("device/nccl/", store), rank, size)
         transports["cuda"] = GroupTransport(carrier, rank, size, device="cuda")
     if every or "cuda" not in transports:
