@@ -15,11 +15,12 @@ class FakeKernel:
     default_name = "fake"
 
     def __init__(self, name=None, corrupt_encode=False, corrupt_decode=False, drop_flag=False,
-                 load_error=None):  # fmt: skip
+                 load_error=None, encode_error=None):  # fmt: skip
         self.name = name or self.default_name
         self.corrupt_encode, self.corrupt_decode = corrupt_encode, corrupt_decode
         self.drop_flag = drop_flag  # a kernel that never sets the non-finite flag
         self.load_error = load_error
+        self.encode_error = encode_error  # a kernel that raises (a fault, a launch error)
         self.loads = self.encodes = self.decodes = 0
 
     def applies(self, device):
@@ -32,6 +33,8 @@ class FakeKernel:
 
     def encode(self, codec, x, seed, stream):
         self.encodes += 1
+        if self.encode_error:
+            raise RuntimeError(self.encode_error)
         p = codec.reference_encode(x, seed=seed, stream=stream)
         if self.corrupt_encode:
             p[-1] ^= 1  # one bit of the last code byte

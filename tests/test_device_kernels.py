@@ -200,3 +200,73 @@ def test_the_c_abi_library_loads_and_reports_errors_where_built():
     if not lib.cgx_cuda_capi_available():
         with pytest.raises(RuntimeError, match="no usable CUDA device"):
             kernels.CudaMaxMin().load()
+
+
+FAULT = "CUDA error: an illegal memory access was encountered"
+
+
+@pytest.mark.parametrize("setting", ["auto", "fused"])
+def test_a_fault_that_leaves_the_context_unusable_raises_in_every_mode(mode, monkeypatch, setting):
+    """A kernel raises and the context probe fails too (a sticky device-side fault): the
+    reference could not run either, so RuntimeError naming the kernel, never a warning."""
+    mode(setting)
+    probes = []
+    monkeypatch.setattr(kernels, "_context_usable", lambda d: probes.append(d) or False,
+                        raising=False)  # fmt: skip
+    codec = codecs.get("maxmin", bits=4, bucket_size=64)
+    with kernels.use_implementations([Fake("faulting", encode_error=FAULT)]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(RuntimeError) as info:
+                codec.encode(torch.randn(100))
+    message = str(info.value)
+    assert "faulting for maxmin (float32, bits=4, bucket_size=64" in message
+    assert FAULT in message and "context" in message and "unusable" in message
+    assert "reference tensor operations cannot run" in message
+    assert "CGX_DEVICE_KERNELS=reference" in message
+    assert probes == [torch.device("cpu")]
+
+
+@pytest.mark.parametrize("setting", ["auto", "fused"])
+def test_a_kernel_that_raises_with_a_usable_context_fails_its_check(mode, monkeypatch, setting):
+    """The probe succeeds: as any failed self-check (auto warns once and falls back, fused
+    raises)."""
+    mode(setting)
+    monkeypatch.setattr(kernels, "_context_usable", lambda d: True, raising=False)
+    codec = codecs.get("maxmin", bits=4, bucket_size=64)
+    with kernels.use_implementations([Fake("raising", encode_error="launch failed")]):
+        if setting == "fused":
+            with pytest.raises(RuntimeError, match="raising .*failed its self-check \\(raised"):
+                codec.encode(torch.randn(100))
+            return
+        with pytest.warns(RuntimeWarning, match="raised RuntimeError: launch failed") as record:
+            x, p, out = roundtrip(codec, n=300)
+            roundtrip(codec, n=300)
+        assert len(record) == 1
+        assert torch.equal(p, codec.reference_encode(x, seed=3, stream=4))
+
+
+def test_the_context_probe_passes_off_cuda():
+    assert kernels._context_usable(torch.device("cpu"))
+
+
+def test_fallbacks_lists_every_fallback_with_its_reason(mode):
+    mode("auto")
+    good, wrong = Fake("good-kernel"), Fake("wrong-kernel", corrupt_decode=True)
+    absent = Fake("absent-kernel", load_error="libcgx_cuda_capi.so: cannot open")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with kernels.use_implementations([good]):
+            roundtrip(codecs.get("maxmin", bits=3))
+            assert kernels.fallbacks() == {}
+        with kernels.use_implementations([wrong]):
+            roundtrip(codecs.get("maxmin", bits=5, bucket_size=32))
+            assert kernels.fallbacks() == {
+                "wrong-kernel for maxmin (float32, bits=5, bucket_size=32, flags=0) on cpu":
+                "reference: failed its self-check (decode_add differs from the reference)"
+            }  # fmt: skip
+        with kernels.use_implementations([absent]):
+            roundtrip(codecs.get("maxmin"))
+            ((what, why),) = kernels.fallbacks().items()
+    assert what == "absent-kernel" and why.startswith("reference: unavailable (OSError: ")
+    assert "fallbacks" in kernels.__all__

@@ -14,8 +14,13 @@ The process setting ``device_kernels`` (``CGX_DEVICE_KERNELS``) selects:
   equal to NaN); a codec that flags non-finite input in its envelope (signsgd, signum, tbq) also
   encodes the buffer with a NaN in it; on a mismatch, an exception, or a library that is missing
   or fails to load, it warns once, naming the kernel and the reason, and the reference is used
-  from then on;
+  from then on (:func:`fallbacks` lists these);
 - ``fused``: the same self-check, but a failure raises ``RuntimeError``.
+
+A kernel that raises on a CUDA device may have faulted (illegal address): such an error is sticky,
+every later CUDA call in the process fails, the reference included. So after an exception the
+self-check probes the device's context (:func:`_context_usable`); if the probe fails too, it
+raises ``RuntimeError`` in every mode (restart with ``CGX_DEVICE_KERNELS=reference``).
 
 Implementations are injectable (:func:`use_implementations`), so the selection logic runs in the
 CPU test suite with fake kernels on CPU tensors (tests/test_device_kernels.py). The real one
@@ -47,6 +52,7 @@ __all__ = [
     "FusedLevels",
     "FusedMaxMin",
     "decisions",
+    "fallbacks",
     "fused_for",
     "implementations",
     "library_candidates",
@@ -65,6 +71,7 @@ class _State:
         self.mode: Optional[str] = None
         self.unavailable: Dict[int, str] = {}  # id(impl) -> why it cannot load
         self.checked: Dict[tuple, Optional[str]] = {}  # key -> None (passed) or the reason
+        self.fallen: Dict[str, str] = {}  # what fell back to the reference -> why
 
 
 _state = _State([CudaMaxMin(), CudaLevels()])
@@ -96,6 +103,7 @@ def reset() -> None:
         _state.mode = None
         _state.unavailable.clear()
         _state.checked.clear()
+        _state.fallen.clear()
 
 
 @contextlib.contextmanager
@@ -120,6 +128,15 @@ def decisions() -> Dict[tuple, str]:
         return {
             k: "fused" if why is None else f"reference: {why}" for k, why in _state.checked.items()
         }
+
+
+def fallbacks() -> Dict[str, str]:
+    """Every fallback to the reference so far: a kernel whose library is unavailable (its name)
+    or a configuration that failed its self-check (kernel, codec, dtype, bits, bucket size,
+    flags or param1, device type) -> ``"reference: <why>"`` (in ``fused`` mode each of these
+    also raised)."""
+    with _state.lock:
+        return {what: f"reference: {why}" for what, why in _state.fallen.items()}
 
 
 def _variant(codec) -> int:
@@ -162,6 +179,7 @@ def fused_for(codec, device: torch.device, dtype: torch.dtype):
             impl.load()
         except Exception as e:  # noqa: BLE001 - any load failure means: not this kernel
             _state.unavailable[id(impl)] = why = f"unavailable ({type(e).__name__}: {e})"
+            _state.fallen[impl.name] = why
             _fail(impl.name, why, strict)
             return None
         key = (impl.name, codec.name, device.type, dtype, codec.bits, codec.bucket_size,
@@ -169,7 +187,9 @@ def fused_for(codec, device: torch.device, dtype: torch.dtype):
         if key not in _state.checked:
             _state.checked[key] = why = _self_check(impl, codec, device, dtype)
             if why is not None:
-                _fail(_describe(impl, codec, dtype), f"failed its self-check ({why})", strict)
+                what = _describe(impl, codec, dtype)
+                _state.fallen[f"{what} on {device.type}"] = f"failed its self-check ({why})"
+                _fail(what, f"failed its self-check ({why})", strict)
         elif _state.checked[key] is not None and strict:
             _fail(
                 _describe(impl, codec, dtype),
@@ -221,28 +241,65 @@ def _compare(got: torch.Tensor, want: torch.Tensor, what: str) -> Optional[str]:
     return None
 
 
-def _self_check(impl, codec, device, dtype) -> Optional[str]:
-    """None when ``impl`` gives the reference's bytes and values on a small buffer, else why."""
-    n = check_size(codec.bucket_size)
-    x = _check_input(n, codec.bucket_size, dtype, device)
-    seed, stream = 0x5EED, 77
+def _context_usable(device) -> bool:
+    """Whether ``device``'s CUDA context still runs work, probed after a fused kernel raised: a
+    device-side fault (illegal address) is sticky, every later CUDA call in the process fails.
+    True off CUDA. (The CPU tests replace it.)"""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return True
     try:
-        want = codec.reference_encode(x, seed=seed, stream=stream)
-        got = impl.encode(codec, x, seed, stream)
-        why = _compare(got, want, "")
-        if why is None and getattr(codec, "flag_mask", 0) & 1:  # the non-finite flag
-            x_nan = x.clone()
-            x_nan[n // 2] = float("nan")
-            want_nan = codec.reference_encode(x_nan, seed=seed, stream=stream)
-            why = _compare(impl.encode(codec, x_nan, seed, stream), want_nan, " (with a NaN)")
-        if why is not None:
-            return why
-        out0 = torch.randn(n, generator=torch.Generator().manual_seed(7)).to(dtype).to(device)
-        ref, fused = out0.clone(), out0.clone()
-        codec.reference_decode_add_(ref, want)
-        impl.decode_add_(codec, fused, want)
-        if not _same_values(fused, ref):
-            return "decode_add differs from the reference"
+        torch.cuda.synchronize(device)
+    except Exception:  # noqa: BLE001 - any failure: the context is gone
+        return False
+    return True
+
+
+def _context_lost(what: str, error: Exception, device) -> RuntimeError:
+    return RuntimeError(
+        f"torch_cgx: fused kernel {what} raised {type(error).__name__}: {error}; since then the "
+        f"CUDA context of {device} is unusable (a device-side fault is sticky: every later CUDA "
+        "call in this process fails), so the reference tensor operations cannot run in this "
+        "process either. Restart with CGX_DEVICE_KERNELS=reference and report this"
+    )
+
+
+_SEED, _STREAM = 0x5EED, 77
+
+
+def _self_check(impl, codec, device, dtype) -> Optional[str]:
+    """None when ``impl`` gives the reference's bytes and values on a small buffer, else why;
+    RuntimeError when an exception left the device's CUDA context unusable."""
+    x = _check_input(check_size(codec.bucket_size), codec.bucket_size, dtype, device)
+    try:
+        why, payload = _check_encode(impl, codec, x)
+        return why or _check_decode(impl, codec, payload, dtype, device)
     except Exception as e:  # noqa: BLE001 - a kernel that raises fails its check
+        if not _context_usable(device):
+            raise _context_lost(_describe(impl, codec, dtype), e, device) from e
         return f"raised {type(e).__name__}: {e}"
+
+
+def _check_encode(impl, codec, x: torch.Tensor):
+    """(why the kernel's payload differs from the reference's or None, the reference payload);
+    a codec that flags non-finite input also encodes ``x`` with a NaN."""
+    want = codec.reference_encode(x, seed=_SEED, stream=_STREAM)
+    why = _compare(impl.encode(codec, x, _SEED, _STREAM), want, "")
+    if why is None and getattr(codec, "flag_mask", 0) & 1:  # the non-finite flag
+        x_nan = x.clone()
+        x_nan[x.numel() // 2] = float("nan")
+        want_nan = codec.reference_encode(x_nan, seed=_SEED, stream=_STREAM)
+        why = _compare(impl.encode(codec, x_nan, _SEED, _STREAM), want_nan, " (with a NaN)")
+    return why, want
+
+
+def _check_decode(impl, codec, payload: torch.Tensor, dtype, device) -> Optional[str]:
+    """Why the kernel's decode_add of ``payload`` differs from the reference's, or None."""
+    n = check_size(codec.bucket_size)
+    out0 = torch.randn(n, generator=torch.Generator().manual_seed(7)).to(dtype).to(device)
+    ref, fused = out0.clone(), out0.clone()
+    codec.reference_decode_add_(ref, payload)
+    impl.decode_add_(codec, fused, payload)
+    if not _same_values(fused, ref):
+        return "decode_add differs from the reference"
     return None
