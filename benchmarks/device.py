@@ -8,7 +8,8 @@ run times, in rounds whose order rotates (so that a noisy machine affects all al
 - ``encode`` / ``decode_add``: the device codec (``torch_cgx.device.codecs``, tensor operations:
   the reference), ``decode_add_`` into a preallocated fp32 tensor;
 - ``fused_encode`` / ``fused_decode_add``: the fused kernel where one applies (CUDA max-min,
-  ``torch_cgx.device.kernels.fused_for``: it passed its self-check), else ``-``;
+  qsgd, terngrad, tbq and the sign codecs; ``torch_cgx.device.kernels.fused_for``: it passed
+  its self-check), else ``-``;
 - ``torch_encode`` / ``torch_decode_add``: the GRACE-style torch-ops peer of
   :mod:`benchmarks.torch_ops_compressors` on the same device (its factories and generator on
   the device through ``with torch.device(...)``; ``-`` where it cannot run there).
@@ -120,7 +121,9 @@ def _reference(dc):
 
 
 def _fused(dc, device: torch.device):
-    if dc.name != "maxmin":
+    """The fused implementation that passed its self-check for ``dc`` (a codec with a fused
+    dispatch: max-min, qsgd, terngrad, tbq and the sign codecs), else None."""
+    if not hasattr(dc, "reference_encode"):
         return None
     from torch_cgx.device import kernels
 

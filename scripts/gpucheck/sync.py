@@ -1,0 +1,172 @@
+"""The GPU check's host-synchronisation step: no data path waits for the device.
+
+Two ranks on one device through a cgx world (``--device cuda``: ``device_id`` bound, max-min 4
+bits; ``--device cpu``: CPU tensors with ``data_plane="device"``). After warm-up calls (the
+fused kernels' one-time self-checks, the constants' first upload, DDP's bucket rebuild), three
+data paths run again:
+
+- ``ddp``: a DDP training step (forward, backward with the gradients' allreduce, SGD step);
+- ``all_reduce``: ``dist.all_reduce`` of a device tensor;
+- ``engine``: the device engine's allreduce with a residual, called directly.
+
+On CUDA each runs under ``torch.cuda.set_sync_debug_mode("error")``, so any synchronising call
+(``.item()``, a blocking copy, ``nonzero``) raises; on both devices each runs under the tests'
+recorder of host reads of data and host-to-device copies of Python values
+(tests/device_engine_reads.py), which must see nothing. Prints one line per path; exit status 1
+if any path synchronised or was recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import traceback
+from typing import Callable, Dict, List
+
+import torch
+import torch.distributed as dist
+
+SETTINGS = dict(compressor="maxmin", bits=4, bucket_size=512)
+
+
+def _recorders() -> List[Callable]:
+    """The tests' recorders that apply: host reads, and host-to-device copies where the module
+    has a recorder of them."""
+    import device_engine_reads as reads
+
+    found = [reads.host_reads]
+    for name in ("host_uploads", "host_copies"):
+        if hasattr(reads, name):
+            found.append(getattr(reads, name))
+    return found
+
+
+def _through_plane(record: Callable, fn: Callable[[], None]) -> List[str]:
+    """``record(fn)``, and ``record`` also inside every call c10d hands the device plane: a
+    TorchFunctionMode is off inside the function it intercepts (``dist.all_reduce``) and does
+    not follow a call from C++ (DDP's reducer) on another thread, so without this it would see
+    nothing of the plane's work."""
+    from torch_cgx.device.plane import DevicePlane
+
+    seen: List[str] = []
+    original = DevicePlane.__call__
+
+    def recorded(self, *args, **kwargs):
+        box = {}
+        seen.extend(record(lambda: box.setdefault("out", original(self, *args, **kwargs))))
+        return box["out"]
+
+    DevicePlane.__call__ = recorded
+    try:
+        seen.extend(record(fn))
+    finally:
+        DevicePlane.__call__ = original
+    # the codecs' CPU-only shortcuts (``device.type != "cpu" or ...``) read nothing on a GPU
+    return [s for s in seen if 'device.type != "cpu" or' not in s]
+
+
+def _guarded(fn: Callable[[], None], device: torch.device) -> Dict:
+    """Runs ``fn`` under the sync debug mode (CUDA) and the recorders; what each saw."""
+    out: Dict = {"sync": None, "recorded": []}
+    cuda = device.type == "cuda"
+    try:
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            for record in _recorders():
+                out["recorded"] += _through_plane(record, fn)
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode(0)
+    except Exception as e:  # noqa: BLE001 - the report shows where the sync was
+        out["sync"] = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-6:])
+    if cuda:
+        torch.cuda.synchronize(device)
+    return out
+
+
+def body(rank: int, size: int, device_kind: str, out_path: str) -> None:
+    import torch_cgx
+    from torch_cgx.device import plane
+    from torch_cgx.device.engine import DeviceCall
+
+    if device_kind == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        dist.init_process_group("cgx", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("cgx", pg_options=torch_cgx.Options(data_plane="device"))
+    torch_cgx.set_config(**SETTINGS)
+    engine = plane.plane_of(torch_cgx.cgx_backend()).engines[device.type]
+    engine.check = "deferred"  # as on a GPU: the header flag is read where the caller syncs
+    call = DeviceCall.from_config(torch_cgx.get_config(), True)
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 64))
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        net.to(device), device_ids=[device.index] if device.type == "cuda" else None
+    )
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(rank)
+    batch = torch.randn(32, 256, generator=g).to(device)
+    x = torch.randn(1 << 16, generator=g).to(device)
+    residual = torch.zeros(1 << 16, device=device)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=False)
+        ddp(batch).square().mean().backward()
+        opt.step()
+
+    paths = {
+        "ddp": step,
+        "all_reduce": lambda: dist.all_reduce(x.clone()),
+        "engine": lambda: engine.allreduce(x.clone(), call, stream=3, residual=residual),
+    }
+    for fn in paths.values():  # warm-up: self-checks, constants, DDP's buckets
+        fn()
+        fn()
+    results = {name: _guarded(fn, device) for name, fn in paths.items()}
+    engine.check_headers()
+    results["calls_compressed"] = engine.stats()["calls_compressed"]
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    from dist_helpers import run_ranks  # tests/ on PYTHONPATH (scripts/gpucheck/run.py sets it)
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    args = p.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("torch sees no CUDA device", file=sys.stderr)
+        return 1
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        run_ranks(body, 2, args.device, f.name, timeout=180)
+        results = json.load(open(f.name))
+    bad = 0
+    for name in ("ddp", "all_reduce", "engine"):
+        r = results[name]
+        ok = r["sync"] is None and not r["recorded"]
+        bad += not ok
+        print(f"{name:<11} {'ok' if ok else 'SYNCS'}")
+        if r["sync"]:
+            print(f"  synchronised:\n{r['sync']}")
+        for line in r["recorded"]:
+            print(f"  recorded: {line}")
+    print(f"compressed calls on the plane: {results['calls_compressed']}")
+    if results["calls_compressed"] < 6:
+        print("too few compressed calls: the paths did not reach the device plane")
+        bad += 1
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
