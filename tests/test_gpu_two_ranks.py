@@ -1,9 +1,9 @@
-"""Two ranks on a GPU through the cgx backend (``make gpu-test``; skipped without CUDA, a failure
-under ``CGX_TEST_REQUIRE_CUDA=1``).
+"""Two ranks on a GPU through the cgx backend (the GPU check's device-tests step,
+docs/gpu-check.md; skipped without CUDA, a failure under ``CGX_TEST_REQUIRE_CUDA=1``).
 
 Rank ``r`` uses GPU ``r % device_count``: on a one-GPU machine both ranks share it, so the
-device plane's carrier is its own Gloo group (NCCL needs a GPU per rank); with two GPUs it is
-NCCL. Each check compares a cgx group with the default ``data_plane="auto"`` (CUDA tensors on
+device plane's carrier is its own Gloo group (the ranks compare their GPUs' UUIDs: NCCL needs a
+GPU per rank); with two GPUs it is NCCL. Each check compares a cgx group with the default ``data_plane="auto"`` (CUDA tensors on
 the device plane) against a ``data_plane="host"`` group (the native CPU engine) fed CPU copies
 of the same values, at nearest rounding: the device codecs write the native bytes and the
 device engine mirrors the native algorithms, so the results must be bitwise equal.
@@ -43,8 +43,7 @@ def cuda_or_skip() -> None:
 
 def _run(body, *args):
     cuda_or_skip()
-    # LOCAL_WORLD_SIZE tells the plane how many ranks share this machine's GPUs.
-    env = {"LOCAL_WORLD_SIZE": "2"}
+    env = {}  # the plane finds the shared GPU itself (device UUIDs through the store)
     if "CGX_CUDA_LIBRARY" in os.environ:
         env["CGX_CUDA_LIBRARY"] = os.environ["CGX_CUDA_LIBRARY"]
     run_ranks(body, 2, *args, env=env, timeout=300)
