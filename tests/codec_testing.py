@@ -47,9 +47,13 @@ def oracle_decode(payload: torch.Tensor, dtype: torch.dtype = torch.float32) -> 
 
 
 def assert_same(got: torch.Tensor, want: torch.Tensor, what: str = "") -> None:
-    """Bit-for-bit equality of floating tensors, any NaN matching any NaN."""
+    """Bit-for-bit equality of floating tensors (the sign of zero included), any NaN matching any
+    NaN: the comparison for decoded values, since GPU arithmetic returns the canonical NaN (fp32
+    0x7fffffff, fp16 0x7fff) where x86 keeps the operand's payload (0x7fc00000). Tensors on any
+    device. (Payload bytes, whose NaN patterns are written explicitly, compare exactly.)"""
     assert got.dtype == want.dtype, what
     assert got.shape == want.shape, what
+    got, want = got.detach().cpu(), want.detach().cpu()
     g = got.float().contiguous().numpy().view(np.uint32).reshape(-1)
     w = want.float().contiguous().numpy().view(np.uint32).reshape(-1)
     g_nan = np.isnan(got.float().reshape(-1).numpy())

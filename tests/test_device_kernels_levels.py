@@ -10,8 +10,10 @@ import itertools
 import os
 import warnings
 
+import numpy as np
 import pytest
 import torch
+from codec_testing import assert_same
 from device_kernel_fakes import FakeKernel, kernel_mode, roundtrip
 
 from torch_cgx.device import codecs, cuda_kernels, kernels
@@ -190,8 +192,7 @@ def test_the_cuda_kernels_pass_their_self_check_on_a_gpu(mode):
         dev_out = out.to(cuda)
         c.decode_add_(dev_out, got)
         ref = native.decode_add_(out, want)
-        bits = torch.int32 if dtype == torch.float32 else torch.int16
-        assert torch.equal(dev_out.cpu().view(bits), ref.view(bits)), (name, params, dtype)
+        assert_same(dev_out, ref, f"{name} {params} {dtype}")  # NaN as NaN: GPUs canonicalise
     assert kernels.decisions() and set(kernels.decisions().values()) == {"fused"}
 
 
@@ -226,3 +227,29 @@ def test_the_c_abi_rejects_bad_arguments_where_built():
         assert message in lib.cgx_cuda_capi_last_error().decode()
     assert dec(None, 40, None, 0, 10, 1, 2, 0.0, 4, None) == 1
     assert "payload has 40 bytes, need 47" in lib.cgx_cuda_capi_last_error().decode()
+
+
+def _from_bits(values, dtype):
+    """A tensor of ``dtype`` with the given bit patterns."""
+    unsigned, signed = (np.uint32, np.int32) if dtype.itemsize == 4 else (np.uint16, np.int16)
+    return torch.from_numpy(np.array(values, dtype=unsigned).view(signed)).view(dtype)
+
+
+@pytest.mark.parametrize(
+    "dtype,canonical,x86,one,zero",
+    [
+        (torch.float32, 0x7FFFFFFF, 0x7FC00000, 0x3F800000, 0x80000000),
+        (torch.float16, 0x7FFF, 0x7E00, 0x3C00, 0x8000),
+        (torch.bfloat16, 0x7FFF, 0x7FC0, 0x3F80, 0x8000),
+    ],
+)
+def test_decoded_values_compare_nan_as_nan_and_everything_else_bitwise(dtype, canonical, x86, one,
+                                                                       zero):  # fmt: skip
+    """The helper the GPU tests compare decoded values with: a GPU's canonical NaN equals x86's
+    NaN (and a negative one); -0.0 differs from +0.0, a one-ulp change and a NaN from a number
+    do not pass."""
+    assert_same(_from_bits([canonical, one], dtype), _from_bits([x86, one], dtype))
+    assert_same(_from_bits([canonical | zero], dtype), _from_bits([x86], dtype))  # sign of a NaN
+    for got, want in [([zero], [0]), ([one + 1], [one]), ([canonical], [one])]:
+        with pytest.raises(pytest.fail.Exception, match="1 of 1 elements differ"):
+            assert_same(_from_bits(got, dtype), _from_bits(want, dtype))
