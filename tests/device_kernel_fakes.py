@@ -15,12 +15,13 @@ class FakeKernel:
     default_name = "fake"
 
     def __init__(self, name=None, corrupt_encode=False, corrupt_decode=False, drop_flag=False,
-                 load_error=None, encode_error=None):  # fmt: skip
+                 load_error=None, encode_error=None, corrupt_widening=False):  # fmt: skip
         self.name = name or self.default_name
         self.corrupt_encode, self.corrupt_decode = corrupt_encode, corrupt_decode
         self.drop_flag = drop_flag  # a kernel that never sets the non-finite flag
         self.load_error = load_error
         self.encode_error = encode_error  # a kernel that raises (a fault, a launch error)
+        self.corrupt_widening = corrupt_widening  # wrong only into an out wider than the payload
         self.loads = self.encodes = self.decodes = 0
 
     def applies(self, device):
@@ -42,10 +43,13 @@ class FakeKernel:
             p[7] = 0
         return p
 
-    def decode_add_(self, codec, out, payload):
+    def decode_add_(self, codec, out, payload, dtype=None):
         self.decodes += 1
-        codec.reference_decode_add_(out, payload)
-        if self.corrupt_decode:
+        if dtype is None:
+            codec.reference_decode_add_(out, payload)
+        else:  # a payload of another dtype than out's (16-bit payloads into fp32 sums)
+            codec.reference_decode_add_(out, payload, dtype=dtype)
+        if self.corrupt_decode or (self.corrupt_widening and dtype not in (None, out.dtype)):
             out[out.numel() // 2] += 1
         return out
 

@@ -270,3 +270,35 @@ def test_fallbacks_lists_every_fallback_with_its_reason(mode):
             ((what, why),) = kernels.fallbacks().items()
     assert what == "absent-kernel" and why.startswith("reference: unavailable (OSError: ")
     assert "fallbacks" in kernels.__all__
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_payloads_are_also_checked_decoding_into_float32(mode, dtype):
+    """The engine adds fp16 / bf16 payloads into fp32 sums (decode_add_(..., dtype=)): the
+    self-check of a 16-bit dtype decode-adds into float32 too, and a kernel wrong only there
+    falls back; float32 itself has nothing wider to check."""
+    mode("auto")
+    codec = codecs.get("maxmin", bits=4, bucket_size=64)
+    good = Fake("good-kernel")
+    with kernels.use_implementations([good]), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        x = torch.randn(300).to(dtype)
+        p = codec.encode(x, seed=3, stream=4)
+        assert good.decodes == 2  # the self-check: into dtype, then into float32
+        acc = torch.zeros(300)
+        codec.decode_add_(acc, p, dtype=dtype)  # the engine's call: both dtypes passed, fused
+        want = torch.zeros(300)
+        codec.reference_decode_add_(want, p, dtype=dtype)
+        # the dispatch also wants float32's own self-check (1 decode), then the call itself
+        assert good.decodes == 4 and torch.equal(acc, want)
+    wrong = Fake("widening-kernel", corrupt_widening=True)
+    with kernels.use_implementations([wrong]), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        roundtrip(codec, dtype=torch.float32)  # no wider out: passes
+        with pytest.warns(RuntimeWarning, match="widening-kernel .*decode_add into float32 diff"):
+            x, p, out = roundtrip(codec, dtype=dtype)
+        want = torch.zeros(1000, dtype=dtype)
+        codec.reference_decode_add_(want, p)
+        assert torch.equal(out, want)
+        outcomes = sorted(kernels.decisions().values())
+        assert outcomes[0] == "fused" and outcomes[1].startswith("reference: ")

@@ -11,8 +11,9 @@ The process setting ``device_kernels`` (``CGX_DEVICE_KERNELS``) selects:
 - ``auto`` (default): at the first use of each (implementation, codec, device type, dtype, bits,
   bucket size, flags) the kernel encodes a small buffer on the caller's device and must give the
   reference's bytes, then decode-adds that payload and must give the reference's values (NaN
-  equal to NaN); a codec that flags non-finite input in its envelope (signsgd, signum, tbq) also
-  encodes the buffer with a NaN in it; on a mismatch, an exception, or a library that is missing
+  equal to NaN), for fp16 / bf16 also into a float32 output (the engine's sums); a codec that
+  flags non-finite input in its envelope (signsgd, signum, tbq) also encodes the buffer with a
+  NaN in it; on a mismatch, an exception, or a library that is missing
   or fails to load, it warns once, naming the kernel and the reason, and the reference is used
   from then on (:func:`fallbacks` lists these);
 - ``fused``: the same self-check, but a failure raises ``RuntimeError``.
@@ -294,12 +295,20 @@ def _check_encode(impl, codec, x: torch.Tensor):
 
 
 def _check_decode(impl, codec, payload: torch.Tensor, dtype, device) -> Optional[str]:
-    """Why the kernel's decode_add of ``payload`` differs from the reference's, or None."""
+    """Why the kernel's decode_add of ``payload`` (encoded from ``dtype``) differs from the
+    reference's, or None: into an ``out`` of ``dtype`` and, for fp16 / bf16, into a float32
+    ``out`` too (the engine accumulates 16-bit payloads in fp32)."""
     n = check_size(codec.bucket_size)
-    out0 = torch.randn(n, generator=torch.Generator().manual_seed(7)).to(dtype).to(device)
-    ref, fused = out0.clone(), out0.clone()
-    codec.reference_decode_add_(ref, payload)
-    impl.decode_add_(codec, fused, payload)
-    if not _same_values(fused, ref):
-        return "decode_add differs from the reference"
+    for out_dtype in dict.fromkeys((dtype, torch.float32)):
+        out0 = torch.randn(n, generator=torch.Generator().manual_seed(7)).to(out_dtype).to(device)
+        ref, fused = out0.clone(), out0.clone()
+        if out_dtype == dtype:  # the protocol's dtype is optional: given where it differs
+            codec.reference_decode_add_(ref, payload)
+            impl.decode_add_(codec, fused, payload)
+        else:
+            codec.reference_decode_add_(ref, payload, dtype=dtype)
+            impl.decode_add_(codec, fused, payload, dtype=dtype)
+        if not _same_values(fused, ref):
+            into = "" if out_dtype == dtype else " into float32"
+            return f"decode_add{into} differs from the reference"
     return None
