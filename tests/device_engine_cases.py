@@ -102,7 +102,7 @@ class NativeAdapter:
         return self._c.decode(payload, out=out)
 
     def header_ok(self, payload, numel, dtype):
-        return torch.tensor(True)
+        return torch.ones((), dtype=torch.bool, device=payload.device)
 
 
 def codec_factory(kind: str):

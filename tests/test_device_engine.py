@@ -84,24 +84,38 @@ def _cpu_only(read: str) -> bool:
     return 'device.type != "cpu" or' in read
 
 
-def test_host_reads_only_size_exchange(tmp_path):
+@pytest.fixture(scope="module")
+def syncs(tmp_path_factory):
+    """What tests/device_engine_reads.py's recorders saw on rank 0 of 2, per case."""
+    path = str(tmp_path_factory.mktemp("syncs") / "syncs.json")
+    run_ranks(run_host_reads, 2, path, KIND, timeout=120)
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_host_reads_only_size_exchange(syncs):
     """Under a TorchFunctionMode recording item / tolist / cpu / numpy / to(cpu) / bool / int /
     float of data, and value-sized ops: the engine reads nothing for dense compressors and
     random-k, and for threshold's data-sized payloads only the size exchange (transport.py's
     tolist) and the codec's selection that sizes the payload; the codecs read otherwise only in
     their CPU-only shortcuts."""
-    path = str(tmp_path / "reads.json")
-    run_ranks(run_host_reads, 2, path, KIND, timeout=90)
-    with open(path) as f:
-        reads = json.load(f)
-    for name, seen in reads.items():
-        seen = [s for s in seen if not _cpu_only(s)]
+    for name, seen in syncs.items():
+        seen = [s for s in seen["reads"] if not _cpu_only(s)]
         if name.startswith("threshold"):  # the payload's size: chosen by data, exchanged
             sizes = ("tolist at transport.py", "nonzero at sparse.py")
             assert seen and all(s.startswith(sizes) for s in seen), seen
             assert any(s.startswith(sizes[0]) for s in seen)
         else:
             assert seen == [], f"{name}: host reads {seen}"
+
+
+def test_no_host_to_device_copies_after_warm_up(syncs):
+    """After one warm-up call, no allreduce or reduce-scatter copies a value made on the host
+    to the device (torch.tensor / from_numpy / as_tensor of Python data, or such a tensor moved
+    or copied): device constants come from torch_cgx/device/constants.py's cache, per-call
+    values (the rotation's keys, threshold's sizes) through its non-blocking ``upload``."""
+    for name, seen in syncs.items():
+        assert seen["uploads"] == [], f"{name}: host-to-device copies {seen['uploads']}"
 
 
 # ---- single process: argument checks ----
@@ -182,3 +196,27 @@ def test_recorder_sees_host_reads_of_data():
     assert host_reads(lambda: torch.tensor([1.0]).to("cpu").item()) == []
     assert host_reads(lambda: torch.empty(3).tolist()) != []  # a buffer a collective filled
     assert len(host_reads(lambda: (x[x > 0], torch.nonzero(x)))) == 2  # sizes from values
+
+
+def test_recorder_sees_host_to_device_copies():
+    """The recorder of test_no_host_to_device_copies_after_warm_up catches uploads of host
+    values, and not fills on the device, host-only constants or torch_cgx/device/constants.py."""
+    import numpy as np
+    from device_engine_reads import host_uploads
+
+    from torch_cgx.device import constants
+
+    x = torch.randn(10)
+    seen = host_uploads(lambda: (
+        torch.tensor([1, 2], device=x.device), torch.as_tensor([1.0], device=x.device),
+        torch.from_numpy(np.zeros(3)).to(x.device), x.new_tensor([1.0]), x[[1, 2]],
+        x.copy_(torch.tensor([1.0] * 10)), torch.full((), 1, dtype=torch.int32).to(x.device),
+    ))  # fmt: skip
+    assert [s.split(" ")[0] for s in seen] == [
+        "tensor", "as_tensor", "to", "new_tensor", "__getitem__", "copy_", "to"
+    ]  # fmt: skip
+    assert host_uploads(lambda: (
+        torch.full((3,), 2.0, device=x.device), torch.zeros(2, device=x.device),
+        torch.tensor([1, 2]).tolist(), torch.tensor([]).element_size(), x.to(torch.float64),
+        constants.upload(torch.tensor([5]), x.device), constants.get(("k",), x.device, lambda: [7]),
+    )) == []  # fmt: skip

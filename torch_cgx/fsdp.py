@@ -227,7 +227,10 @@ class CompressedReduceScatter(_MinSizeAlias, _ReduceScatter):
     @staticmethod
     def _sizes(send_sizes, group, world: int, limit: int, device) -> List[int]:
         """The size exchange: what each rank will send this one, checked (a host read)."""
-        head = torch.tensor([[b, limit] for b in send_sizes], dtype=torch.int64, device=device)
+        from torch_cgx.device import constants  # the upload does not block: only the read does
+
+        head = torch.tensor([[b, limit] for b in send_sizes], dtype=torch.int64)
+        head = constants.upload(head, device)
         heads = torch.empty(world, 2, dtype=torch.int64, device=device)
         dist.all_to_all_single(heads.view(-1), head.view(-1), group=group)
         got = heads.tolist()  # the documented size read

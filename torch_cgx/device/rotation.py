@@ -10,7 +10,8 @@ the sign of value ``j`` (an XOR of the sign bit, then one multiplication by the 
 rotated.cc: the values that fill no whole block stay as they are).
 
 Block keys are computed on the host (numpy, one splitmix64 pair per block) and sent to the
-device; nothing is read back.
+device without blocking the host (``constants.upload``: pinned memory, non-blocking); nothing is
+read back.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import math
 import numpy as np
 import torch
 
+from torch_cgx.device import constants
 from torch_cgx.device.codecs.base import _M32, _fmix32
 
 __all__ = ["MAX_BLOCK", "rotate_", "rotate_full_", "rotation_seed", "sign_bits", "valid_block"]
@@ -44,19 +46,19 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def _block_keys(seed: int, blocks: int):
-    """(k0, k1) of ``rng_key(seed, k)`` for k in [0, blocks), as int64 numpy arrays."""
+def _block_keys(seed: int, blocks: int) -> np.ndarray:
+    """``(2, blocks)`` int64: k0 (row 0) and k1 (row 1) of ``rng_key(seed, k)``, k < blocks."""
     with np.errstate(over="ignore"):
         base = _splitmix64(np.array([seed & _M64], dtype=np.uint64))
         k = _splitmix64(base ^ np.arange(blocks, dtype=np.uint64))
-    return (k & np.uint64(_M32)).astype(np.int64), (k >> np.uint64(32)).astype(np.int64)
+    return np.stack([k & np.uint64(_M32), k >> np.uint64(32)]).astype(np.int64)
 
 
 def sign_bits(seed: int, blocks: int, block: int, device=None) -> torch.Tensor:
     """``(blocks, block)`` int32 tensor: 1 where ``D`` flips the value's sign."""
-    k0, k1 = _block_keys(seed, blocks)
-    k0 = torch.from_numpy(k0).to(device).view(-1, 1)
-    k1 = torch.from_numpy(k1).to(device).view(-1, 1)
+    device = torch.device("cpu") if device is None else torch.device(device)
+    keys = constants.upload(torch.from_numpy(_block_keys(seed, blocks)), device)  # one copy
+    k0, k1 = keys[0].view(-1, 1), keys[1].view(-1, 1)
     words = (block + 31) // 32
     w = torch.arange(words, dtype=torch.int64, device=device).view(1, -1)
     # rng_bits with index < 2^32: fmix32(fmix32(lo ^ k0) + (k1 ^ 0))
@@ -100,7 +102,8 @@ def rotate_(x: torch.Tensor, block: int, seed: int, forward: bool) -> torch.Tens
         return x
     v = x.view(-1, block)
     flips = sign_bits(seed, v.shape[0], block, x.device)
-    scale = torch.tensor(float(np.float32(1.0 / math.sqrt(block))), device=x.device)
+    scale = torch.full((), float(np.float32(1.0 / math.sqrt(block))), dtype=torch.float32,
+                       device=x.device)  # fmt: skip
     if forward:
         out = _hadamard(_signs(v, flips, scale))
     else:

@@ -9,7 +9,8 @@ on NCCL, only makes the current stream wait.
 
 The only values read back to the host are payload sizes, in :meth:`GroupTransport.allgather_v`
 and in :meth:`GroupTransport.alltoall_v` without ``recv_sizes``: an algorithm calls them only for
-compressors whose payload size depends on the data (threshold, DGC, GradDrop). One exception by
+compressors whose payload size depends on the data (threshold, DGC, GradDrop); the sizes go
+up through ``constants.upload`` (non-blocking: only the read back waits). One exception by
 necessity: over Gloo, point-to-point payloads of device tensors (ring, tree) are staged through
 host memory, since Gloo's ``send`` / ``recv`` take host pointers only (NCCL is the device plane's
 transport wherever it can serve).
@@ -21,6 +22,8 @@ from typing import List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
+
+from torch_cgx.device import constants
 
 __all__ = ["GroupTransport"]
 
@@ -67,7 +70,8 @@ class GroupTransport:
         payloads padded to the longest. A length above ``limit`` raises ValueError before
         anything is sized by it."""
         t = t.contiguous().view(-1)
-        sizes = self.allgather(torch.tensor([t.numel()], dtype=torch.int64, device=t.device))
+        mine = constants.upload(torch.tensor([t.numel()], dtype=torch.int64), t.device)
+        sizes = self.allgather(mine)
         sizes = torch.cat(sizes).tolist()  # the size exchange: a host read
         self._check_sizes(sizes, limit, "allgather")
         slot = max(sizes)
@@ -91,7 +95,7 @@ class GroupTransport:
         send_sizes = [int(c.numel()) for c in send]
         device = send[0].device
         if recv_sizes is None:
-            mine = torch.tensor(send_sizes, dtype=torch.int64, device=device)
+            mine = constants.upload(torch.tensor(send_sizes, dtype=torch.int64), device)
             theirs = torch.empty_like(mine)
             self.pg.alltoall_base(theirs, mine, [1] * self.size, [1] * self.size).wait()
             recv_sizes = theirs.tolist()  # the size exchange: a host read

@@ -189,10 +189,12 @@ def _by_payloads(group, flat, spec, residual, call) -> Pending:
     if spec.traits["fixed_size"]:
         sizes = [wire.numel()] * world
     else:  # sizes first (blocking, one int64 per rank), then the payloads padded to the largest
-        mine = torch.tensor([wire.numel()], dtype=torch.int64, device=flat.device)
+        from torch_cgx.device import constants  # the upload does not block: only the read does
+
+        mine = constants.upload(torch.tensor([wire.numel()], dtype=torch.int64), flat.device)
         every = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(every, mine, group=group)
-        sizes = [int(s.item()) for s in every]
+        sizes = [int(s) for s in torch.cat(every).tolist()]  # the size read: one, not W
         padded = torch.zeros(max(sizes), dtype=torch.uint8, device=flat.device)
         padded[: wire.numel()] = wire
         wire = padded

@@ -115,8 +115,7 @@ class Run:
         self.bad = bad if self.bad is None else self.bad | bad
 
     def _check(self, payload: torch.Tensor, n: int, dtype: torch.dtype) -> None:
-        ok = self.codec.header_ok(payload, n, dtype)
-        self.flag(~torch.as_tensor(ok, device=payload.device))
+        self.flag(~self.codec.header_ok(payload, n, dtype))  # a device tensor: nothing moves
 
     def values(self, payload: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
         """The fp32 values a received payload of ``n`` values of ``dtype`` decodes to (its

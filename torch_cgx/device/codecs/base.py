@@ -3,15 +3,17 @@
 A device codec is a compressor of docs/FORMAT.md written in tensor operations only, so the same
 code runs on CUDA tensors (the GPU data plane) and on CPU tensors (the test suite, which checks it
 byte for byte against the native codec of ``torch_cgx.compressors``). Nothing here moves a
-tensor's values to the host: constants go host -> device, never the other way.
+tensor's values to the host: constants go host -> device, never the other way, and only through
+torch_cgx/device/constants.py (cached, non-blocking: no host synchronisation on a GPU).
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Dict, Optional, Union
 
 import torch
+
+from torch_cgx.device import constants
 
 __all__ = [
     "DTYPE_CODES",
@@ -97,8 +99,12 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     pad = nbytes * 8 - stream.numel()
     if pad:
         stream = torch.cat([stream, stream.new_zeros(pad)])
-    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.int32, device=codes.device)
+    weights = constants.get(("pack_bits",), codes.device, _bit_weights)
     return (stream.view(nbytes, 8).to(torch.int32) * weights).sum(1).to(torch.uint8)
+
+
+def _bit_weights() -> torch.Tensor:
+    return torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.int32)
 
 
 def unpack_bits(data: torch.Tensor, n: int, bits: int) -> torch.Tensor:
@@ -148,16 +154,11 @@ def envelope(
     return out
 
 
-@functools.lru_cache(maxsize=1024)
 def constant_bytes(values: tuple, device: torch.device) -> torch.Tensor:
-    """``values`` as a uint8 tensor on ``device``, made once per (values, device): headers
-    repeat from call to call, and a copy from pageable host memory to a GPU would block the host
-    until the stream is idle, so the bytes go through pinned memory without a wait, once. Never
-    write into the result (clone it)."""
-    host = torch.tensor(values, dtype=torch.uint8)
-    if device.type == "cuda":
-        return host.pin_memory().to(device, non_blocking=True)
-    return host if device.type == "cpu" else host.to(device)
+    """``values`` as a uint8 tensor on ``device``, made once per (values, device) by
+    :func:`torch_cgx.device.constants.get` (headers repeat from call to call: no copy, and no
+    host wait, after the first). Shared: never write into the result (clone it)."""
+    return constants.bytes_of(values, device)
 
 
 # The max-min generator of FORMAT.md ("The stochastic-rounding generator"), shared by stochastic

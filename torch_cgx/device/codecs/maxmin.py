@@ -20,6 +20,7 @@ from typing import Tuple
 
 import torch
 
+from torch_cgx.device import constants
 from torch_cgx.device.codecs.base import DTYPE_CODES, DeviceCodec, uniform
 from torch_cgx.device.codecs.fused import Fusable
 
@@ -37,8 +38,9 @@ _NAN_BITS = 0x7FC00000
 
 
 def _nan32(device) -> torch.Tensor:
-    """The quiet NaN 0x7fc00000 as a 0-d float32 tensor (explicit bits, not a platform NaN)."""
-    return torch.tensor(_NAN_BITS, dtype=torch.int32).view(torch.float32).to(device)
+    """The quiet NaN 0x7fc00000 as a 0-d float32 tensor (explicit bits, not a platform NaN): an
+    int32 fill on the device, no copy."""
+    return torch.full((), _NAN_BITS, dtype=torch.int32, device=device).view(torch.float32)
 
 
 def _div(a: torch.Tensor, b) -> torch.Tensor:
@@ -132,15 +134,17 @@ class MaxMin(Fusable, DeviceCodec):
         if not isinstance(numel, int) or not 0 <= numel <= 2**48:
             raise ValueError(f"numel must be an integer in [0, 2^48], got {numel!r}")
         nq, nb = self.layout(numel)
-        tail = (numel - nq) * torch.tensor([], dtype=dtype).element_size()
+        tail = (numel - nq) * dtype.itemsize
         return HEADER_BYTES + 8 * nb + (nq * self.bits + 7) // 8 + tail
 
     def header(self, numel: int, dtype: torch.dtype, device=None) -> torch.Tensor:
-        """The 24 header bytes a payload of ``numel`` values of ``dtype`` starts with."""
+        """The 24 header bytes a payload of ``numel`` values of ``dtype`` starts with: a cached
+        device constant (torch_cgx/device/constants.py), never to be written into."""
         raw = [ord(c) for c in "CGXQ"] + [1, DTYPE_CODES[dtype], self.bits, self.flags]
         raw += list(self.bucket_size.to_bytes(4, "little")) + [0] * 4
         raw += list(numel.to_bytes(8, "little"))
-        return torch.tensor(raw, dtype=torch.uint8, device=device)
+        where = torch.device("cpu") if device is None else device
+        return constants.bytes_of(tuple(raw), where)
 
     # ---- encode ---------------------------------------------------------------------------------
 
@@ -270,7 +274,7 @@ class MaxMin(Fusable, DeviceCodec):
             rows.append((q[full * B :].view(1, -1), slice(full, full + 1)))
         out = [self._dequantize(c, mn[k, None], unit[k, None], fast[k, None]) for c, k in rows]
         if nq < numel:
-            tail_at = payload.numel() - (numel - nq) * torch.tensor([], dtype=dtype).element_size()
+            tail_at = payload.numel() - (numel - nq) * dtype.itemsize
             out.append(payload[tail_at:].clone().view(dtype).float().view(1, -1))
         if not out:
             return torch.zeros(0, dtype=torch.float32, device=dev)
