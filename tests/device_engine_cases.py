@@ -101,6 +101,10 @@ class NativeAdapter:
         out = torch.empty(numel, dtype=torch.float32)
         return self._c.decode(payload, out=out)
 
+    def decode_add_(self, out, payload, dtype=None):
+        """``out`` (fp32) += the payload's values (the engine's sums)."""
+        return out.add_(self.values(payload, out.numel(), dtype or out.dtype))
+
     def header_ok(self, payload, numel, dtype):
         return torch.ones((), dtype=torch.bool, device=payload.device)
 

@@ -184,7 +184,7 @@ class CompressedReduceScatter(_MinSizeAlias, _ReduceScatter):
             if j != rank:
                 ok = codec.header_ok(payload, n, dtype)
                 self._bad = ~ok if self._bad is None else self._bad | ~ok
-                acc.add_(codec.values(payload, n, dtype))
+                codec.decode_add_(acc, payload, dtype=dtype)  # a fused kernel where one applies
         if self.check == "end" or (self.check == "auto" and chunks.device.type == "cpu"):
             self.check_headers()
         return acc
@@ -306,8 +306,8 @@ class CompressedAllGather(_MinSizeAlias, _AllGather):
                 continue
             if codec is None:
                 slots[j].copy_(self.codec.decode(part.cpu(), dtype=torch.float32))
-            else:
-                slots[j].copy_(codec.values(part, m, dtype))
+            else:  # -0.0 + v == v bitwise: a decode-add into -0.0 is the values, rounded once
+                codec.decode_add_(slots[j].fill_(-0.0), part, dtype=dtype)
         slots[rank].copy_(mine)
         self.calls += 1
         self.bytes_sent += (world - 1) * payload.numel()  # as a ring all-gather sends

@@ -23,8 +23,10 @@ class FusedMaxMin:
 
     ``load()`` raises (OSError, RuntimeError, ...) when the kernel cannot run in this process;
     ``encode`` returns the payload of ``x`` (1-D contiguous) on ``x``'s device, and
-    ``decode_add_`` adds a payload's values to ``out`` (1-D contiguous, the payload's dtype),
-    both enqueued on the device's current stream."""
+    ``decode_add_`` adds a payload's values to ``out`` (1-D contiguous), both enqueued on the
+    device's current stream. ``dtype``: the dtype the payload was encoded from, when it is not
+    ``out``'s (the device engine adds 16-bit payloads into fp32 sums); the dispatch
+    (codecs/fused.py) passes it only then, so it may be left out where it equals ``out``'s."""
 
     name = "fused maxmin"
 
@@ -40,7 +42,7 @@ class FusedMaxMin:
     def encode(self, codec, x: torch.Tensor, seed: int, stream: int) -> torch.Tensor:
         raise NotImplementedError
 
-    def decode_add_(self, codec, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
+    def decode_add_(self, codec, out: torch.Tensor, payload: torch.Tensor, dtype=None):
         raise NotImplementedError
 
 
@@ -124,15 +126,16 @@ class CudaMaxMin(_Library, FusedMaxMin):
                 out.numel(), cuda_stream), "encode")  # fmt: skip
         return out
 
-    def decode_add_(self, codec, out, payload):
+    def decode_add_(self, codec, out, payload, dtype=None):
         from torch_cgx.device.codecs.base import DTYPE_CODES
 
-        code = DTYPE_CODES[out.dtype]
+        code = DTYPE_CODES[out.dtype]  # the output's dtype; the payload's (its raw tail) below
+        source = DTYPE_CODES[out.dtype if dtype is None else dtype]
         # no error flag: the caller checks header_ok(); a mismatching header leaves out as it was
         with torch.cuda.device(out.device):
             cuda_stream = torch.cuda.current_stream(out.device).cuda_stream
             self._check(self._lib.cgx_cuda_capi_maxmin_decode(
-                payload.data_ptr(), payload.numel(), out.data_ptr(), code, out.numel(), code,
+                payload.data_ptr(), payload.numel(), out.data_ptr(), code, out.numel(), source,
                 codec.bits, codec.bucket_size, int(codec.raw_tail), 1, None, cuda_stream),
                 "decode_add")  # fmt: skip
         return out
@@ -197,7 +200,10 @@ class CudaLevels(_Library, FusedLevels):
                 stream, out.data_ptr(), out.numel(), cuda_stream), "encode")  # fmt: skip
         return out
 
-    def decode_add_(self, codec, out, payload):
+    def decode_add_(self, codec, out, payload, dtype=None):
+        """``dtype`` (the payload's source dtype) is not passed on: these payloads' bytes do not
+        depend on it (f32 bucket scalars, then codes; only the envelope's dtype byte, which the
+        kernel does not read: ``header_ok`` checks it), so the C ABI takes the output's only."""
         from torch_cgx.device.codecs.base import DTYPE_CODES
 
         kind, bits, clip = self._config(codec)

@@ -1,7 +1,8 @@
 """What every device algorithm shares: streams, chunk ranges, the resolved compressor and one
 call's state. Vocabulary as in csrc/algorithms/allreduce.h: a *piece* is at most the fusion
 buffer, SRA cuts it into *segments*, a segment (other algorithms: a piece) into one *chunk* per
-rank, on multiples of the compressor's alignment."""
+rank, on multiples of the compressor's alignment. Every received payload is decoded through the
+codec's ``decode_add_`` (its fused kernel where one passed its self-check; :class:`Run`)."""
 
 from __future__ import annotations
 
@@ -78,8 +79,9 @@ class Plan:
 
 class Run:
     """One compressed call's state: the transport, the plan, the call's streams, the residual
-    and the counters. The algorithms call :meth:`encode`, :meth:`values`, :meth:`decode_add_`
-    and :meth:`residual_` only, so they do not know which compressor they run."""
+    and the counters. The algorithms call :meth:`encode`, :meth:`values` / :meth:`decode_to_`,
+    :meth:`decode_add_` and :meth:`residual_` only, so they do not know which compressor they
+    run; every decode goes through the codec's ``decode_add_`` dispatch."""
 
     def __init__(
         self,
@@ -117,24 +119,52 @@ class Run:
     def _check(self, payload: torch.Tensor, n: int, dtype: torch.dtype) -> None:
         self.flag(~self.codec.header_ok(payload, n, dtype))  # a device tensor: nothing moves
 
+    def values_into(self, out: torch.Tensor, payload: torch.Tensor, dtype: torch.dtype):
+        """``out`` (fp32, contiguous) = the values the payload (encoded from ``dtype``) decodes
+        to, through the codec's ``decode_add_`` (a fused kernel where one passed its
+        self-check): ``-0.0 + v == v`` bitwise for every v under round-to-nearest, NaN stays
+        NaN, so decode-adding into ``-0.0`` gives exactly ``codec.values``. Sparse codecs add
+        at their indices only (no fill gives +0.0 there and a value's own -0.0 elsewhere) and
+        have no fused kernel: their ``values``."""
+        if self.plan.sparse:
+            return out.copy_(self.codec.values(payload, out.numel(), dtype))
+        out.fill_(-0.0)
+        self.codec.decode_add_(out, payload, dtype=dtype)
+        return out
+
     def values(self, payload: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
         """The fp32 values a received payload of ``n`` values of ``dtype`` decodes to (its
         header checked lazily, into :attr:`bad`)."""
         self._check(payload, n, dtype)
-        return self.codec.values(payload, n, dtype)
+        out = torch.empty(n, dtype=torch.float32, device=payload.device)
+        return self.values_into(out, payload, dtype)
+
+    def decode_to_(self, dest: torch.Tensor, payload: torch.Tensor, dtype: torch.dtype) -> None:
+        """``dest`` = the values of a received payload (header checked lazily), decoded in
+        place where ``dest`` is contiguous fp32 (no extra pass), else through an fp32 buffer
+        and one rounding to ``dest``'s dtype (the final gathers)."""
+        if dest.dtype == torch.float32 and dest.is_contiguous():
+            self._check(payload, dest.numel(), dtype)
+            self.values_into(dest, payload, dtype)
+        else:
+            dest.copy_(self.values(payload, dest.numel(), dtype))
 
     def decode_add_(self, acc: torch.Tensor, payload: torch.Tensor, dtype: torch.dtype) -> None:
-        """``acc += decode(payload)`` in fp32 (``acc`` fp32; the payload encoded from ``dtype``)."""
-        acc.add_(self.values(payload, acc.numel(), dtype))
+        """``acc += decode(payload)`` in fp32 (``acc`` fp32; the payload encoded from ``dtype``),
+        through the codec's ``decode_add_`` (its fused kernel where one applies)."""
+        self._check(payload, acc.numel(), dtype)
+        self.codec.decode_add_(acc, payload, dtype=dtype)
 
     def residual_(self, begin: int, x: torch.Tensor, payload: torch.Tensor, scale: int = 0):
         """residual[begin, begin + n) = x - decode(payload) (store_residual), times ``scale``
-        when given (the owner's residual of an averaged sum)."""
+        when given (the owner's residual of an averaged sum). The decoded values land in the
+        residual first (:meth:`values_into`), then ``x - v`` in one subtraction: the same bits
+        as before, zeros' signs included (never ``-((-x) + v)``)."""
         if self.residual is None:
             return
-        n = x.numel()
-        out = self.residual[begin : begin + n]
-        torch.sub(x.float(), self.codec.values(payload, n, x.dtype), out=out)
+        out = self.residual[begin : begin + x.numel()]  # contiguous: a slice of a flat view
+        self.values_into(out, payload, x.dtype)
+        torch.sub(x.float(), out, out=out)
         if scale:
             out.mul_(float(scale))
 

@@ -81,6 +81,9 @@ def sum_reduce(run: Run, data: torch.Tensor, piece: int) -> None:
     for r, (b, e) in enumerate(chunks):
         values[b:e].copy_(gathered[r][: (e - b) * es].view(dtype))
     run.bytes_sent += (HEAD + slot) * (world - 1) + sum(int(s.numel()) for s in send)
+    # Random-k's decode scatters the sums into zeros: +0.0 where no index points, the sum's own
+    # bits (-0.0 too, after a 16-bit rounding) where one does. No fill makes a decode-add give
+    # both signs of zero, and random-k has no fused kernel: its tensor-op values, as natively.
     acc = run.codec.values(payload, count, dtype)
     if run.average:
         divide_(acc, world)

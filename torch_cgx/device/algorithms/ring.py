@@ -45,4 +45,4 @@ def ring(run: Run, data: torch.Tensor, piece: int) -> None:
     for r in range(world):
         cb, ce = chunks[(r + 1) % world]
         payload = gathered[r][: run.plan.size(ce - cb, torch.float32)]
-        data[cb:ce].copy_(run.values(payload, ce - cb, torch.float32))
+        run.decode_to_(data[cb:ce], payload, torch.float32)

@@ -91,4 +91,4 @@ def _segment(run: Run, data: torch.Tensor, sid: int, base: int) -> None:
     for r, (b, e) in enumerate(chunks):
         n = e - b
         payload = gathered[r][: run.plan.size(n, torch.float32)]
-        data[b:e].copy_(run.values(payload, n, torch.float32))
+        run.decode_to_(data[b:e], payload, torch.float32)

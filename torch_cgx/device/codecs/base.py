@@ -72,9 +72,12 @@ class DeviceCodec:
     def decode(self, payload: torch.Tensor, numel: int, dtype=torch.float32) -> torch.Tensor:
         return self.values(payload, numel, dtype).to(dtype)
 
-    def decode_add_(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
-        """``out += decode(payload)`` computed in fp32 and rounded once to ``out``'s dtype."""
-        v = self.values(payload, out.numel(), out.dtype)
+    def decode_add_(self, out: torch.Tensor, payload: torch.Tensor, dtype=None) -> torch.Tensor:
+        """``out += decode(payload)`` computed in fp32 and rounded once to ``out``'s dtype;
+        ``dtype``: the dtype the payload was encoded from (default ``out.dtype``; the engine
+        adds fp16 / bf16 payloads into fp32 sums). Adding into ``-0.0`` gives :meth:`values`
+        bit for bit (``-0 + v == v`` for every v), which is how the engine decodes."""
+        v = self.values(payload, out.numel(), out.dtype if dtype is None else dtype)
         if out.dtype == torch.float32:
             return out.add_(v.view(out.shape))
         return out.copy_(out.float() + v.view(out.shape))

@@ -49,9 +49,10 @@ class _Cast(DenseCodec):
         wire = self._wire(payload, numel, dtype)
         return wire if dtype == self.wire else narrow(widen(wire), dtype)  # same dtype: the bits
 
-    def decode_add_(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
+    def decode_add_(self, out: torch.Tensor, payload: torch.Tensor, dtype=None) -> torch.Tensor:
         check_dtype(out.dtype, self.name)
-        v = self.values(payload, out.numel(), out.dtype).view(out.shape)
+        v = self.values(payload, out.numel(), out.dtype if dtype is None else dtype)
+        v = v.view(out.shape)
         if out.dtype == torch.float32:
             return out.add_(v)
         return out.copy_(narrow(v + widen(out), out.dtype))  # prim::convert's order: value + out

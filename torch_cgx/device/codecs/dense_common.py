@@ -290,9 +290,12 @@ class DenseCodec(DeviceCodec):
     def decode(self, payload: torch.Tensor, numel: int, dtype=torch.float32) -> torch.Tensor:
         return narrow(self.values(payload, numel, dtype), dtype)
 
-    def decode_add_(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
+    def decode_add_(self, out: torch.Tensor, payload: torch.Tensor, dtype=None) -> torch.Tensor:
+        """``out += decode(payload)``; ``dtype``: what the payload was encoded from (default
+        ``out.dtype``)."""
         check_dtype(out.dtype, self.name)
-        v = self.values(payload, out.numel(), out.dtype).view(out.shape)
+        v = self.values(payload, out.numel(), out.dtype if dtype is None else dtype)
+        v = v.view(out.shape)
         if out.dtype == torch.float32:
             return out.add_(v)
         return out.copy_(narrow(widen(out) + v, out.dtype))

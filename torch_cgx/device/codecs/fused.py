@@ -2,7 +2,8 @@
 terngrad, tbq, onebit, efsignsgd, signsgd, signum): ``encode`` / ``decode_add_`` ask
 ``kernels.fused_for`` (torch_cgx/device/kernels.py: a kernel that passed its self-check, CUDA
 tensors only) and otherwise run ``reference_encode`` / ``reference_decode_add_``, the tensor
-operations."""
+operations. ``decode_add_(out, payload, dtype=None)`` takes the dtype the payload was encoded
+from (default ``out.dtype``): the device engine decodes 16-bit payloads into fp32 sums."""
 
 from __future__ import annotations
 
@@ -24,14 +25,14 @@ class Fusable:
         check_keys(self.name, seed=seed, stream=stream, shared=shared)
         return x
 
-    def fusable_decode(self, out, payload) -> bool:
-        """Whether a fused ``decode_add_`` may take (out, payload), after the size checks that
-        must run before any kernel; False leaves every check to the reference."""
+    def fusable_decode(self, out, payload, dtype=None) -> bool:
+        """Whether a fused ``decode_add_`` may take (out, payload of ``dtype``), after the size
+        checks that must run before any kernel; False leaves every check to the reference."""
         if not (isinstance(out, torch.Tensor) and isinstance(payload, torch.Tensor)
                 and out.is_contiguous() and payload.is_contiguous()
                 and payload.device == out.device):  # fmt: skip
             return False
-        self.body(payload, out.numel(), out.dtype)  # dtype and size checks
+        self.body(payload, out.numel(), out.dtype if dtype is None else dtype)  # dtype, size
         return True
 
     def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
@@ -44,18 +45,26 @@ class Fusable:
             return fused.encode(self, x, seed, stream)
         return self.reference_encode(x, seed=seed, stream=stream, shared=shared)
 
-    def decode_add_(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
-        """``out += decode(payload)`` (fp32, rounded once); through a fused kernel where one
-        applies (the envelope is not checked here: ``header_ok``)."""
-        if self.fusable_decode(out, payload):
+    def decode_add_(self, out: torch.Tensor, payload: torch.Tensor, dtype=None) -> torch.Tensor:
+        """``out += decode(payload)`` (fp32, rounded once); ``dtype``: what the payload was
+        encoded from (default ``out.dtype``; the engine adds 16-bit payloads into fp32 sums).
+        Through a fused kernel where one applies: one whose self-checks passed for the payload's
+        dtype and for ``out``'s (the envelope is not checked here: ``header_ok``)."""
+        if self.fusable_decode(out, payload, dtype):  # out's type checked here first
             from torch_cgx.device import kernels
 
-            fused = kernels.fused_for(self, out.device, out.dtype)
+            dtype = out.dtype if dtype is None else dtype
+            fused = kernels.fused_for(self, out.device, dtype)
+            if fused is not None and dtype != out.dtype:
+                fused = fused if kernels.fused_for(self, out.device, out.dtype) is fused else None
             if fused is not None:
-                fused.decode_add_(self, out.view(-1), payload)
+                if dtype == out.dtype:  # the protocol's dtype is optional: given where it differs
+                    fused.decode_add_(self, out.view(-1), payload)
+                else:
+                    fused.decode_add_(self, out.view(-1), payload, dtype=dtype)
                 return out
-        return self.reference_decode_add_(out, payload)
+        return self.reference_decode_add_(out, payload, dtype)
 
-    def reference_decode_add_(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
+    def reference_decode_add_(self, out: torch.Tensor, payload: torch.Tensor, dtype=None):
         """The tensor operations' ``decode_add_`` (the codec's base class)."""
-        return super().decode_add_(out, payload)
+        return super().decode_add_(out, payload, dtype=dtype)

@@ -154,12 +154,12 @@ class MaxMin(Fusable, DeviceCodec):
         _check_seed(seed, stream)
         return x
 
-    def fusable_decode(self, out, payload) -> bool:
+    def fusable_decode(self, out, payload, dtype=None) -> bool:
         """decode_add_'s checks (the header is not checked here: :meth:`header_ok`)."""
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
         _check_dtype(out.dtype)
-        self._check_payload(payload, out.numel(), out.dtype)
+        self._check_payload(payload, out.numel(), out.dtype if dtype is None else dtype)
         if payload.device != out.device:
             raise ValueError(f"payload is on {payload.device}, out on {out.device}")
         return out.is_contiguous() and payload.is_contiguous()

@@ -153,9 +153,9 @@ class _Pairs(DeviceCodec):
         out[index.clamp(max=numel)] = values  # an index >= n lands in the spare slot
         return out[:numel]
 
-    def decode_add_(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
+    def decode_add_(self, out: torch.Tensor, payload: torch.Tensor, dtype=None) -> torch.Tensor:
         n = out.numel()
-        index, values, _ = self._pairs(payload, n, out.dtype)
+        index, values, _ = self._pairs(payload, n, out.dtype if dtype is None else dtype)
         if n == 0:
             return out
         return _add_at(out, index.clamp(max=n - 1), values)
@@ -297,8 +297,9 @@ class RandomK(DeviceCodec):
         out[index] = values
         return torch.where(nonfinite, float("nan"), out)
 
-    def decode_add_(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
-        index, values, nonfinite = self._parts(payload, out.numel(), out.dtype)
+    def decode_add_(self, out: torch.Tensor, payload: torch.Tensor, dtype=None) -> torch.Tensor:
+        dtype = out.dtype if dtype is None else dtype
+        index, values, nonfinite = self._parts(payload, out.numel(), dtype)
         _add_at(out, index, values)
         # a non-finite input anywhere: every element becomes out + NaN (one pass, no host read)
         return out.copy_(torch.where(nonfinite, (out.float() + float("nan")).to(out.dtype), out))

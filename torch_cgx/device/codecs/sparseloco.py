@@ -247,8 +247,9 @@ class SparseLoCo(DeviceCodec):
         out[pos] = self._decoded(chunk_of, codes, scalars)
         return out[:numel]
 
-    def decode_add_(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
-        chunk_of, length, index, codes, scalars = self._parts(payload, out.numel(), out.dtype)
+    def decode_add_(self, out: torch.Tensor, payload: torch.Tensor, dtype=None) -> torch.Tensor:
+        dtype = out.dtype if dtype is None else dtype
+        chunk_of, length, index, codes, scalars = self._parts(payload, out.numel(), dtype)
         if out.numel() == 0:
             return out
         pos = chunk_of * self.chunk + torch.minimum(index, length - 1)  # stays in its chunk
