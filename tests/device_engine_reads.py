@@ -210,10 +210,34 @@ def host_uploads(fn) -> List[str]:
     return seen
 
 
+def through_plane(record, fn) -> List[str]:
+    """``record(fn)``, and ``record`` also inside every call c10d hands a cgx group's device
+    plane. A TorchFunctionMode is off inside the function it intercepts, and ``dist.all_reduce``
+    is one: without this, a recorder around ``dist.all_reduce`` (or a DDP step, whose reducer
+    calls the group from C++) sees nothing of the plane's work."""
+    from torch_cgx.device.plane import DevicePlane
+
+    seen: List[str] = []
+    original = DevicePlane.__call__
+
+    def recorded(self, *args, **kwargs):
+        box = {}
+        seen.extend(record(lambda: box.setdefault("out", original(self, *args, **kwargs))))
+        return box["out"]
+
+    DevicePlane.__call__ = recorded
+    try:
+        seen.extend(record(fn))
+    finally:
+        DevicePlane.__call__ = original
+    return seen
+
+
 def host_syncs(fn) -> Dict[str, List[str]]:
-    """``fn()`` under both recorders: {"reads": host reads, "uploads": host-to-device copies}."""
+    """``fn()`` under both recorders, also inside the device plane's calls
+    (:func:`through_plane`): {"reads": host reads, "uploads": host-to-device copies}."""
     uploads: List[str] = []
-    reads = host_reads(lambda: uploads.extend(host_uploads(fn)))
+    reads = through_plane(host_reads, lambda: uploads.extend(through_plane(host_uploads, fn)))
     return {"reads": reads, "uploads": uploads}
 
 

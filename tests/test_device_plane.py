@@ -12,8 +12,6 @@ import torch
 import torch.distributed as dist
 from dist_helpers import run_ranks
 
-_HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__")
-
 
 def _groups(**settings):
     import torch_cgx
@@ -113,28 +111,26 @@ def test_other_calls_on_the_device_plane():
 
 
 def body_no_host_reads(rank, world):
-    from torch.overrides import TorchFunctionMode
-
-    dev, _ = _groups(bits=4, bucket_size=128)
-    x = _values(rank, 4096)
-    seen = []
-
-    class Reads(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            name = getattr(func, "__name__", "")
-            if name in _HOST_READS or (name == "to" and "cpu" in map(str, args[1:])):
-                seen.append(name)
-            return func(*args, **(kwargs or {}))
+    from device_engine_reads import host_syncs
 
     import torch_cgx
     from torch_cgx.device import plane
 
+    dev, _ = _groups(bits=4, bucket_size=128)
+    x = _values(rank, 4096)
     engine = plane.plane_of(torch_cgx.cgx_backend(dev)).engines["cpu"]
     engine.check = "deferred"  # as on a GPU: the header flag is read where the caller syncs
-    with Reads():
-        dist.all_reduce(x, group=dev)
-    assert seen == [], seen
+    dist.all_reduce(x.clone(), group=dev)  # warm-up: the constants' first upload
+    seen = host_syncs(lambda: dist.all_reduce(x, group=dev))
+    reads = [r for r in seen["reads"] if 'device.type != "cpu" or' not in r]  # CPU shortcuts
+    assert reads == [] and seen["uploads"] == [], seen
     engine.check_headers()
+    # the recorders see inside the plane's calls: a planted read of the data is caught
+    original = engine.allreduce
+    engine.allreduce = lambda t, *a, **k: (t.sum().item(), original(t, *a, **k))
+    planted = host_syncs(lambda: dist.all_reduce(x, group=dev))["reads"]
+    assert any("item" in r for r in planted), planted
+    engine.allreduce = original
     dist.destroy_process_group()
 
 

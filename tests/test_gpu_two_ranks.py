@@ -3,10 +3,11 @@ docs/gpu-check.md; skipped without CUDA, a failure under ``CGX_TEST_REQUIRE_CUDA
 
 Rank ``r`` uses GPU ``r % device_count``: on a one-GPU machine both ranks share it, so the
 device plane's carrier is its own Gloo group (the ranks compare their GPUs' UUIDs: NCCL needs a
-GPU per rank); with two GPUs it is NCCL. Each check compares a cgx group with the default ``data_plane="auto"`` (CUDA tensors on
-the device plane) against a ``data_plane="host"`` group (the native CPU engine) fed CPU copies
-of the same values, at nearest rounding: the device codecs write the native bytes and the
-device engine mirrors the native algorithms, so the results must be bitwise equal.
+GPU per rank); with two GPUs it is NCCL. Each check compares a cgx group with the default
+``data_plane="auto"`` (CUDA tensors on the device plane) against a ``data_plane="host"`` group
+(the native CPU engine) fed CPU copies of the same values, at nearest rounding: the device
+codecs write the native bytes and the device engine mirrors the native algorithms, so the
+results must be bitwise equal.
 
 - ``dist.all_reduce`` of CUDA tensors: max-min 4 bits, SRA and ring, SUM and AVG, a ragged size;
 - a DDP step with ``device_ids=[r % device_count]`` on a CUDA module: one ``Linear`` layer, batch
@@ -128,7 +129,7 @@ def test_ddp_step_on_cuda_equals_the_cpu_engine():
 
 
 def body_no_device_to_host(rank, world):
-    from device_engine_reads import host_reads
+    from device_engine_reads import host_syncs, through_plane
     from torch.overrides import TorchFunctionMode
 
     device, dev, _ = _setup(rank)
@@ -150,12 +151,14 @@ def body_no_device_to_host(rank, world):
                     copies.append(f"{name} to the host")
             return out
 
-    def call():
+    def watch(fn):
         with DeviceToHost():
-            dist.all_reduce(x, group=dev)
+            fn()
+        return []
 
-    reads = host_reads(call)
-    assert reads == [] and copies == [], (reads, copies)
+    # through_plane: a TorchFunctionMode is off inside dist.all_reduce, which it intercepts
+    seen = host_syncs(lambda: through_plane(watch, lambda: dist.all_reduce(x, group=dev)))
+    assert seen["reads"] == [] and seen["uploads"] == [] and copies == [], (seen, copies)
     torch.cuda.synchronize()
     _cuda_engine(dev).check_headers()
     dist.barrier()

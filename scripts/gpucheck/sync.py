@@ -23,48 +23,12 @@ import json
 import sys
 import tempfile
 import traceback
-from typing import Callable, Dict, List
+from typing import Callable, Dict
 
 import torch
 import torch.distributed as dist
 
 SETTINGS = dict(compressor="maxmin", bits=4, bucket_size=512)
-
-
-def _recorders() -> List[Callable]:
-    """The tests' recorders that apply: host reads, and host-to-device copies where the module
-    has a recorder of them."""
-    import device_engine_reads as reads
-
-    found = [reads.host_reads]
-    for name in ("host_uploads", "host_copies"):
-        if hasattr(reads, name):
-            found.append(getattr(reads, name))
-    return found
-
-
-def _through_plane(record: Callable, fn: Callable[[], None]) -> List[str]:
-    """``record(fn)``, and ``record`` also inside every call c10d hands the device plane: a
-    TorchFunctionMode is off inside the function it intercepts (``dist.all_reduce``) and does
-    not follow a call from C++ (DDP's reducer) on another thread, so without this it would see
-    nothing of the plane's work."""
-    from torch_cgx.device.plane import DevicePlane
-
-    seen: List[str] = []
-    original = DevicePlane.__call__
-
-    def recorded(self, *args, **kwargs):
-        box = {}
-        seen.extend(record(lambda: box.setdefault("out", original(self, *args, **kwargs))))
-        return box["out"]
-
-    DevicePlane.__call__ = recorded
-    try:
-        seen.extend(record(fn))
-    finally:
-        DevicePlane.__call__ = original
-    # the codecs' CPU-only shortcuts (``device.type != "cpu" or ...``) read nothing on a GPU
-    return [s for s in seen if 'device.type != "cpu" or' not in s]
 
 
 def _guarded(fn: Callable[[], None], device: torch.device) -> Dict:
@@ -76,8 +40,12 @@ def _guarded(fn: Callable[[], None], device: torch.device) -> Dict:
             torch.cuda.synchronize(device)
             torch.cuda.set_sync_debug_mode("error")
         try:
-            for record in _recorders():
-                out["recorded"] += _through_plane(record, fn)
+            from device_engine_reads import host_syncs  # tests/ on PYTHONPATH
+
+            seen = host_syncs(fn)  # also inside the calls c10d hands the plane
+            # the codecs' CPU-only shortcuts (``device.type != "cpu" or ...``) never run on a GPU
+            reads = [r for r in seen["reads"] if 'device.type != "cpu" or' not in r]
+            out["recorded"] = reads + seen["uploads"]
         finally:
             if cuda:
                 torch.cuda.set_sync_debug_mode(0)
