@@ -209,7 +209,7 @@ def test_encode_reads_any_shape_in_row_major_order():
 
 
 def cuda_or_skip() -> torch.device:
-    """The CUDA device, or a skip (a failure under ``CGX_TEST_REQUIRE_CUDA=1``: make gpu-test)."""
+    """The CUDA device, or a skip (a failure under ``CGX_TEST_REQUIRE_CUDA=1``: the GPU check)."""
     if torch.cuda.is_available():
         return torch.device("cuda")
     if os.environ.get("CGX_TEST_REQUIRE_CUDA") == "1":
