@@ -208,7 +208,7 @@ def _memcheck_argv(ctx: Context) -> List[str]:
     run = [PY, str(HERE / "kernels.py"), "--device", ctx.device]
     if ctx.cpu:
         return run
-    return ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", *run]
+    return ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", *run, "--quick"]
 
 
 def _memcheck_skip(ctx: Context) -> Optional[str]:
