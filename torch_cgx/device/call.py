@@ -97,7 +97,8 @@ def resolve(call: DeviceCall, make_codec) -> common.Plan:
     if alignment is None:
         # the codec's own bucket size: its default where the call's parameters leave it out,
         # as the native compressor (payload.cc chunk_alignment)
-        bucket = int(getattr(codec, "bucket_size", 0) or 0) if call.compressor in _BUCKETED else 0
+        bucket = getattr(codec, "bucket_size", params.get("bucket_size", 0))
+        bucket = int(bucket or 0) if call.compressor in _BUCKETED else 0
         alignment = bucket if bucket > 0 else 1
     return common.Plan(
         codec,
