@@ -83,7 +83,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = p.parse_args(argv)
     out = pathlib.Path(args.outdir)
     out.mkdir(parents=True, exist_ok=True)
-    budget = args.budget or (60.0 if args.cpu else 450.0)
+    budget = args.budget or (150.0 if args.cpu else 450.0)
     work = pathlib.Path(tempfile.mkdtemp(prefix="cgx-gpu-check-"))
     ctx = Context(cpu=args.cpu, root=ROOT, work=work, only=set(filter(None, args.only.split(","))))
     (work / "site").mkdir()

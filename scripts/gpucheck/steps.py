@@ -233,7 +233,8 @@ def _memcheck_verdict(ctx: Context, out: str, status: str) -> Optional[tuple]:
 
 
 def _bench_codecs_argv(ctx: Context) -> List[str]:
-    size = ["--size", "1M", "--rounds", "1", "--budget", "0.01"] if ctx.cpu else ["--size", "64M"]
+    size = ["--size", "256K", "--rounds", "1", "--budget", "0.005"]
+    size = size if ctx.cpu else ["--size", "64M"]
     return [PY, "-m", "benchmarks.device", "--device", ctx.device, *size,
             "--json", str(ctx.work / "bench-device.json")]  # fmt: skip
 
@@ -283,19 +284,19 @@ STEPS = [
          lambda ctx: [str(ctx.root / "build" / "gpu" / "cgx_cuda_tests")], 120, 1,
          skip_rule=_no_cuda_tests),
     Step("device-tests", "every device test, CUDA required (a skip fails), kernels in fused mode",
-         _pytest_argv, 240, 25, min_seconds=20, env_rule=_pytest_env,
+         _pytest_argv, 240, 60, min_seconds=20, env_rule=_pytest_env,
          verdict_rule=_pytest_verdict, collect_rule=_pytest_collect),
     Step("two-ranks", "2 ranks sharing the device through init_process_group('cgx', device_id):"
          " every compressor x algorithm, reduce_scatter, DDP: bitwise the CPU engine",
-         _script("ranks.py"), 150, 30),
+         _script("ranks.py"), 150, 60),
     Step("sync-debug", "a DDP step and an engine allreduce under set_sync_debug_mode('error') "
-         "(CPU: the host-read / upload recorder)", _script("sync.py"), 120, 25),
+         "(CPU: the host-read / upload recorder)", _script("sync.py"), 120, 60),
     Step("memcheck", "compute-sanitizer memcheck over every fused kernel on small buffers "
-         "(CPU: the same script, no sanitizer)", _memcheck_argv, 150, 20,
+         "(CPU: the same script, no sanitizer)", _memcheck_argv, 150, 40,
          skip_rule=_memcheck_skip, env_rule=_only_gpu_sanitizer, verdict_rule=_memcheck_verdict),
     Step("bench-codecs", "each codec's encode / decode_add GB/s beside device-to-device copy and "
-         "the torch-ops peer (64 MB fp32)", _bench_codecs_argv, 150, 20,
+         "the torch-ops peer (64 MB fp32)", _bench_codecs_argv, 150, 60,
          collect_rule=_bench_codecs_collect),
     Step("bench-allreduce", "allreduce of 2 ranks on the device, 1-64 MB, cgx vs the carrier",
-         _bench_allreduce_argv, 150, 20, verdict_rule=_bench_allreduce_verdict),
+         _bench_allreduce_argv, 150, 60, verdict_rule=_bench_allreduce_verdict),
 ]  # fmt: skip
