@@ -1,0 +1,195 @@
+"""Fused qsgd / terngrad / onebit / efsignsgd / signsgd / signum / tbq in Triton (issue 36):
+:class:`TritonLevels`, the :class:`torch_cgx.device.cuda_kernels.FusedLevels` protocol, byte for
+byte the native compressors (the kernels: ``levels_kernels.py``, imported by :meth:`load`).
+
+Encode: the envelope's constant bytes are copied from ``constants.bytes_of`` (cached on the
+device: no host copy per call); the bucketed codecs then run ``scalars_kernel`` (the per-bucket
+f32 scalars, into the payload), and every codec ``codes_kernel`` (the code stream; signsgd,
+signum and tbq OR the envelope's non-finite flag in). decode_add: ``decode_kernel`` reads the
+scalars, tbq's tau and the flag from the payload. Sizes, grids and kernel variants come from
+element counts and the codec's parameters only: no host synchronisation, every launch on the
+caller's current stream (on the tensor's device).
+
+Bucket sizes: every size the codecs allow, 0 (the whole tensor) included. A bucket is summed in
+prim::stats' lane order by one program, whose eight lanes each add the bucket's rows of eight
+in order: the cost is B / 64 dependent loop iterations (eight rows each) per bucket of B values,
+several buckets per program when there are many (``buckets_per_program``). Large buckets are
+therefore latency-bound: a whole-tensor bucket of 2^26 values is 2^20 serial iterations of one
+program (no other order gives the native fp64 bits); the CUDA kernels refuse buckets above 2^16
+for that reason, these take them (measured on no GPU yet).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from torch_cgx.device import constants
+from torch_cgx.device.codecs.base import DTYPE_CODES
+from torch_cgx.device.cuda_kernels import FusedLevels
+
+__all__ = ["TritonLevels"]
+
+KINDS = {"qsgd": 0, "terngrad": 1, "onebit": 2, "efsignsgd": 3, "signsgd": 4, "signum": 4,
+         "tbq": 5}  # fmt: skip
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _le(value: int, nbytes: int) -> tuple:
+    return tuple((value >> (8 * i)) & 0xFF for i in range(nbytes))
+
+
+def envelope_bytes(codec, n: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """The envelope of a payload of ``n`` values with flags 0 (``DenseCodec.expected_envelope``'s
+    bytes), a shared cached constant: copy it, never write into it."""
+    values = (
+        (ord("C"), ord("G"), ord("X"), ord("C"), 1, DTYPE_CODES[dtype], codec.compressor_id, 0)
+        + _le(n, 8)
+        + _le(codec.body_size(n), 8)
+        + _le(codec.bucket_size, 4)
+        + _le(codec.param1, 4)
+    )
+    return constants.bytes_of(values, torch.device(device))
+
+
+def _bits_view(t: torch.Tensor) -> torch.Tensor:
+    """bf16 tensors travel as their int16 bits (the kernels convert them by integer arithmetic)."""
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+
+
+def _pow2_at_most(v: int) -> int:
+    return 1 << (max(v, 1).bit_length() - 1)
+
+
+class TritonLevels(FusedLevels):
+    """The Triton kernels of qsgd, terngrad, onebit, efsignsgd, signsgd, signum and tbq: CUDA
+    tensors where triton is installed, CPU tensors under Triton's interpreter
+    (``TRITON_INTERPRET=1``). Every bucket size, 0 included.
+
+    ``block``: values per program of the codes and decode kernels (a power of two >= 8);
+    ``buckets_per_program``: buckets summed per program of the scalars kernel (a power of two);
+    None: on a GPU enough for about 1024 programs (at most 16, or 64 for buckets of <= 8
+    values), under the interpreter (programs run one after the other) up to 64 (1024)."""
+
+    name = "triton-levels"
+    codecs = ("qsgd", "terngrad", "onebit", "efsignsgd", "signsgd", "signum", "tbq")
+
+    def __init__(self, block: int = 1024, buckets_per_program=None) -> None:
+        if block < 8 or block & (block - 1):
+            raise ValueError(f"block must be a power of two >= 8, got {block}")
+        bb = buckets_per_program
+        if bb is not None and (bb < 1 or bb & (bb - 1)):
+            raise ValueError(f"buckets_per_program must be a power of two, got {bb}")
+        self.block = block
+        self.buckets_per_program = bb
+        self.unroll = 8  # rows of eight per iteration of a bucket's sum (fewer for short ones)
+        self._k = None
+
+    def applies(self, device: torch.device) -> bool:
+        from torch_cgx.device.triton import available
+
+        return available(torch.device(device))
+
+    def supports(self, codec, dtype: torch.dtype) -> bool:
+        return codec.name in self.codecs and dtype in _FLOATS
+
+    def load(self) -> None:
+        """Imports triton and the kernels (ImportError where triton is missing)."""
+        if self._k is None:
+            from torch_cgx.device.triton import levels_kernels
+
+            self._k = levels_kernels
+
+    def _bb(self, nb: int, size: int, device: torch.device) -> int:
+        if self.buckets_per_program is not None:
+            return self.buckets_per_program
+        if device.type != "cuda":  # the interpreter: programs run one after the other
+            return min(1024 if size <= 8 else 64, 1 << (nb - 1).bit_length())
+        cap = 64 if size <= 8 else 16  # a bucket of one row leaves lanes idle: more buckets
+        return min(cap, _pow2_at_most(nb // 1024))  # about 1024 programs or more
+
+    @staticmethod
+    def _on(device: torch.device):
+        """Launches go to the current stream of the tensor's device."""
+        return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+    @staticmethod
+    def _options(device: torch.device) -> dict:
+        """Launch options: no fused multiply-add (every fp32 / fp64 operation rounds once), and
+        on NVIDIA no flush of fp32 denormals in libdevice functions (Triton's default flushes)."""
+        opts = {"enable_fp_fusion": False}
+        if device.type == "cuda" and torch.version.hip is None:
+            opts["enable_reflect_ftz"] = False
+        return opts
+
+    @staticmethod
+    def _meta(codec) -> dict:
+        """The codec's constexpr arguments (LEVELS / NEG: prim::Levels' levels and neg_add)."""
+        bits = codec.bits
+        levels = (1 << (bits - 1)) - 1 if codec.name == "qsgd" else 1
+        neg = 1 << (bits - 1) if codec.name == "qsgd" else 1
+        return {"KIND": KINDS[codec.name], "BITS": bits, "LEVELS": levels, "NEG": neg}
+
+    def encode(self, codec, x: torch.Tensor, seed: int, stream: int) -> torch.Tensor:
+        from torch_cgx.device.codecs.base import rng_key
+
+        self.load()
+        if not x.is_contiguous():
+            raise ValueError(f"{self.name}: the input must be contiguous")
+        k, n, dev = self._k, x.numel(), x.device
+        out = torch.empty(codec.encoded_size(n, x.dtype), dtype=torch.uint8, device=dev)
+        out[:32].copy_(envelope_bytes(codec, n, x.dtype, dev))
+        if n == 0:
+            return out
+        meta = self._meta(codec)
+        layout = codec.layout(n) if codec.scalars else None
+        nb = layout.count if layout else 0
+        scal_end = 32 + 4 * codec.scalars * nb
+        scal = out[32:scal_end].view(torch.int32) if nb else out[:8].view(torch.int32)
+        size = layout.size if layout else 1
+        xb, bf16 = _bits_view(x), x.dtype == torch.bfloat16
+        k0, k1 = rng_key(seed, stream)
+        opts = self._options(dev)
+        with self._on(dev):
+            if nb:
+                bb = self._bb(nb, size, dev)
+                clip = codec.name == "terngrad" and codec.clip > 0
+                rows = (layout.width + 7) // 8
+                unroll = min(self.unroll, 1 << (rows - 1).bit_length())
+                k.scalars_kernel[(_cdiv(nb, bb),)](
+                    xb, out, scal, n, size, nb, KIND=meta["KIND"], CLIP=clip, BF16=bf16, BB=bb,
+                    UNROLL=unroll, num_warps=max(1, min(4, bb // 4)), **opts)  # fmt: skip
+            groups = self.block // 8
+            k.codes_kernel[(_cdiv(n, self.block),)](
+                xb, out, scal, out[scal_end:], out[:8].view(torch.int32), n, size,
+                (n * codec.bits + 7) // 8, k0, k1, **meta, BF16=bf16, G=groups,
+                BP=1 << (codec.bits - 1).bit_length(), num_warps=4, **opts)  # fmt: skip
+        return out
+
+    def decode_add_(self, codec, out: torch.Tensor, payload: torch.Tensor, dtype=None):
+        """``out += decode(payload)``; ``dtype`` (the payload's source dtype) changes no byte the
+        kernel reads (only the envelope's dtype byte: ``header_ok`` checks the envelope), so it
+        is used for the size check only."""
+        self.load()
+        n = out.numel()
+        want = codec.encoded_size(n, out.dtype if dtype is None else dtype)
+        if not (out.is_contiguous() and payload.is_contiguous()):
+            raise ValueError(f"{self.name}: out and the payload must be contiguous")
+        if payload.dtype != torch.uint8 or payload.numel() != want:
+            raise ValueError(f"{self.name}: {codec.name} payload of {payload.numel()} bytes "
+                             f"for {n} values, want {want} uint8")  # fmt: skip
+        if n == 0:
+            return out
+        layout = codec.layout(n) if codec.scalars else None
+        codes_at = 32 + 4 * codec.scalars * (layout.count if layout else 0)
+        with self._on(out.device):
+            self._k.decode_kernel[(_cdiv(n, self.block),)](
+                payload, _bits_view(out), n, layout.size if layout else 1, codes_at,
+                **self._meta(codec), BF16=out.dtype == torch.bfloat16, BLOCK=self.block,
+                num_warps=4, **self._options(out.device))  # fmt: skip
+        return out
+
+
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
