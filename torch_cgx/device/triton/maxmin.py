@@ -1,0 +1,230 @@
+"""Fused max-min in Triton (issue 36): :class:`TritonMaxMin`, the
+:class:`torch_cgx.device.cuda_kernels.FusedMaxMin` protocol, byte for byte the native codec and
+torch_cgx/device/codecs/maxmin.py, with every lever: bits 1..8, every bucket size, the raw tail,
+stochastic rounding, the clipped range, fp32 / fp16 / bf16 input (the kernels:
+``maxmin_kernels.py``, imported by :meth:`TritonMaxMin.load`; importing this module does not
+import triton).
+
+Encode: the 24 header bytes are copied from the codec's cached device constant
+(``MaxMin.header``), ``scalars_kernel`` writes the per-bucket metadata (and a per-bucket fp64
+scratch: step 4's ``inv`` and path), ``codes_kernel`` the code stream, and the raw tail is a
+device-to-device copy of the input's bytes. decode_add / values: ``decode_kernel``, one pass.
+Sizes, grids and kernel variants come from element counts and the codec's parameters only: no
+host synchronisation, every launch on the current stream of the tensor's device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from torch_cgx.device.cuda_kernels import FusedMaxMin
+
+__all__ = ["TritonMaxMin"]
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+HEADER_BYTES = 24
+# Range of the Gaussian-optimal uniform quantizer, bits 1..8 (codecs/maxmin.py's CLIP_SIGMAS).
+CLIP_SIGMAS = (0.0, 1.5958, 2.9872, 4.1024, 5.0278, 5.8326, 6.5559, 7.2247, 7.8412)
+
+# Launch sizes (values per program). "gpu": first guesses, NOT measured (no GPU has run these
+# kernels yet); a sweep on a GPU (tile x codes x decode x num_warps, per bits and bucket size)
+# replaces them here: put its winners into TUNED, keyed by (bits, bucket_size), which overrides
+# these per configuration. "interpreter": programs run one after the other (about a millisecond
+# each), so as few as possible.
+LAUNCH = {
+    "gpu": {"tile": 2048, "codes": 1024, "decode": 1024, "num_warps": 4},
+    "interpreter": {"tile": 65536, "codes": 8192, "decode": 8192, "num_warps": 1},
+}
+TUNED: dict = {}
+GPU_PROGRAMS = 1024  # buckets per scalars program shrink until about this many programs
+
+
+def _pow2_ceil(v: int) -> int:
+    return 1 << (max(int(v), 1) - 1).bit_length()
+
+
+def _pow2_floor(v: int) -> int:
+    return 1 << (max(int(v), 1).bit_length() - 1)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _bits_view(t: torch.Tensor) -> torch.Tensor:
+    """bf16 tensors travel as their int16 bits (the kernels convert them by integer arithmetic)."""
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+
+
+class TritonMaxMin(FusedMaxMin):
+    """The Triton max-min kernels: CUDA tensors where triton is installed, CPU tensors under
+    Triton's interpreter (``TRITON_INTERPRET=1``). Every max-min configuration, clip included.
+
+    ``tile``: values per program of the scalars kernel (``BB`` buckets of ``CHUNK`` values, both
+    powers of two; a longer bucket is a loop); ``codes`` / ``decode``: values per program of the
+    codes and decode kernels (powers of two >= 8). None: :data:`LAUNCH` (and :data:`TUNED`)."""
+
+    name = "triton-maxmin"
+
+    def __init__(self, tile=None, codes=None, decode=None, num_warps=None) -> None:
+        for what, v in (("tile", tile), ("codes", codes), ("decode", decode)):
+            if v is not None and (v < 8 or v & (v - 1)):
+                raise ValueError(f"{what} must be a power of two >= 8, got {v}")
+        self.fixed = {"tile": tile, "codes": codes, "decode": decode, "num_warps": num_warps}
+        self._k = None
+
+    def applies(self, device: torch.device) -> bool:
+        from torch_cgx.device.triton import available
+
+        return available(torch.device(device))
+
+    def supports(self, codec, dtype: torch.dtype) -> bool:
+        return codec.name == "maxmin" and dtype in _FLOATS
+
+    def load(self) -> None:
+        """Imports triton and the kernels (ImportError where triton is missing)."""
+        if self._k is None:
+            from torch_cgx.device.triton import maxmin_kernels
+
+            self._k = maxmin_kernels
+
+    # ---- launch plumbing ------------------------------------------------------------------------
+
+    def launch(self, codec, device: torch.device) -> dict:
+        """The launch sizes for ``codec`` on ``device`` (constructor > TUNED > LAUNCH)."""
+        kind = "gpu" if device.type == "cuda" else "interpreter"
+        plan = dict(LAUNCH[kind])
+        if kind == "gpu":
+            plan.update(TUNED.get((codec.bits, codec.bucket_size), {}))
+        plan.update({k: v for k, v in self.fixed.items() if v is not None})
+        return plan
+
+    @staticmethod
+    def _on(device: torch.device):
+        """Launches go to the current stream of the tensor's device."""
+        return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+    @staticmethod
+    def _options(device: torch.device, num_warps: int) -> dict:
+        """Launch options: no fused multiply-add (every fp32 / fp64 operation rounds once), and
+        on NVIDIA no flush of fp32 denormals in libdevice functions (Triton's default flushes)."""
+        opts = {"enable_fp_fusion": False, "num_warps": num_warps}
+        if device.type == "cuda" and torch.version.hip is None:
+            opts["enable_reflect_ftz"] = False
+        return opts
+
+    # ---- encode ---------------------------------------------------------------------------------
+
+    def encode(self, codec, x: torch.Tensor, seed: int, stream: int) -> torch.Tensor:
+        """The payload of the 1-D contiguous ``x`` on its device (FORMAT.md's layout)."""
+        from torch_cgx.device.codecs.base import rng_key
+
+        self.load()
+        if x.dtype not in _FLOATS:
+            raise ValueError(f"{self.name}: dtype must be float32, float16 or bfloat16")
+        x = x.reshape(-1)
+        n, dev = x.numel(), x.device
+        nq, nb = codec.layout(n)
+        out = torch.empty(codec.encoded_size(n, x.dtype), dtype=torch.uint8, device=dev)
+        out[:HEADER_BYTES].copy_(codec.header(n, x.dtype, dev))
+        codes_at = HEADER_BYTES + 8 * nb
+        tail_at = codes_at + (nq * codec.bits + 7) // 8
+        if nq < n:  # the raw tail: the input's own bytes
+            out[tail_at:].copy_(x[nq:].view(torch.uint8))
+        if nq == 0:
+            return out
+        plan = self.launch(codec, dev)
+        meta = out[HEADER_BYTES:codes_at].view(torch.int32)  # offset 24: 4-aligned
+        inv = torch.empty(nb, dtype=torch.float64, device=dev)
+        xb, bf16 = _bits_view(x), x.dtype == torch.bfloat16
+        opts = self._options(dev, plan["num_warps"])
+        with self._on(dev):
+            self._scalars(codec, xb, bf16, nq, nb, meta, inv, None, plan)
+            k0, k1 = rng_key(seed, stream) if codec.stochastic else (0, 0)
+            block = max(8, plan["codes"])
+            self._k.codes_kernel[(_cdiv(nq, block),)](
+                xb, meta, inv, out[codes_at:], nq, codec.bucket_size, tail_at - codes_at, k0, k1,
+                BITS=codec.bits, STOCH=codec.stochastic, BF16=bf16, G=block // 8,
+                BP=_pow2_ceil(codec.bits), **opts)  # fmt: skip
+        return out
+
+    def _scalars(self, codec, xb, bf16, nq, nb, meta, inv, sums, plan) -> None:
+        """Launches ``scalars_kernel`` (``sums``: an (nb, 2) fp64 tensor for :meth:`clip_sums`)."""
+        size, span = codec.bucket_size, min(codec.bucket_size, nq)
+        chunk = min(_pow2_ceil(span), _pow2_floor(plan["tile"]))
+        bb = min(max(1, plan["tile"] // chunk), _pow2_ceil(nb))
+        if xb.device.type == "cuda":
+            bb = min(bb, _pow2_floor(max(1, nb // GPU_PROGRAMS)))
+        rows = (span + 7) // 8
+        self._k.scalars_kernel[(_cdiv(nb, bb),)](
+            xb, meta, inv, inv if sums is None else sums, nq, size, span, nb,
+            LEVELS=(1 << codec.bits) - 1, CLIP=codec.clip, C=CLIP_SIGMAS[codec.bits], BF16=bf16,
+            BB=bb, CHUNK=chunk, UNROLL=min(8, _pow2_ceil(rows)), SUMS=sums is not None,
+            **self._options(xb.device, plan["num_warps"]))  # fmt: skip
+
+    def clip_sums(self, codec, x: torch.Tensor) -> torch.Tensor:
+        """FORMAT.md's fp64 sums ``S(x)`` and ``S((x - mean)^2)`` of every bucket of ``x``, as
+        the encode kernel computes them for a clipped codec: an (nb, 2) fp64 tensor (a check
+        of the lane order, which a payload shows only by chance: codecs/maxmin.py's
+        ``lane_sum`` gives the expected bits; the incomplete last bucket's are never used)."""
+        self.load()
+        if not codec.clip:
+            raise ValueError(f"{self.name}: clip_sums needs a clipped codec (clip=1)")
+        x = x.reshape(-1)
+        nq, nb = codec.layout(x.numel())
+        sums = torch.zeros(nb, 2, dtype=torch.float64, device=x.device)
+        if nq:
+            meta = torch.empty(2 * nb, dtype=torch.int32, device=x.device)
+            inv = torch.empty(nb, dtype=torch.float64, device=x.device)
+            with self._on(x.device):
+                self._scalars(codec, _bits_view(x), x.dtype == torch.bfloat16, nq, nb, meta, inv,
+                              sums, self.launch(codec, x.device))  # fmt: skip
+        return sums
+
+    # ---- decode ---------------------------------------------------------------------------------
+
+    def _decode(self, codec, out, payload, dtype, add: bool) -> None:
+        self.load()
+        n = out.numel()
+        want = codec.encoded_size(n, dtype)
+        if payload.dtype != torch.uint8 or payload.dim() != 1 or payload.numel() != want:
+            raise ValueError(f"{self.name}: maxmin payload of {payload.numel()} bytes for {n} "
+                             f"values of {dtype}, want {want} uint8")  # fmt: skip
+        if payload.device != out.device:
+            raise ValueError(f"payload is on {payload.device}, out on {out.device}")
+        if n == 0:
+            return
+        nq, nb = codec.layout(n)
+        codes_at = HEADER_BYTES + 8 * nb
+        tail_at = codes_at + (nq * codec.bits + 7) // 8
+        plan = self.launch(codec, out.device)
+        block = max(8, plan["decode"])
+        with self._on(out.device):
+            self._k.decode_kernel[(_cdiv(n, block),)](
+                payload.contiguous(), _bits_view(out), n, nq, codec.bucket_size, codes_at,
+                tail_at, BITS=codec.bits, TAIL_BYTES=dtype.itemsize if nq < n else 0,
+                TAIL_BF16=dtype == torch.bfloat16, ADD=add, OUT_BF16=out.dtype == torch.bfloat16,
+                BLOCK=block, **self._options(out.device, plan["num_warps"]))  # fmt: skip
+
+    def decode_add_(self, codec, out: torch.Tensor, payload: torch.Tensor, dtype=None):
+        """``out += decode(payload)`` in fp32, rounded once to out's dtype (fp32, fp16, bf16);
+        ``out`` 1-D contiguous; ``dtype``: what the payload was encoded from (default out's).
+        The header is not read (``codec.header_ok`` checks it)."""
+        dtype = out.dtype if dtype is None else dtype
+        if out.dtype not in _FLOATS or dtype not in _FLOATS:
+            raise ValueError(f"{self.name}: dtypes must be float32, float16 or bfloat16")
+        if not out.is_contiguous():
+            raise ValueError(f"{self.name}: out must be contiguous")
+        self._decode(codec, out.view(-1), payload, dtype, add=True)
+        return out
+
+    def values(self, codec, payload: torch.Tensor, numel: int, dtype: torch.dtype):
+        """The decoded fp32 values of a payload of ``numel`` values of ``dtype`` (the codec's
+        ``values``)."""
+        if dtype not in _FLOATS:
+            raise ValueError(f"{self.name}: dtype must be float32, float16 or bfloat16")
+        out = torch.empty(numel, dtype=torch.float32, device=payload.device)
+        self._decode(codec, out, payload, dtype, add=False)
+        return out

@@ -1,0 +1,316 @@
+"""The Triton kernels of :class:`torch_cgx.device.triton.maxmin.TritonMaxMin` (issue 36): max-min
+(docs/FORMAT.md, "The max-min wire format"), byte for byte the native codec and the tensor
+operations of torch_cgx/device/codecs/maxmin.py. Importing this module imports triton.
+
+Three kernels, all launched with ``enable_fp_fusion=False`` on the caller's current stream:
+
+- ``scalars_kernel`` (encode, pass 1): a program takes ``BB`` buckets as a (BB, CHUNK) tile and
+  loops over them CHUNK values at a time (any bucket size: 2^20 and more is a loop of
+  B / CHUNK iterations): finite check, min, max (order-free reductions), then with ``CLIP`` the
+  lane-ordered fp64 sums of FORMAT.md over a (BB, 8) tile, row after row (column j is lane j),
+  and FORMAT.md's steps 2-3: metadata (mn, unit) as int32 bits, and per bucket a signed fp64
+  ``inv`` into a scratch buffer: > 0 the fp32 path of step 4, < 0 the fp64 path (of -inv),
+  0 all codes 0.
+- ``codes_kernel`` (encode, pass 2): a program codes ``G`` groups of eight values (a group is
+  ``BITS`` bytes of the stream) with the bucket's mn and inv, nearest or stochastic rounding,
+  and stores the packed bytes; elements past ``nq`` code 0 (the stream's unused high bits).
+- ``decode_kernel``: ``BLOCK`` values per program, the code read from its one or two bytes,
+  FORMAT.md's fp32 or fp64 formula per bucket, the raw tail read from its bytes in the source
+  dtype; ``out += value`` in fp32 rounded once to out's dtype (``ADD``), or the fp32 values.
+
+Exactness on a GPU, by construction (the interpreter computes in numpy, which is IEEE already):
+every division of the reference is in fp64 (``range / L``, ``L / range``, ``S / n``), whose ``/``
+and ``tl.sqrt`` lower to the IEEE ``div.rn.f64`` / ``sqrt.rn.f64`` (an fp32 division would need
+``tl.math.div_rn``: Triton's fp32 ``/`` is approximate; there is none here); no multiply-add is
+fused (``enable_fp_fusion=False`` at every launch: ``acc + e * e``, ``(x - mn) * inv + r`` and
+``mn + q * unit`` round twice, as the reference); the clip constant is made with ``tl.full(...,
+tl.float64)`` (fp64 from the Python float, never through an fp32 constant); indices are int64
+before any product; NaN metadata is the explicit bits 0x7fc00000; bf16 values travel as their
+int16 bits, widened by a shift and rounded by integer arithmetic (the interpreter's fp32 -> bf16
+cast truncates). Order-dependent reductions (the fp64 sums) never use ``tl.sum`` over more than
+one nonzero value: a lane is extracted as its value plus seven +0.0, exact in any order; min,
+max and the integer reductions do not depend on the order.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from torch_cgx.device.triton.rng import uniform
+
+NAN_BITS = tl.constexpr(0x7FC00000)
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
+
+
+# ---- shared helpers --------------------------------------------------------------------------
+
+
+@triton.jit
+def widen(v, BF16: tl.constexpr):
+    """fp32 of a loaded value (exact); bf16 arrives as its int16 bits."""
+    if BF16:
+        return (v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return v.to(tl.float32)
+
+
+@triton.jit
+def bf16_bits(v):
+    """int16 bits of fp32 ``v`` rounded to bf16, nearest even (NaN: a quiet NaN)."""
+    u = v.to(tl.uint32, bitcast=True)
+    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    r = tl.where(v != v, (u >> 16) | 0x40, r)
+    return r.to(tl.uint16).to(tl.int16, bitcast=True)
+
+
+@triton.jit
+def le_bytes(ptr, off, mask, NBYTES: tl.constexpr):
+    """The little-endian unsigned integer (uint32) of ``NBYTES`` bytes at byte offsets ``off``
+    of a uint8 pointer (any alignment)."""
+    w = tl.load(ptr + off, mask=mask, other=0).to(tl.uint32)
+    for k in tl.static_range(1, NBYTES):
+        w = w | (tl.load(ptr + off + k, mask=mask, other=0).to(tl.uint32) << (8 * k))
+    return w
+
+
+# ---- pass 1: the bucket scalars --------------------------------------------------------------
+
+
+@triton.jit
+def bucket_span(b, size, nq):
+    """Elements ``[lo, hi)`` of buckets ``b`` (int64): the last one may be shorter."""
+    lo = b * size
+    return lo, tl.minimum(lo + size, nq)
+
+
+@triton.jit
+def bucket_range(x_ptr, lo, hi, span, BF16: tl.constexpr, BB: tl.constexpr, CHUNK: tl.constexpr):
+    """(min, max, finite) of the buckets ``[lo, hi)``, CHUNK values per iteration. min and max
+    are taken over the finite values only (a non-finite bucket's are never used); their order
+    and the signs of zeros do not matter (the range, the +0.0 minimum and the clip are the same
+    for -0.0 and +0.0)."""
+    cols = tl.arange(0, CHUNK)
+    vmn = tl.full([BB], float("inf"), tl.float32)
+    vmx = tl.full([BB], float("-inf"), tl.float32)
+    bad = tl.zeros([BB], tl.int32)
+    off = span * 0  # int64; a while loop: the interpreter cannot range() over a kernel argument
+    while off < span:
+        at = lo[:, None] + off + cols[None, :]
+        m = at < hi[:, None]
+        v = widen(tl.load(x_ptr + at, mask=m, other=0), BF16)
+        fin = tl.abs(v) < float("inf")  # False for NaN and +-Inf
+        bad = bad | tl.max(tl.where(m & ~fin, 1, 0), axis=1)
+        vmn = tl.minimum(vmn, tl.min(tl.where(m & fin, v, float("inf")), axis=1))
+        vmx = tl.maximum(vmx, tl.max(tl.where(m & fin, v, float("-inf")), axis=1))
+        off += CHUNK
+    return vmn, vmx, bad == 0
+
+
+@triton.jit
+def lane_total(acc, col):
+    """FORMAT.md's last step of ``S``: the eight lanes (columns of the (BB, 8) fp64 ``acc``)
+    added to +0.0, lane 0 first. A column is extracted exactly (its value plus seven +0.0)."""
+    total = tl.sum(tl.where(col[None, :] == 0, acc, 0.0), axis=1)  # +0.0 + lane 0 == lane 0
+    for j in tl.static_range(1, 8):
+        total = total + tl.sum(tl.where(col[None, :] == j, acc, 0.0), axis=1)
+    return total
+
+
+@triton.jit
+def lane_sum(x_ptr, lo, hi, rows, mean, SQUARES: tl.constexpr, BF16: tl.constexpr,
+             BB: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
+    """FORMAT.md's ``S`` over the buckets ``[lo, hi)`` in fp64: of ``x`` or, with SQUARES, of
+    ``(x - mean)^2``. Lane j (column j) adds the elements lo + 8q + j for q = 0, 1, ... in order
+    from +0.0, UNROLL rows per iteration (their loads do not depend on the sums). Past a bucket
+    the tile adds +0.0, which leaves a lane as it is (a lane that starts at +0.0 is never
+    -0.0), as the reference's padding."""
+    col = tl.arange(0, 8)
+    acc = tl.zeros([BB, 8], tl.float64)
+    q = rows * 0
+    while q < rows:
+        for k in tl.static_range(UNROLL):
+            at = lo[:, None] + (q + k) * 8 + col[None, :]
+            m = at < hi[:, None]
+            d = widen(tl.load(x_ptr + at, mask=m, other=0), BF16).to(tl.float64)
+            if SQUARES:
+                e = d - mean[:, None]
+                d = tl.where(m, e * e, 0.0)  # two roundings: no fused multiply-add
+            acc = acc + d
+        q += UNROLL
+    return lane_total(acc, col)
+
+
+@triton.jit
+def clipped(x_ptr, lo, hi, size, span, vmn, vmx, width, C: tl.constexpr, BF16: tl.constexpr,
+            BB: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
+    """FORMAT.md "Clipped range" for the buckets ``[lo, hi)``: (ok, want, lo) in fp64, ok only
+    for a full bucket with 0 < want < range (the caller adds finiteness), and the two sums
+    S(x), S((x - mean)^2)."""
+    rows = (span + 7) // 8
+    n = size.to(tl.float64)
+    zero = tl.zeros([BB], tl.float64)
+    total = lane_sum(x_ptr, lo, hi, rows, zero, False, BF16, BB, UNROLL)
+    mean = total / n
+    var = lane_sum(x_ptr, lo, hi, rows, mean, True, BF16, BB, UNROLL)
+    want = tl.full([BB], C, tl.float64) * tl.sqrt(var / n)  # C made in fp64, never via fp32
+    ok = ((hi - lo) == size) & (width > 0) & (want > 0) & (want < width)
+    lo_c = tl.maximum(vmn, tl.minimum(mean - want / 2.0, vmx - want))
+    return ok, want, lo_c, total, var
+
+
+@triton.jit(do_not_specialize=["nq", "size", "span", "nb"])
+def scalars_kernel(x_ptr, meta_ptr, inv_ptr, sums_ptr, nq, size, span, nb, LEVELS: tl.constexpr,
+                   CLIP: tl.constexpr, C: tl.constexpr, BF16: tl.constexpr, BB: tl.constexpr,
+                   CHUNK: tl.constexpr, UNROLL: tl.constexpr, SUMS: tl.constexpr):  # fmt: skip
+    """Steps 1-3 of FORMAT.md for buckets pid * BB ... pid * BB + BB - 1: metadata (mn, unit) as
+    int32 bits at ``meta_ptr``, the signed fp64 ``inv`` of step 4 at ``inv_ptr``. ``span``:
+    the longest bucket, min(size, nq), the loops' bound. With SUMS (a check of the clip's
+    order, which the payload almost never shows), the fp64 S(x) and S((x - mean)^2) of each
+    bucket at ``sums_ptr`` too."""
+    size = size.to(tl.int64)
+    span = span.to(tl.int64)
+    b = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
+    valid = b < nb
+    lo, hi = bucket_span(b, size, nq)
+    vmn, vmx, finite = bucket_range(x_ptr, lo, hi, span, BF16, BB, CHUNK)
+    mn64, mx64 = vmn.to(tl.float64), vmx.to(tl.float64)
+    width = mx64 - mn64  # unclipped: chooses the path of step 4
+    rng = width
+    low = mn64
+    if CLIP:
+        ok, want, lo_c, total, var = clipped(x_ptr, lo, hi, size, span, mn64, mx64, width, C,
+                                             BF16, BB, UNROLL)  # fmt: skip
+        if SUMS:
+            tl.store(sums_ptr + 2 * b, total, mask=valid)
+            tl.store(sums_ptr + 2 * b + 1, var, mask=valid)
+        ok = ok & finite
+        rng = tl.where(ok, want, width)
+        low = tl.where(ok, lo_c, mn64)
+    levels = tl.full([BB], LEVELS, tl.float64)
+    step = (rng / levels).to(tl.float32)  # fp64 division (IEEE), rounded once to fp32
+    ok_step = finite & (step <= FLT_MAX)  # 1 bit, range > FLT_MAX: the step overflows
+    positive = ok_step & (rng > 0)
+    mn = low.to(tl.float32)
+    mn = tl.where(mn == 0, 0.0, mn)  # +0.0 whatever the zeros' signs
+    unit = tl.where(positive, step, 0.0)
+    mn_bits = tl.where(ok_step, mn.to(tl.int32, bitcast=True), NAN_BITS)
+    unit_bits = tl.where(ok_step, unit.to(tl.int32, bitcast=True), NAN_BITS)
+    inv = tl.where(positive, levels / tl.where(positive, rng, 1.0), 0.0)
+    f32 = positive & (width <= FLT_MAX) & (inv <= FLT_MAX)
+    tl.store(meta_ptr + 2 * b, mn_bits, mask=valid)
+    tl.store(meta_ptr + 2 * b + 1, unit_bits, mask=valid)
+    tl.store(inv_ptr + b, tl.where(f32, inv, -inv), mask=valid)
+
+
+# ---- pass 2: the codes -----------------------------------------------------------------------
+
+
+@triton.jit
+def quantize(v, mn, inv, index, k0, k1, LEVELS: tl.constexpr, STOCH: tl.constexpr):
+    """Step 4: q = clamp(floor(t + r), 0, L) as int32, fp32 or fp64 per the sign of ``inv``
+    (0: code 0). The fp64 path is computed only where a program holds such a bucket (a branch
+    on a reduction: no host involved)."""
+    top = LEVELS * 1.0
+    if STOCH:
+        r = uniform(k0, k1, index)
+    else:
+        r = tl.full(v.shape, 0.5, tl.float32)
+    t = (v - mn) * tl.abs(inv).to(tl.float32)  # fp32, one rounding per operation
+    q = tl.minimum(tl.maximum(tl.floor(t + r), 0.0), top)
+    q = tl.where(inv > 0, q, 0.0)
+    if tl.min(inv) < 0:
+        t64 = (v.to(tl.float64) - mn.to(tl.float64)) * -inv
+        q64 = tl.minimum(tl.maximum(tl.floor(t64 + r.to(tl.float64)), 0.0), top)
+        q = tl.where(inv < 0, q64.to(tl.float32), q)
+    return q.to(tl.int32)
+
+
+@triton.jit
+def pack_store(codes_ptr, code, g, nbytes, BITS: tl.constexpr, BP: tl.constexpr):
+    """Stores the (G, 8) codes of groups ``g``: group g's eight codes are one 64-bit word
+    ``sum(code_k << k * BITS)`` whose BITS low bytes are the stream's bytes g * BITS ...;
+    bytes from ``nbytes`` on are not written (BP: a power of two >= BITS)."""
+    k = tl.arange(0, 8)
+    word = tl.sum(code.to(tl.uint64) << (k * BITS).to(tl.uint64)[None, :], axis=1)  # disjoint
+    m = tl.arange(0, BP)
+    at = g[:, None] * BITS + m[None, :]
+    byte = (word[:, None] >> (m * 8).to(tl.uint64)[None, :]) & 0xFF
+    tl.store(codes_ptr + at, byte.to(tl.uint8), mask=(m[None, :] < BITS) & (at < nbytes))
+
+
+@triton.jit(do_not_specialize=["nq", "size", "nbytes", "k0", "k1"])
+def codes_kernel(x_ptr, meta_ptr, inv_ptr, codes_ptr, nq, size, nbytes, k0, k1,
+                 BITS: tl.constexpr, STOCH: tl.constexpr, BF16: tl.constexpr, G: tl.constexpr,
+                 BP: tl.constexpr):  # fmt: skip
+    """The code stream of elements 8 G pid ... 8 G (pid + 1) - 1 (groups of eight)."""
+    size = size.to(tl.int64)
+    g = tl.program_id(0).to(tl.int64) * G + tl.arange(0, G)
+    i = g[:, None] * 8 + tl.arange(0, 8)[None, :]
+    m = i < nq
+    k = i // size
+    v = widen(tl.load(x_ptr + i, mask=m, other=0), BF16)
+    mn = tl.load(meta_ptr + 2 * k, mask=m, other=0).to(tl.float32, bitcast=True)
+    inv = tl.load(inv_ptr + k, mask=m, other=0.0)
+    code = quantize(v, mn, inv, i, k0, k1, (1 << BITS) - 1, STOCH)
+    pack_store(codes_ptr, tl.where(m, code, 0), g, nbytes, BITS, BP)
+
+
+# ---- decode ----------------------------------------------------------------------------------
+
+
+@triton.jit
+def dequantize(c, mn, unit, LEVELS: tl.constexpr):
+    """FORMAT.md "Decoding one element": ``mn + q * unit`` in fp32 where ``|mn| + L |unit| <=
+    FLT_MAX`` (fp64), else in fp64 then rounded (NaN metadata: either gives NaN)."""
+    q = c.to(tl.float32)
+    v = mn + q * unit  # product rounded, then the sum: no fused multiply-add
+    mn64, unit64 = mn.to(tl.float64), unit.to(tl.float64)
+    fast = tl.abs(mn64) + LEVELS * tl.abs(unit64) <= FLT_MAX
+    if tl.min(fast.to(tl.int32)) == 0:
+        v = tl.where(fast, v, (mn64 + q.to(tl.float64) * unit64).to(tl.float32))
+    return v
+
+
+@triton.jit(do_not_specialize=["n", "nq", "size", "codes_at", "tail_at"])
+def decode_kernel(pay_ptr, out_ptr, n, nq, size, codes_at, tail_at, BITS: tl.constexpr,
+                  TAIL_BYTES: tl.constexpr, TAIL_BF16: tl.constexpr, ADD: tl.constexpr,
+                  OUT_BF16: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """Values of elements BLOCK pid ... BLOCK (pid + 1) - 1: ``out[i] += value`` in fp32 rounded
+    once to out's dtype (bf16 ``out`` as its int16 bits) with ADD, else ``out[i] = value``
+    (fp32). ``codes_at`` / ``tail_at``: byte offsets of the code stream and of the raw tail
+    (TAIL_BYTES per value: 4 fp32, 2 fp16 or bf16; 0: no raw tail)."""
+    size = size.to(tl.int64)
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    mq = i < nq
+    bit = i * BITS
+    byte = pay_ptr + codes_at + (bit >> 3)
+    shift = (bit & 7).to(tl.int32)
+    two = tl.load(byte, mask=mq, other=0).to(tl.int32)
+    if (8 % BITS) != 0:  # a code may straddle two bytes (bits 3, 5, 6, 7)
+        two = two | (tl.load(byte + 1, mask=mq & (shift + BITS > 8), other=0).to(tl.int32) << 8)
+    c = (two >> shift) & ((1 << BITS) - 1)
+    meta = 24 + 8 * (i // size)
+    mn = le_bytes(pay_ptr, meta, mq, 4).to(tl.float32, bitcast=True)
+    unit = le_bytes(pay_ptr, meta + 4, mq, 4).to(tl.float32, bitcast=True)
+    val = dequantize(c, mn, unit, (1 << BITS) - 1)
+    if TAIL_BYTES > 0:  # the raw tail (skip_incomplete_buckets with n % B != 0)
+        mt = m & ~mq
+        raw = le_bytes(pay_ptr, tail_at + (i - nq) * TAIL_BYTES, mt, TAIL_BYTES)
+        if TAIL_BYTES == 4:
+            tail = raw.to(tl.float32, bitcast=True)
+        elif TAIL_BF16:
+            tail = (raw << 16).to(tl.float32, bitcast=True)
+        else:
+            tail = raw.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        val = tl.where(mq, val, tail)
+    if ADD:
+        o = tl.load(out_ptr + i, mask=m, other=0)
+        r = widen(o, OUT_BF16) + val
+        if OUT_BF16:
+            tl.store(out_ptr + i, bf16_bits(r), mask=m)
+        else:
+            tl.store(out_ptr + i, r.to(out_ptr.dtype.element_ty), mask=m)
+    else:
+        tl.store(out_ptr + i, val, mask=m)
