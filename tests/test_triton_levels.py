@@ -4,8 +4,9 @@ bytes equal, decode_add equal to the native decode_add (NaN as NaN: GPUs write t
 into an output of the input's dtype and, for fp16 / bf16, into a float32 one (the engine's sums).
 
 Runs under Triton's interpreter on CPU tensors (TRITON_INTERPRET=1 is set below, before triton is
-imported; skipped where triton is not installed). With ``TRITON_INTERPRET=0`` on a machine with a
-GPU the same tests run the compiled kernels on CUDA tensors (and the no-synchronisation test).
+imported, and only while this module's tests run; skipped where triton is not installed). With
+``TRITON_INTERPRET=0`` on a machine with a GPU the same tests run the compiled kernels on CUDA
+tensors (and the no-synchronisation test).
 
 The interpreter runs about a millisecond per program, so the configurations are sampled: each of
 CONFIGS with sizes 0, 1, 13, 300, 777, 2100 and one past its second bucket (or 1100), dtypes,
@@ -17,6 +18,7 @@ an hour under the interpreter on 2 cores).
 
 import os
 
+_SET_HERE = "TRITON_INTERPRET" not in os.environ
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any import of triton
 
 import importlib.util  # noqa: E402
@@ -25,9 +27,6 @@ import pathlib  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-
-pytest.importorskip("triton", reason="triton is not installed (pip install triton==3.6.0)")
-
 from codec_testing import assert_same  # noqa: E402
 
 from torch_cgx import compressors  # noqa: E402
@@ -35,9 +34,29 @@ from torch_cgx.device import codecs, kernels  # noqa: E402
 from torch_cgx.device.triton import available, interpreted  # noqa: E402
 from torch_cgx.device.triton.levels import TritonLevels  # noqa: E402
 
+try:  # imports triton; the kernels are decorated now, under the interpreter unless told otherwise
+    from torch_cgx.device.triton import levels_kernels  # noqa: F401
+except ImportError:
+    levels_kernels = None
 DEVICE = torch.device("cpu" if interpreted() else "cuda")
-if not available(DEVICE):
+RUNS = available(DEVICE) and (DEVICE.type == "cpu" or torch.cuda.is_available())
+if _SET_HERE:  # the other test modules keep their environment (CPU tensors take the reference)
+    del os.environ["TRITON_INTERPRET"]
+if levels_kernels is None:
+    pytest.skip("triton is not installed (pip install triton==3.6.0)", allow_module_level=True)
+if not RUNS:
     pytest.skip(f"Triton kernels cannot run on {DEVICE} here", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpreter():
+    """TRITON_INTERPRET=1 for this module's tests only, where this module set it."""
+    if _SET_HERE:
+        os.environ["TRITON_INTERPRET"] = "1"
+    yield
+    if _SET_HERE:
+        os.environ.pop("TRITON_INTERPRET", None)
+
 
 # IEEE overflow and NaN (3e38 * 7 = Inf, Inf - Inf = NaN, as native) make numpy warn
 pytestmark = [
@@ -109,12 +128,14 @@ def check(impl, name, params, x, seed=3, stream=5) -> None:
         bad = (got != want).nonzero().view(-1)
         raise AssertionError(f"{what}: {bad.numel()} bytes differ, first {bad[:6].tolist()}")
     n = x.numel()
+    unaligned = torch.zeros(want.numel() + 3, dtype=torch.uint8, device=DEVICE)[3:]
+    unaligned.copy_(want)  # a payload at an odd address: the kernels read it byte by byte
     for od in dict.fromkeys((x.dtype, torch.float32)):
         acc = (torch.arange(n, dtype=torch.float32) % 13 - 6.0).to(od)
         acc[::7] = -0.0
         ref = native.decode_add_(acc.clone(), want)
         dtype = None if od == x.dtype else x.dtype
-        out = impl.decode_add_(codec, acc.to(DEVICE), want.to(DEVICE), dtype=dtype)
+        out = impl.decode_add_(codec, acc.to(DEVICE), unaligned, dtype=dtype)
         assert_same(out.cpu(), ref, f"{what} decode_add into {od}")
 
 
@@ -190,6 +211,20 @@ def test_special_buckets(dtype):
                          ("onebit", {"bucket_size": 8}), ("efsignsgd", {"bucket_size": 8}),
                          ("tbq", {"tau": 1e-30}), ("signsgd", {})]:  # fmt: skip
         check(impl, name, params, x)
+
+
+def test_every_payload_byte_is_written(monkeypatch):
+    """The payload comes from torch.empty: poisoned here, the bytes are still the native ones."""
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(0xA5) if t.dtype == torch.uint8 else t
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+    impl = TritonLevels(block=64, buckets_per_program=2)
+    for name, params in CONFIGS[:: len(CONFIGS) // 7]:
+        check(impl, name, params, make_input(203, torch.float16, "special", 5))
 
 
 def test_protocol():
