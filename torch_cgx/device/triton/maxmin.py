@@ -6,8 +6,8 @@ stochastic rounding, the clipped range, fp32 / fp16 / bf16 input (the kernels:
 import triton).
 
 Encode: the 24 header bytes are copied from the codec's cached device constant
-(``MaxMin.header``), ``scalars_kernel`` writes the per-bucket metadata (and a per-bucket fp64
-scratch: step 4's ``inv`` and path), ``codes_kernel`` the code stream, and the raw tail is a
+(``MaxMin.header``), ``scalars_kernel`` writes the per-bucket metadata (and per-bucket scratch:
+step 4's fp64 ``inv`` and its path), ``codes_kernel`` the code stream, and the raw tail is a
 device-to-device copy of the input's bytes. decode_add / values: ``decode_kernel``, one pass.
 Sizes, grids and kernel variants come from element counts and the codec's parameters only: no
 host synchronisation, every launch on the current stream of the tensor's device.
@@ -138,19 +138,20 @@ class TritonMaxMin(FusedMaxMin):
         plan = self.launch(codec, dev)
         meta = out[HEADER_BYTES:codes_at].view(torch.int32)  # offset 24: 4-aligned
         inv = torch.empty(nb, dtype=torch.float64, device=dev)
+        sel = torch.empty(nb, dtype=torch.float32, device=dev)
         xb, bf16 = _bits_view(x), x.dtype == torch.bfloat16
         opts = self._options(dev, plan["num_warps"])
         with self._on(dev):
-            self._scalars(codec, xb, bf16, nq, nb, meta, inv, None, plan)
+            self._scalars(codec, xb, bf16, nq, nb, meta, inv, sel, None, plan)
             k0, k1 = rng_key(seed, stream) if codec.stochastic else (0, 0)
             block = max(8, plan["codes"])
             self._k.codes_kernel[(_cdiv(nq, block),)](
-                xb, meta, inv, out[codes_at:], nq, codec.bucket_size, tail_at - codes_at, k0, k1,
-                BITS=codec.bits, STOCH=codec.stochastic, BF16=bf16, G=block // 8,
+                xb, meta, inv, sel, out[codes_at:], nq, codec.bucket_size, tail_at - codes_at,
+                k0, k1, BITS=codec.bits, STOCH=codec.stochastic, BF16=bf16, G=block // 8,
                 BP=_pow2_ceil(codec.bits), **opts)  # fmt: skip
         return out
 
-    def _scalars(self, codec, xb, bf16, nq, nb, meta, inv, sums, plan) -> None:
+    def _scalars(self, codec, xb, bf16, nq, nb, meta, inv, sel, sums, plan) -> None:
         """Launches ``scalars_kernel`` (``sums``: an (nb, 2) fp64 tensor for :meth:`clip_sums`)."""
         size, span = codec.bucket_size, min(codec.bucket_size, nq)
         chunk = min(_pow2_ceil(span), _pow2_floor(plan["tile"]))
@@ -159,7 +160,7 @@ class TritonMaxMin(FusedMaxMin):
             bb = min(bb, _pow2_floor(max(1, nb // GPU_PROGRAMS)))
         rows = (span + 7) // 8
         self._k.scalars_kernel[(_cdiv(nb, bb),)](
-            xb, meta, inv, inv if sums is None else sums, nq, size, span, nb,
+            xb, meta, inv, sel, inv if sums is None else sums, nq, size, span, nb,
             LEVELS=(1 << codec.bits) - 1, CLIP=codec.clip, C=CLIP_SIGMAS[codec.bits], BF16=bf16,
             BB=bb, CHUNK=chunk, UNROLL=min(8, _pow2_ceil(rows)), SUMS=sums is not None,
             **self._options(xb.device, plan["num_warps"]))  # fmt: skip
@@ -178,9 +179,10 @@ class TritonMaxMin(FusedMaxMin):
         if nq:
             meta = torch.empty(2 * nb, dtype=torch.int32, device=x.device)
             inv = torch.empty(nb, dtype=torch.float64, device=x.device)
+            sel = torch.empty(nb, dtype=torch.float32, device=x.device)
             with self._on(x.device):
                 self._scalars(codec, _bits_view(x), x.dtype == torch.bfloat16, nq, nb, meta, inv,
-                              sums, self.launch(codec, x.device))  # fmt: skip
+                              sel, sums, self.launch(codec, x.device))  # fmt: skip
         return sums
 
     # ---- decode ---------------------------------------------------------------------------------

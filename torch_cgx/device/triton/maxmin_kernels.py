@@ -8,11 +8,12 @@ Three kernels, all launched with ``enable_fp_fusion=False`` on the caller's curr
   loops over them CHUNK values at a time (any bucket size: 2^20 and more is a loop of
   B / CHUNK iterations): finite check, min, max (order-free reductions), then with ``CLIP`` the
   lane-ordered fp64 sums of FORMAT.md over a (BB, 8) tile, row after row (column j is lane j),
-  and FORMAT.md's steps 2-3: metadata (mn, unit) as int32 bits, and per bucket a signed fp64
-  ``inv`` into a scratch buffer: > 0 the fp32 path of step 4, < 0 the fp64 path (of -inv),
-  0 all codes 0.
+  and FORMAT.md's steps 2-3: metadata (mn, unit) as int32 bits, and per bucket into scratch
+  buffers step 4's fp64 ``inv`` and its fp32 selector ``sel``: ``(f32)inv`` for the fp32 path,
+  -1 for the fp64 path, 0 where every code is 0.
 - ``codes_kernel`` (encode, pass 2): a program codes ``G`` groups of eight values (a group is
-  ``BITS`` bytes of the stream) with the bucket's mn and inv, nearest or stochastic rounding,
+  ``BITS`` bytes of the stream) with the bucket's mn and sel (and inv in a program that holds a
+  bucket of the fp64 path), nearest or stochastic rounding,
   and stores the packed bytes; elements past ``nq`` code 0 (the stream's unused high bits).
 - ``decode_kernel``: ``BLOCK`` values per program, the code read from its one or two bytes,
   FORMAT.md's fp32 or fp64 formula per bucket, the raw tail read from its bytes in the source
@@ -160,11 +161,13 @@ def clipped(x_ptr, lo, hi, size, span, vmn, vmx, width, C: tl.constexpr, BF16: t
 
 
 @triton.jit(do_not_specialize=["nq", "size", "span", "nb"])
-def scalars_kernel(x_ptr, meta_ptr, inv_ptr, sums_ptr, nq, size, span, nb, LEVELS: tl.constexpr,
-                   CLIP: tl.constexpr, C: tl.constexpr, BF16: tl.constexpr, BB: tl.constexpr,
-                   CHUNK: tl.constexpr, UNROLL: tl.constexpr, SUMS: tl.constexpr):  # fmt: skip
+def scalars_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, nb,
+                   LEVELS: tl.constexpr, CLIP: tl.constexpr, C: tl.constexpr, BF16: tl.constexpr,
+                   BB: tl.constexpr, CHUNK: tl.constexpr, UNROLL: tl.constexpr,
+                   SUMS: tl.constexpr):  # fmt: skip
     """Steps 1-3 of FORMAT.md for buckets pid * BB ... pid * BB + BB - 1: metadata (mn, unit) as
-    int32 bits at ``meta_ptr``, the signed fp64 ``inv`` of step 4 at ``inv_ptr``. ``span``:
+    int32 bits at ``meta_ptr``, step 4's fp64 ``inv`` and fp32 ``sel`` at ``inv_ptr`` /
+    ``sel_ptr``. ``span``:
     the longest bucket, min(size, nq), the loops' bound. With SUMS (a check of the clip's
     order, which the payload almost never shows), the fp64 S(x) and S((x - mean)^2) of each
     bucket at ``sums_ptr`` too."""
@@ -200,29 +203,34 @@ def scalars_kernel(x_ptr, meta_ptr, inv_ptr, sums_ptr, nq, size, span, nb, LEVEL
     f32 = positive & (width <= FLT_MAX) & (inv <= FLT_MAX)
     tl.store(meta_ptr + 2 * b, mn_bits, mask=valid)
     tl.store(meta_ptr + 2 * b + 1, unit_bits, mask=valid)
-    tl.store(inv_ptr + b, tl.where(f32, inv, -inv), mask=valid)
+    tl.store(inv_ptr + b, inv, mask=valid)
+    sel = tl.where(f32, inv.to(tl.float32), tl.where(positive, -1.0, 0.0))  # f32: inv32 > 0
+    tl.store(sel_ptr + b, sel, mask=valid)
 
 
 # ---- pass 2: the codes -----------------------------------------------------------------------
 
 
 @triton.jit
-def quantize(v, mn, inv, index, k0, k1, LEVELS: tl.constexpr, STOCH: tl.constexpr):
-    """Step 4: q = clamp(floor(t + r), 0, L) as int32, fp32 or fp64 per the sign of ``inv``
-    (0: code 0). The fp64 path is computed only where a program holds such a bucket (a branch
-    on a reduction: no host involved)."""
+def quantize(v, mn, sel, inv_ptr, k, m, index, k0, k1, LEVELS: tl.constexpr,
+             STOCH: tl.constexpr):  # fmt: skip
+    """Step 4: q = clamp(floor(t + r), 0, L) as int32: the fp32 path with ``sel`` = (f32)inv
+    where ``sel > 0``, the fp64 one with bucket ``k``'s fp64 inv where ``sel < 0``, 0 where
+    ``sel == 0``. The fp64 path runs only in a program that holds such a bucket (a branch on a
+    reduction: no host involved)."""
     top = LEVELS * 1.0
     if STOCH:
         r = uniform(k0, k1, index)
     else:
         r = tl.full(v.shape, 0.5, tl.float32)
-    t = (v - mn) * tl.abs(inv).to(tl.float32)  # fp32, one rounding per operation
+    t = (v - mn) * sel  # fp32, one rounding per operation
     q = tl.minimum(tl.maximum(tl.floor(t + r), 0.0), top)
-    q = tl.where(inv > 0, q, 0.0)
-    if tl.min(inv) < 0:
-        t64 = (v.to(tl.float64) - mn.to(tl.float64)) * -inv
+    q = tl.where(sel > 0, q, 0.0)
+    if tl.min(sel) < 0:
+        inv = tl.load(inv_ptr + k, mask=m & (sel < 0), other=0.0)
+        t64 = (v.to(tl.float64) - mn.to(tl.float64)) * inv
         q64 = tl.minimum(tl.maximum(tl.floor(t64 + r.to(tl.float64)), 0.0), top)
-        q = tl.where(inv < 0, q64.to(tl.float32), q)
+        q = tl.where(sel < 0, q64.to(tl.float32), q)
     return q.to(tl.int32)
 
 
@@ -240,7 +248,7 @@ def pack_store(codes_ptr, code, g, nbytes, BITS: tl.constexpr, BP: tl.constexpr)
 
 
 @triton.jit(do_not_specialize=["nq", "size", "nbytes", "k0", "k1"])
-def codes_kernel(x_ptr, meta_ptr, inv_ptr, codes_ptr, nq, size, nbytes, k0, k1,
+def codes_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, nbytes, k0, k1,
                  BITS: tl.constexpr, STOCH: tl.constexpr, BF16: tl.constexpr, G: tl.constexpr,
                  BP: tl.constexpr):  # fmt: skip
     """The code stream of elements 8 G pid ... 8 G (pid + 1) - 1 (groups of eight)."""
@@ -251,8 +259,8 @@ def codes_kernel(x_ptr, meta_ptr, inv_ptr, codes_ptr, nq, size, nbytes, k0, k1,
     k = i // size
     v = widen(tl.load(x_ptr + i, mask=m, other=0), BF16)
     mn = tl.load(meta_ptr + 2 * k, mask=m, other=0).to(tl.float32, bitcast=True)
-    inv = tl.load(inv_ptr + k, mask=m, other=0.0)
-    code = quantize(v, mn, inv, i, k0, k1, (1 << BITS) - 1, STOCH)
+    sel = tl.load(sel_ptr + k, mask=m, other=0.0)
+    code = quantize(v, mn, sel, inv_ptr, k, m, i, k0, k1, (1 << BITS) - 1, STOCH)
     pack_store(codes_ptr, tl.where(m, code, 0), g, nbytes, BITS, BP)
 
 
