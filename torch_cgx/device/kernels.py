@@ -1,10 +1,12 @@
 """Fused kernels for the device codecs, never trusted blindly (issue 28, item 4; docs/gpu.md).
 
 A *fused implementation* replaces a device codec's tensor operations (the *reference*) by a
-kernel for the tensors it applies to. Today: max-min's CUDA kernels (csrc/cuda) through the C
-ABI of ``libcgx_cuda_capi.so`` (:class:`CudaMaxMin`), and the fused qsgd / terngrad / onebit /
-efsignsgd / signsgd / signum / tbq kernels of csrc/cuda/levels_cuda.cu through the same library
-(:class:`CudaLevels`).
+kernel for the tensors it applies to, first found first: the Triton kernels of max-min
+(:class:`~torch_cgx.device.triton.maxmin.TritonMaxMin`) and of qsgd / terngrad / onebit /
+efsignsgd / signsgd / signum / tbq (:class:`~torch_cgx.device.triton.levels.TritonLevels`) on
+CUDA tensors wherever triton is installed, and on CPU tensors under Triton's interpreter
+(``TRITON_INTERPRET=1``) in ``fused`` mode only; then csrc/cuda's kernels through the C ABI of
+``libcgx_cuda_capi.so`` (:class:`CudaMaxMin`, :class:`CudaLevels`) where triton is missing.
 The process setting ``device_kernels`` (``CGX_DEVICE_KERNELS``) selects:
 
 - ``reference``: tensor operations only;
@@ -24,10 +26,11 @@ self-check probes the device's context (:func:`_context_usable`); if the probe f
 raises ``RuntimeError`` in every mode (restart with ``CGX_DEVICE_KERNELS=reference``).
 
 Implementations are injectable (:func:`use_implementations`), so the selection logic runs in the
-CPU test suite with fake kernels on CPU tensors (tests/test_device_kernels.py). The real one
-applies to CUDA tensors only: CPU tensors take the reference without any warning, whatever the
-mode. Configurations a kernel does not cover (max-min's clipped range) take the reference
-silently.
+CPU test suite with fake kernels on CPU tensors (tests/test_device_kernels.py). The real ones
+apply to CUDA tensors; CPU tensors take the reference without any warning, except Triton's
+kernels under the interpreter in ``fused`` mode (tests/test_triton_*.py). Configurations a kernel
+does not cover (the CUDA library's max-min without the clipped range) take the next
+implementation or the reference silently.
 """
 
 from __future__ import annotations
@@ -75,7 +78,15 @@ class _State:
         self.fallen: Dict[str, str] = {}  # what fell back to the reference -> why
 
 
-_state = _State([CudaMaxMin(), CudaLevels()])
+def _defaults() -> list:
+    """Triton's kernels first (any GPU with triton: no CUDA toolkit), then csrc/cuda's library."""
+    from torch_cgx.device.triton.levels import TritonLevels
+    from torch_cgx.device.triton.maxmin import TritonMaxMin
+
+    return [TritonMaxMin(), TritonLevels(), CudaMaxMin(), CudaLevels()]
+
+
+_state = _State(_defaults())
 
 
 def mode() -> str:
@@ -161,12 +172,22 @@ def _fail(what: str, reason: str, strict: bool) -> None:
     warnings.warn(f"{message}; using the reference tensor operations", RuntimeWarning, stacklevel=4)
 
 
+def _applies(impl, device: torch.device) -> bool:
+    """``impl.applies(device)``; a Triton kernel takes CPU tensors (under the interpreter) only in
+    ``fused`` mode: that is how the tests, and anyone checking, run the kernels' source on a CPU,
+    while ``auto`` keeps CPU tensors on the reference."""
+    if not impl.applies(device):
+        return False
+    triton_impl = type(impl).__module__.startswith("torch_cgx.device.triton.")
+    return device.type != "cpu" or not triton_impl or mode() == "fused"
+
+
 def fused_for(codec, device: torch.device, dtype: torch.dtype):
     """The fused implementation to use for ``codec`` on tensors of ``dtype`` on ``device``, or
     None for the reference (mode ``reference``, no implementation applies, or it failed)."""
     if mode() == "reference":
         return None
-    impls = [i for i in _state.impls if i.applies(device) and i.supports(codec, dtype)]
+    impls = [i for i in _state.impls if _applies(i, device) and i.supports(codec, dtype)]
     if not impls:
         return None
     impl = impls[0]
