@@ -165,9 +165,9 @@ def _no_cuda_tests(ctx: Context) -> Optional[str]:
 def _pytest_argv(ctx: Context) -> List[str]:
     files = ["tests/test_device_kernels.py"]
     if not ctx.cpu:
-        files = sorted(
-            str(p.relative_to(ctx.root)) for p in (ctx.root / "tests").glob("test_device_*.py")
-        )
+        tests = ctx.root / "tests"
+        found = [*tests.glob("test_device_*.py"), *tests.glob("test_triton_*.py")]
+        files = sorted(str(p.relative_to(ctx.root)) for p in found)
         files.append("tests/test_gpu_two_ranks.py")
     xml = str(ctx.work / "device-tests.xml")
     return [PY, "-m", "pytest", *files, "-q", "-rs", "-p", "no:cacheprovider", "--timeout=300",
@@ -175,7 +175,10 @@ def _pytest_argv(ctx: Context) -> List[str]:
 
 
 def _pytest_env(ctx: Context) -> Dict[str, str]:
-    return {} if ctx.cpu else {"CGX_TEST_REQUIRE_CUDA": "1", "CGX_DEVICE_KERNELS": "fused"}
+    if ctx.cpu:
+        return {}
+    # TRITON_INTERPRET=0: the Triton tests run the compiled kernels on CUDA tensors
+    return {"CGX_TEST_REQUIRE_CUDA": "1", "CGX_DEVICE_KERNELS": "fused", "TRITON_INTERPRET": "0"}
 
 
 def skipped_tests(xml_path: pathlib.Path) -> List[str]:
