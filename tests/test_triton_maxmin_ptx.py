@@ -1,0 +1,69 @@
+"""The Triton max-min kernels (torch_cgx/device/triton/maxmin_kernels.py) compiled for sm_90 with
+the launch options of ``TritonMaxMin`` (triton's bundled ptxas: no GPU needed), and what the PTX
+says about exactness that the interpreter cannot show: no fused multiply-add, no flushed
+denormals, IEEE fp64 division and square root, round-to-nearest conversions. Compiled in a
+subprocess without TRITON_INTERPRET (about 3 s); skipped where triton or its NVIDIA backend is
+missing."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton==3.6.0)")
+try:
+    from triton.backends import backends
+except ImportError:  # pragma: no cover - another triton layout
+    backends = {}
+if "nvidia" not in backends:
+    pytest.skip("triton has no NVIDIA backend here", allow_module_level=True)
+
+PTX_SCRIPT = r"""
+import json, sys, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from torch_cgx.device.triton import maxmin_kernels as K
+from torch_cgx.device.triton.maxmin import TritonMaxMin
+
+options = TritonMaxMin._options(torch.device("cuda"), 4)  # what a CUDA launch passes
+def ptx(fn, sig, consts):
+    sig.update({k: "constexpr" for k in consts})
+    src = ASTSource(fn, sig, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+scalars = {"x_ptr": "*i16", "meta_ptr": "*i32", "inv_ptr": "*fp64", "sel_ptr": "*fp32",
+           "sums_ptr": "*fp64", "nq": "i64", "size": "i32", "span": "i32", "nb": "i64"}
+codes = {"x_ptr": "*fp16", "meta_ptr": "*i32", "inv_ptr": "*fp64", "sel_ptr": "*fp32",
+         "codes_ptr": "*u8", "nq": "i64", "size": "i32", "nbytes": "i64", "k0": "i64", "k1": "i64"}
+decode = {"pay_ptr": "*u8", "out_ptr": "*fp16", "n": "i64", "nq": "i64", "size": "i32",
+          "codes_at": "i64", "tail_at": "i64"}
+json.dump({
+    "scalars": ptx(K.scalars_kernel, scalars, dict(LEVELS=7, CLIP=True, C=4.1024, BF16=True,
+                   BB=4, CHUNK=512, UNROLL=8, SUMS=False)),
+    "codes": ptx(K.codes_kernel, codes, dict(BITS=3, STOCH=True, BF16=False, G=128, BP=4)),
+    "decode": ptx(K.decode_kernel, decode, dict(BITS=5, TAIL_BYTES=2, TAIL_BF16=False, ADD=True,
+                  OUT_BF16=False, BLOCK=1024)),
+}, sys.stdout)
+"""
+
+
+def test_the_cuda_code_rounds_like_the_reference(tmp_path):
+    """The kernels compiled for sm_90 (triton's bundled ptxas; no GPU needed) with the launch's
+    options: every fp32 / fp64 add, sub and mul is a separate round-to-nearest instruction (no
+    fma: ``enable_fp_fusion=False`` reaches the code), divisions and the square root are the
+    IEEE fp64 ones, nothing flushes denormals (no .ftz), no approximate instruction."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    env["TRITON_CACHE_DIR"] = str(tmp_path)  # compiled here, whatever ~/.triton holds
+    run = subprocess.run([sys.executable, "-c", PTX_SCRIPT], env=env, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    ptx = json.loads(run.stdout)
+    for name, code in ptx.items():
+        for bad in ("fma.", ".ftz", "div.full", "div.approx", ".approx.", "rcp.", "div.rn.f32"):
+            assert bad not in code, (name, bad)
+        assert "mul.rn.f32" in code or name == "scalars", name
+    assert "div.rn.f64" in ptx["scalars"] and "sqrt.rn.f64" in ptx["scalars"]
+    assert "add.rn.f64" in ptx["scalars"] and "cvt.rn.f32.f64" in ptx["scalars"]
+    assert "cvt.rn.f16.f32" in ptx["decode"] and "cvt.rmi.f32.f32" in ptx["codes"]
