@@ -167,10 +167,9 @@ def scalars_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, 
                    SUMS: tl.constexpr):  # fmt: skip
     """Steps 1-3 of FORMAT.md for buckets pid * BB ... pid * BB + BB - 1: metadata (mn, unit) as
     int32 bits at ``meta_ptr``, step 4's fp64 ``inv`` and fp32 ``sel`` at ``inv_ptr`` /
-    ``sel_ptr``. ``span``:
-    the longest bucket, min(size, nq), the loops' bound. With SUMS (a check of the clip's
-    order, which the payload almost never shows), the fp64 S(x) and S((x - mean)^2) of each
-    bucket at ``sums_ptr`` too."""
+    ``sel_ptr``. ``span``: the longest bucket, min(size, nq), the loops' bound. With SUMS (a
+    check of the clip's order, which the payload almost never shows), the fp64 S(x) and
+    S((x - mean)^2) of each bucket at ``sums_ptr`` too."""
     size = size.to(tl.int64)
     span = span.to(tl.int64)
     b = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
