@@ -19,14 +19,12 @@ import contextlib
 
 import torch
 
+from torch_cgx.device.codecs.maxmin import CLIP_SIGMAS, HEADER_BYTES
 from torch_cgx.device.cuda_kernels import FusedMaxMin
 
 __all__ = ["TritonMaxMin"]
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-HEADER_BYTES = 24
-# Range of the Gaussian-optimal uniform quantizer, bits 1..8 (codecs/maxmin.py's CLIP_SIGMAS).
-CLIP_SIGMAS = (0.0, 1.5958, 2.9872, 4.1024, 5.0278, 5.8326, 6.5559, 7.2247, 7.8412)
 
 # Launch sizes (values per program). "gpu": first guesses, NOT measured (no GPU has run these
 # kernels yet); a sweep on a GPU (tile x codes x decode x num_warps, per bits and bucket size)
