@@ -65,6 +65,12 @@ def bf16_bits(v):
 
 
 @triton.jit
+def neg(v):
+    """-v as C's unary minus: the sign bit flipped (Triton's ``-v`` is 0 - v: +0.0 for +0.0)."""
+    return (v.to(tl.uint32, bitcast=True) ^ 0x80000000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def u32_at(ptr, off, mask):
     """The little-endian uint32 at byte offsets ``off`` of a uint8 pointer (any alignment)."""
     w = tl.load(ptr + off, mask=mask, other=0).to(tl.uint32)
@@ -276,21 +282,21 @@ def value_of(pay_ptr, c, i, m, size, LEVELS: tl.constexpr, NEG: tl.constexpr, KI
     elif KIND == TBQ:
         flagged = (tl.load(pay_ptr + 7) & 1) != 0
         tau = f32_at(pay_ptr, 28, True)
-        val = tl.where(c == 0, 0.0, tl.where(c == 1, tau, tl.where(c == 2, -tau, nan)))
+        val = tl.where(c == 0, 0.0, tl.where(c == 1, tau, tl.where(c == 2, neg(tau), nan)))
         val = tl.where(flagged, nan, val)
     elif KIND == ONEBIT:
         val = f32_at(pay_ptr, 32 + 4 * (2 * (i // size) + 1 - c), m)  # (negatives, others)
     else:
         s = f32_at(pay_ptr, 32 + 4 * (i // size), m)
         if KIND == EFSIGN:
-            val = tl.where(c != 0, -s, s)
+            val = tl.where(c != 0, neg(s), s)
         elif KIND == TERNGRAD:
             zero = tl.where(s != s, nan, 0.0)
-            val = tl.where(c == 0, zero, tl.where(c == 1, s, tl.where(c == 2, -s, nan)))
+            val = tl.where(c == 0, zero, tl.where(c == 1, s, tl.where(c == 2, neg(s), nan)))
         else:  # QSGD: norm * (l / levels), the sign bit
             ratio = tl.math.div_rn((c & (NEG - 1)).to(tl.float32), LEVELS * 1.0)
             mag = s * ratio
-            val = tl.where((c & NEG) != 0, -mag, mag)
+            val = tl.where((c & NEG) != 0, neg(mag), mag)
     return val
 
 
