@@ -1,0 +1,105 @@
+"""The Triton kernels of TritonLevels (torch_cgx/device/triton/levels_kernels.py) compiled for
+sm_90 with TritonLevels' launch options (triton's bundled LLVM and ptxas: no GPU needed), and what
+the PTX says about the exactness the interpreter cannot show: no fused multiply-add, nothing
+flushes denormals, no approximate division, IEEE fp64 division and square root, C's negation (a
+sign flip, not Triton's 0 - v), the non-finite flag as one atomic OR, bf16 by integer arithmetic.
+Every kind compiles (the interpreter does not run the compiler's checks). Compiled in a
+subprocess without TRITON_INTERPRET (about 5 s); skipped where triton or its NVIDIA backend is
+missing."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+# triton is not imported here: a process decorates triton's helpers for the interpreter or the
+# compiler at its first import (tests/test_triton_levels.py needs the interpreter)
+_SPEC = importlib.util.find_spec("triton")
+if _SPEC is None:
+    pytest.skip("triton is not installed (pip install triton==3.6.0)", allow_module_level=True)
+if not (pathlib.Path(_SPEC.origin).parent / "backends" / "nvidia" / "compiler.py").is_file():
+    pytest.skip("triton has no NVIDIA backend here", allow_module_level=True)
+
+# kinds: 0 qsgd, 1 terngrad, 2 onebit, 3 efsignsgd, 4 signsgd / signum, 5 tbq
+SCRIPT = r"""
+import json, sys, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from torch_cgx.device.triton import levels_kernels as K
+from torch_cgx.device.triton.levels import TritonLevels
+
+options = TritonLevels._options(torch.device("cuda"))  # what a CUDA launch passes
+def ptx(fn, sig, consts):
+    sig = dict(sig, **{k: "constexpr" for k in consts})
+    src = ASTSource(fn, sig, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+out = {}
+for kind in range(4):
+    x = "*i16" if kind == 1 else "*fp16"  # bf16 travels as int16
+    sig = {"x_ptr": x, "pay_ptr": "*u8", "scal_ptr": "*i32", "n": "i64", "size": "i32",
+           "nb": "i64"}
+    out[f"scalars{kind}"] = ptx(K.scalars_kernel, sig, dict(KIND=kind, CLIP=True,
+                                BF16=kind == 1, BB=4, UNROLL=8))
+for kind, bits, levels in [(0, 3, 3), (1, 2, 1), (2, 1, 1), (3, 1, 1), (4, 1, 1), (5, 2, 1)]:
+    meta = dict(KIND=kind, BITS=bits, LEVELS=levels, NEG=levels + 1 if kind == 0 else 1)
+    sig = {"x_ptr": "*fp32", "pay_ptr": "*u8", "scal_ptr": "*i32", "codes_ptr": "*u8",
+           "flag_ptr": "*i32", "n": "i32", "size": "i32", "nbytes": "i32", "k0": "i32",
+           "k1": "i64"}
+    out[f"codes{kind}"] = ptx(K.codes_kernel, sig, dict(meta, BF16=False, G=128,
+                              BP=1 << (bits - 1).bit_length()))
+    sig = {"pay_ptr": "*u8", "out_ptr": "*fp16", "n": "i32", "size": "i32", "codes_at": "i32"}
+    out[f"decode{kind}"] = ptx(K.decode_kernel, sig, dict(meta, BF16=False, BLOCK=1024))
+sig = {"pay_ptr": "*u8", "out_ptr": "*i16", "n": "i64", "size": "i64", "codes_at": "i64"}
+out["decode_bf16"] = ptx(K.decode_kernel, sig, dict(KIND=0, BITS=8, LEVELS=127, NEG=128,
+                         BF16=True, BLOCK=1024))
+json.dump(out, sys.stdout)
+"""
+
+
+@pytest.fixture(scope="module")
+def ptx(tmp_path_factory):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))  # compiled here
+    run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)
+
+
+def test_no_fused_flushed_or_approximate_arithmetic(ptx):
+    assert len(ptx) == 17
+    for name, code in ptx.items():
+        for bad in ("fma.", ".ftz", "div.full", "div.approx", ".approx.", "rcp."):
+            assert bad not in code, (name, bad)
+
+
+def test_the_bucket_sums_are_ieee_fp64(ptx):
+    for kind in range(4):
+        code = ptx[f"scalars{kind}"]
+        assert "add.rn.f64" in code and "cvt.rn.f32.f64" in code, kind
+    for kind in (0, 1):  # sum of squares, sqrt
+        assert "mul.rn.f64" in ptx[f"scalars{kind}"] and "sqrt.rn.f64" in ptx[f"scalars{kind}"]
+    for kind in (1, 2, 3):  # sigma, the means
+        assert "div.rn.f64" in ptx[f"scalars{kind}"], kind
+
+
+def test_the_level_rule_rounds_once_per_operation(ptx):
+    for kind in (0, 1, 5):  # qsgd, terngrad, tbq: div_rn, floor
+        assert "div.rn.f32" in ptx[f"codes{kind}"] and "cvt.rmi.f32.f32" in ptx[f"codes{kind}"]
+    assert "mul.rn.f32" in ptx["codes0"] and "add.rn.f32" in ptx["codes0"]  # num * a, + u
+    assert "mul.rn.f32" in ptx["decode0"] and "div.rn.f32" in ptx["decode0"]  # s * (l / L)
+
+
+def test_negation_flag_and_conversions(ptx):
+    for kind in range(6):
+        atomic = "atom.global.gpu.acq_rel.or.b32" in ptx[f"codes{kind}"]
+        assert atomic == (kind in (4, 5)), kind  # only signsgd / signum / tbq flag
+        decode = ptx[f"decode{kind}"]
+        assert "sub.rn.f32" not in decode, kind  # -v as a sign flip, never 0 - v
+        assert "cvt.rn.f16.f32" in decode, kind  # one rounding to the output
+    assert "bf16" not in ptx["decode_bf16"]  # rounded by integer arithmetic
