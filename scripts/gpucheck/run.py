@@ -76,14 +76,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--budget",
         type=float,
         default=0.0,
-        help="seconds for all steps (default 450 on a GPU, 60 with --cpu)",
+        help="seconds for all steps (default 480 on a GPU, 150 with --cpu)",
     )
     p.add_argument("--only", default="", help="comma list of step names to run (others: skip)")
     p.add_argument("outdir")
     args = p.parse_args(argv)
     out = pathlib.Path(args.outdir)
     out.mkdir(parents=True, exist_ok=True)
-    budget = args.budget or (150.0 if args.cpu else 450.0)
+    budget = args.budget or (150.0 if args.cpu else 480.0)
     work = pathlib.Path(tempfile.mkdtemp(prefix="cgx-gpu-check-"))
     ctx = Context(cpu=args.cpu, root=ROOT, work=work, only=set(filter(None, args.only.split(","))))
     (work / "site").mkdir()

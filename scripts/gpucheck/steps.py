@@ -286,20 +286,20 @@ STEPS = [
     Step("cuda-tests", "the CUDA codec's gtests against the native codec",
          lambda ctx: [str(ctx.root / "build" / "gpu" / "cgx_cuda_tests")], 120, 1,
          skip_rule=_no_cuda_tests),
-    Step("device-tests", "every device test, CUDA required (a skip fails), kernels in fused mode",
-         _pytest_argv, 240, 60, min_seconds=20, env_rule=_pytest_env,
-         verdict_rule=_pytest_verdict, collect_rule=_pytest_collect),
     Step("two-ranks", "2 ranks sharing the device through init_process_group('cgx', device_id):"
          " every compressor x algorithm, reduce_scatter, DDP: bitwise the CPU engine",
          _script("ranks.py"), 150, 60),
     Step("sync-debug", "a DDP step and an engine allreduce under set_sync_debug_mode('error') "
          "(CPU: the host-read / upload recorder)", _script("sync.py"), 120, 60),
-    Step("memcheck", "compute-sanitizer memcheck over every fused kernel on small buffers "
-         "(CPU: the same script, no sanitizer)", _memcheck_argv, 150, 40,
-         skip_rule=_memcheck_skip, env_rule=_only_gpu_sanitizer, verdict_rule=_memcheck_verdict),
     Step("bench-codecs", "each codec's encode / decode_add GB/s beside device-to-device copy and "
          "the torch-ops peer (64 MB fp32)", _bench_codecs_argv, 150, 60,
          collect_rule=_bench_codecs_collect),
     Step("bench-allreduce", "allreduce of 2 ranks on the device, 1-64 MB, cgx vs the carrier",
          _bench_allreduce_argv, 150, 60, verdict_rule=_bench_allreduce_verdict),
+    Step("memcheck", "compute-sanitizer memcheck over every fused kernel on small buffers "
+         "(CPU: the same script, no sanitizer)", _memcheck_argv, 150, 40,
+         skip_rule=_memcheck_skip, env_rule=_only_gpu_sanitizer, verdict_rule=_memcheck_verdict),
+    Step("device-tests", "every device test, CUDA required (a skip fails), kernels in fused mode",
+         _pytest_argv, 300, 60, min_seconds=20, env_rule=_pytest_env,
+         verdict_rule=_pytest_verdict, collect_rule=_pytest_collect),
 ]  # fmt: skip
