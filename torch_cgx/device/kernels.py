@@ -12,11 +12,11 @@ The process setting ``device_kernels`` (``CGX_DEVICE_KERNELS``) selects:
 - ``reference``: tensor operations only;
 - ``auto`` (default): at the first use of each (implementation, codec, device type, dtype, bits,
   bucket size, flags) the kernel encodes a small buffer on the caller's device and must give the
-  reference's bytes, then decode-adds that payload and must give the reference's values (NaN
-  equal to NaN), for fp16 / bf16 also into a float32 output (the engine's sums); a codec that
-  flags non-finite input in its envelope (signsgd, signum, tbq) also encodes the buffer with a
-  NaN in it; on a mismatch, an exception, or a library that is missing
-  or fails to load, it warns once, naming the kernel and the reason, and the reference is used
+  reference's bytes (the reference computed on a CPU copy: the native order of its sums), then
+  decode-adds that payload and must give the reference's values (NaN equal to NaN), for fp16 /
+  bf16 also into a float32 output (the engine's sums); a codec that flags non-finite input in
+  its envelope (signsgd, signum, tbq) also encodes the buffer with a NaN in it; on a mismatch,
+  an exception, or a library that is missing or fails to load, it warns once, naming the kernel and the reason, and the reference is used
   from then on (:func:`fallbacks` lists these);
 - ``fused``: the same self-check, but a failure raises ``RuntimeError``.
 
@@ -303,33 +303,38 @@ def _self_check(impl, codec, device, dtype) -> Optional[str]:
 
 
 def _check_encode(impl, codec, x: torch.Tensor):
-    """(why the kernel's payload differs from the reference's or None, the reference payload);
-    a codec that flags non-finite input also encodes ``x`` with a NaN."""
-    want = codec.reference_encode(x, seed=_SEED, stream=_STREAM)
-    why = _compare(impl.encode(codec, x, _SEED, _STREAM), want, "")
+    """(why the kernel's payload differs from the reference's or None, the reference payload on
+    the CPU); a codec that flags non-finite input also encodes ``x`` with a NaN. The reference
+    runs on a CPU copy: there it has the native bits, while on a GPU its fp64 lane sums go
+    through a parallel scan (``cumsum``) that may group the additions otherwise."""
+    host = x.cpu()
+    want = codec.reference_encode(host, seed=_SEED, stream=_STREAM)
+    why = _compare(impl.encode(codec, x, _SEED, _STREAM).cpu(), want, "")
     if why is None and getattr(codec, "flag_mask", 0) & 1:  # the non-finite flag
-        x_nan = x.clone()
-        x_nan[x.numel() // 2] = float("nan")
-        want_nan = codec.reference_encode(x_nan, seed=_SEED, stream=_STREAM)
-        why = _compare(impl.encode(codec, x_nan, _SEED, _STREAM), want_nan, " (with a NaN)")
+        host_nan = host.clone()
+        host_nan[x.numel() // 2] = float("nan")
+        want_nan = codec.reference_encode(host_nan, seed=_SEED, stream=_STREAM)
+        got_nan = impl.encode(codec, host_nan.to(x.device), _SEED, _STREAM).cpu()
+        why = _compare(got_nan, want_nan, " (with a NaN)")
     return why, want
 
 
 def _check_decode(impl, codec, payload: torch.Tensor, dtype, device) -> Optional[str]:
-    """Why the kernel's decode_add of ``payload`` (encoded from ``dtype``) differs from the
-    reference's, or None: into an ``out`` of ``dtype`` and, for fp16 / bf16, into a float32
-    ``out`` too (the engine accumulates 16-bit payloads in fp32)."""
+    """Why the kernel's decode_add of ``payload`` (on the CPU, encoded from ``dtype``) differs
+    from the reference's on the CPU, or None: into an ``out`` of ``dtype`` and, for fp16 /
+    bf16, into a float32 ``out`` too (the engine accumulates 16-bit payloads in fp32)."""
     n = check_size(codec.bucket_size)
+    on_device = payload.to(device)
     for out_dtype in dict.fromkeys((dtype, torch.float32)):
-        out0 = torch.randn(n, generator=torch.Generator().manual_seed(7)).to(out_dtype).to(device)
-        ref, fused = out0.clone(), out0.clone()
+        ref = torch.randn(n, generator=torch.Generator().manual_seed(7)).to(out_dtype)
+        fused = ref.clone().to(device)
         if out_dtype == dtype:  # the protocol's dtype is optional: given where it differs
             codec.reference_decode_add_(ref, payload)
-            impl.decode_add_(codec, fused, payload)
+            impl.decode_add_(codec, fused, on_device)
         else:
             codec.reference_decode_add_(ref, payload, dtype=dtype)
-            impl.decode_add_(codec, fused, payload, dtype=dtype)
-        if not _same_values(fused, ref):
+            impl.decode_add_(codec, fused, on_device, dtype=dtype)
+        if not _same_values(fused.cpu(), ref):
             into = "" if out_dtype == dtype else " into float32"
             return f"decode_add{into} differs from the reference"
     return None
