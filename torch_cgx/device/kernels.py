@@ -16,8 +16,8 @@ The process setting ``device_kernels`` (``CGX_DEVICE_KERNELS``) selects:
   decode-adds that payload and must give the reference's values (NaN equal to NaN), for fp16 /
   bf16 also into a float32 output (the engine's sums); a codec that flags non-finite input in
   its envelope (signsgd, signum, tbq) also encodes the buffer with a NaN in it; on a mismatch,
-  an exception, or a library that is missing or fails to load, it warns once, naming the kernel and the reason, and the reference is used
-  from then on (:func:`fallbacks` lists these);
+  an exception, or a library that is missing or fails to load, it warns once, naming the kernel
+  and the reason, and the reference is used from then on (:func:`fallbacks` lists these);
 - ``fused``: the same self-check, but a failure raises ``RuntimeError``.
 
 A kernel that raises on a CUDA device may have faulted (illegal address): such an error is sticky,
