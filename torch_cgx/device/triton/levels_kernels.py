@@ -30,6 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from torch_cgx.device.triton.bits import bf16_bits, widen
 from torch_cgx.device.triton.rng import uniform
 
 # Kinds (constexpr): signum is signsgd's kernel
@@ -44,24 +45,6 @@ FLAG_WORD = tl.constexpr(1 << 24)  # flag bit 0 (byte 7) in the little-endian wo
 
 
 # ---- shared helpers ------------------------------------------------------------------------
-
-
-@triton.jit
-def widen(v, BF16: tl.constexpr):
-    """fp32 of a loaded value; bf16 arrives as its int16 bits (exact: a shift)."""
-    if BF16:
-        return (v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-    else:
-        return v.to(tl.float32)
-
-
-@triton.jit
-def bf16_bits(v):
-    """int16 bits of fp32 ``v`` rounded to bf16, nearest even (dtype.h: NaN -> (u >> 16) | 0x40)."""
-    u = v.to(tl.uint32, bitcast=True)
-    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    r = tl.where(v != v, (u >> 16) | 0x40, r)
-    return r.to(tl.uint16).to(tl.int16, bitcast=True)
 
 
 @triton.jit

@@ -38,6 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from torch_cgx.device.triton.bits import bf16_bits, widen
 from torch_cgx.device.triton.rng import uniform
 
 NAN_BITS = tl.constexpr(0x7FC00000)
@@ -45,24 +46,6 @@ FLT_MAX = tl.constexpr(3.4028234663852886e38)
 
 
 # ---- shared helpers --------------------------------------------------------------------------
-
-
-@triton.jit
-def widen(v, BF16: tl.constexpr):
-    """fp32 of a loaded value (exact); bf16 arrives as its int16 bits."""
-    if BF16:
-        return (v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-    else:
-        return v.to(tl.float32)
-
-
-@triton.jit
-def bf16_bits(v):
-    """int16 bits of fp32 ``v`` rounded to bf16, nearest even (NaN: a quiet NaN)."""
-    u = v.to(tl.uint32, bitcast=True)
-    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    r = tl.where(v != v, (u >> 16) | 0x40, r)
-    return r.to(tl.uint16).to(tl.int16, bitcast=True)
 
 
 @triton.jit
