@@ -141,17 +141,25 @@ def _ddp_grads(rank, group, device, device_ids):
     return torch.cat([p.grad.detach().reshape(-1) for p in net.parameters()])
 
 
-def body(rank: int, size: int, device_kind: str, out_path: str, n: int) -> None:
+def init_world(rank: int, device_kind: str) -> torch.device:
+    """The cgx world of this rank and its device: ``cuda``, the GPU bound with ``device_id`` (all
+    ranks share one on a one-GPU machine); ``cpu``, CPU tensors on the device plane."""
     import torch_cgx
-    from torch_cgx.device import plane
 
     if device_kind == "cuda":
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         dist.init_process_group("cgx", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("cgx", pg_options=torch_cgx.Options(data_plane="device"))
+        return device
+    dist.init_process_group("cgx", pg_options=torch_cgx.Options(data_plane="device"))
+    return torch.device("cpu")
+
+
+def body(rank: int, size: int, device_kind: str, out_path: str, n: int) -> None:
+    import torch_cgx
+    from torch_cgx.device import plane
+
+    device = init_world(rank, device_kind)
     world = dist.group.WORLD
     host = dist.new_group(backend="cgx", pg_options=torch_cgx.Options(data_plane="host"))
     gloo = dist.new_group(backend="gloo")

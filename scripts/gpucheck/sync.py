@@ -57,17 +57,13 @@ def _guarded(fn: Callable[[], None], device: torch.device) -> Dict:
 
 
 def body(rank: int, size: int, device_kind: str, out_path: str) -> None:
+    from ranks import init_world  # scripts/gpucheck, beside this script
+
     import torch_cgx
     from torch_cgx.device import plane
     from torch_cgx.device.engine import DeviceCall
 
-    if device_kind == "cuda":
-        device = torch.device("cuda", rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        dist.init_process_group("cgx", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("cgx", pg_options=torch_cgx.Options(data_plane="device"))
+    device = init_world(rank, device_kind)
     torch_cgx.set_config(**SETTINGS)
     engine = plane.plane_of(torch_cgx.cgx_backend()).engines[device.type]
     engine.check = "deferred"  # as on a GPU: the header flag is read where the caller syncs
