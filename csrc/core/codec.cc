@@ -147,7 +147,7 @@ PayloadInfo inspect(const uint8_t* payload, size_t size) {
   CGX_CHECK_ARG(payload[6] >= 1 && payload[6] <= 8, "payload corrupt: bits ", int(payload[6]),
                 " not in [1, 8]");
   CGX_CHECK_ARG((payload[7] & ~(kFlagRawTail | kFlagStochastic | kFlagClipped)) == 0,
-                "payload corrupt: unknown flags 0x", std::hex, int(payload[7]));
+                "payload corrupt: unknown flags 0x", Hex{payload[7]});
   CGX_CHECK_ARG(get<uint32_t>(payload + 12) == 0, "payload corrupt: reserved field is not 0");
   PayloadInfo info;
   info.dtype = DType(payload[5]);

@@ -4,7 +4,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <sstream>
 #include <vector>
 
 #include "core/error.h"
@@ -106,12 +105,12 @@ void agree_call_settings(Transport& t, const BackendConfig& c) {
   std::vector<Wire> all(static_cast<size_t>(world));
   t.allgather(reinterpret_cast<const uint8_t*>(&mine), sizeof(Wire),
               reinterpret_cast<uint8_t*>(all.data()));
-  std::ostringstream why;
+  std::string why;  // no iostreams in messages (core/error.h)
   auto column = [&](const char* var, auto value) {
     for (const Wire& w : all) {
       if (value(w) != value(all[0])) {
-        why << (why.tellp() > 0 ? "; " : "") << var << ":";
-        for (int r = 0; r < world; ++r) why << " rank " << r << " " << value(all[size_t(r)]);
+        why += text(why.empty() ? "" : "; ", var, ":");
+        for (int r = 0; r < world; ++r) why += text(" rank ", r, " ", value(all[size_t(r)]));
         return;
       }
     }
@@ -124,10 +123,10 @@ void agree_call_settings(Transport& t, const BackendConfig& c) {
   column(kVars[0], [](const Wire& w) { return w.bits; });
   column(kVars[1], [](const Wire& w) { return w.bucket; });
   column(kVars[2], [](const Wire& w) { return w.skip; });
-  CGX_CHECK_ARG(why.tellp() == 0,
+  CGX_CHECK_ARG(why.empty(),
                 "cgx: the ranks' compression settings differ at this "
                 "allreduce (",
-                why.str(),
+                why,
                 "); set them alike on every rank (the variables are "
                 "read at every allreduce, as CGX does; CGX_SETTINGS_PER_CALL=0 reads them once)");
 }
