@@ -144,7 +144,8 @@ def host_uploads(fn) -> List[str]:
     """Runs ``fn()`` and lists its host-to-device copies of values made on the host ("func at
     file:line: source"), each a blocking copy plus a stream synchronisation on CUDA:
     ``torch.tensor`` / ``as_tensor`` / ``asarray`` of Python data with a device, ``new_tensor``,
-    indexing with a Python list, and ``to(device)``, ``copy_`` or ``__setitem__`` of a *host
+    indexing with a Python list, ``t[i] = <Python number>`` (a host scalar copied in: the GPU
+    check saw it synchronise), and ``to(device)``, ``copy_`` or ``__setitem__`` of a *host
     constant* (a tensor made from Python values without a device -- ``torch.tensor``,
     ``from_numpy``, a fill with no device -- or computed from such tensors alone) into a tensor
     that is not one. Fills with a device (``full``, ``zeros``, ``arange``, ``empty``) are kernels,
@@ -173,7 +174,8 @@ def host_uploads(fn) -> List[str]:
         if func in (torch.Tensor.__setitem__, torch.Tensor.__getitem__):
             value = args[2] if func is torch.Tensor.__setitem__ and len(args) > 2 else None
             dst_host = is_host(args[0])
-            return not dst_host and (is_host(value) or _list_index(args))
+            number = func is torch.Tensor.__setitem__ and isinstance(value, (bool, int, float))
+            return not dst_host and (is_host(value) or number or _list_index(args))
         return False
 
     class Recorder(TorchFunctionMode):

@@ -295,8 +295,9 @@ class MaxMin(Fusable, DeviceCodec):
         if payload.numel() < HEADER_BYTES:
             return torch.zeros((), dtype=torch.bool, device=payload.device)
         want = self.header(numel, dtype, payload.device)
-        mask = torch.full((HEADER_BYTES,), 0xFF, dtype=torch.uint8, device=payload.device)
-        mask[7] = FLAG_RAW_TAIL
+        # a cached device constant: writing a Python int into a device tensor is a host-to-device
+        # copy that waits for the host (the GPU check's sync step found it here)
+        mask = constants.bytes_of((0xFF,) * 7 + (FLAG_RAW_TAIL,) + (0xFF,) * 16, payload.device)
         return ((payload[:HEADER_BYTES] & mask) == (want & mask)).all()
 
 
