@@ -86,14 +86,17 @@ class _Block(torch.nn.Module):
 
 
 def build(method: str, args, meters: _Meters):
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[_Block(args.dim) for _ in range(args.layers)])
     mp = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16 if method == "bf16" else None)
+    # a CPU mesh, named: FSDP2's default mesh is CUDA's wherever a GPU is
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     for block in model:
-        fully_shard(block, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(block, mp_policy=mp, mesh=mesh)
+    fully_shard(model, mp_policy=mp, mesh=mesh)
     rs, ag = _exact_comms(meters)
     if method not in ("gloo", "bf16"):
         bits = int(method[2])

@@ -132,19 +132,27 @@ def test_conversions_every_bit_pattern():
 
 
 def test_decode_add_into_nan_and_inf():
-    """NaN and Inf already in ``out`` (also where the decoded value is NaN): native bits."""
+    """NaN and Inf already in ``out``: native bits. Where both the decoded value and ``out``
+    are NaN, which payload the sum keeps is the compiler's choice (an addition's operands may
+    be swapped; IEEE 754 leaves it open: seen to differ between GCC builds), so there the sum
+    need only be NaN."""
     for name, params in CONFIGS:
         for dtype in DTYPES:
             x = torch.randn(1000)
             x[10], x[600] = float("nan"), -float("nan")
             native, device = compressors.get(name, **params), codecs.get(name, **params)
             payload = device.encode(x.to(dtype), seed=1)
+            decoded = native.decode_add_(torch.zeros(1000), payload)
             for od in DTYPES:
                 out = torch.randn(1000)
                 out[10], out[20], out[600] = -float("nan"), float("nan"), float("inf")
+                both = decoded.isnan() & out.isnan()
                 ref = native.decode_add_(out.to(od), payload)
                 got = device.decode_add_(out.to(od), payload)
-                assert torch.equal(bits_of(got), bits_of(ref)), f"{name} {params} {dtype}->{od}"
+                what = f"{name} {params} {dtype}->{od}"
+                assert got.isnan().equal(ref.isnan()), what
+                got[both], ref[both] = 0, 0
+                assert torch.equal(bits_of(got), bits_of(ref)), what
 
 
 def test_stochastic_keys():
@@ -162,9 +170,11 @@ def test_lane_order_matters():
     left-to-right fp64 sum gives another mean than the eight-lane order, and the device codec
     gives the native (lane-ordered) one."""
     x = torch.tensor([1e15, -1.0, 3.0, -1e-3, 7.0, -2.5, 0.3, -1.7] * 40 + [1e-7, -3.3])
-    flat = [float(v) for v in x]
-    neg_sequential = (sum(flat) - sum(abs(v) for v in flat)) / 2
-    nneg = sum(v < 0 for v in flat)
+    total = total_abs = 0.0
+    for v in (float(v) for v in x):  # left to right (Python 3.12's sum() compensates)
+        total, total_abs = total + v, total_abs + abs(v)
+    neg_sequential = (total - total_abs) / 2
+    nneg = int((x < 0).sum())
     device = codecs.get("onebit", bucket_size=0).encode(x)
     native = compressors.get("onebit", bucket_size=0).encode(x)
     assert torch.equal(device, native)

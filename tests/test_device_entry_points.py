@@ -104,16 +104,20 @@ def _all_gather_case(rank, world, group):
 
 
 def _fully_shard_run(rank, world, data_plane, steps=4):
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     from torch_cgx import fsdp
 
+    # a CPU mesh, named: FSDP2's default mesh is CUDA's wherever a GPU is (one GPU and three
+    # ranks: "invalid device ordinal", seen on the GPU check)
+    mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.GELU(), torch.nn.Linear(256, 8))
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     comm = fsdp.compress(model, bits=4, bucket_size=128, min_size=1024, all_gather_bits=8,
                          data_plane=data_plane)  # fmt: skip
     opt = torch.optim.SGD(model.parameters(), lr=0.05)

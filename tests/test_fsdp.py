@@ -118,6 +118,13 @@ def make_model():
     )  # fmt: skip
 
 
+def cpu_mesh():
+    """The world as a CPU mesh, named: FSDP2's default mesh is CUDA's wherever a GPU is."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (dist.get_world_size(),))
+
+
 def sharded(bits, reduce_dtype=None, all_gather_bits=None):
     """make_model() fully_shard-ed per Linear and as a whole, compressed with ``bits`` (None:
     exact), and its Adam optimizer: (model, optimizer, comm)."""
@@ -127,10 +134,11 @@ def sharded(bits, reduce_dtype=None, all_gather_bits=None):
 
     model = make_model()
     mp = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    mesh = cpu_mesh()
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+            fully_shard(layer, mp_policy=mp, mesh=mesh)
+    fully_shard(model, mp_policy=mp, mesh=mesh)
     comm = None
     if bits:
         comm = fsdp.compress(model, bits=bits, bucket_size=128, min_numel=1024,
@@ -344,8 +352,8 @@ def body_four_ranks_and_state_dict(rank, world):
     fresh = make_model()
     for layer in fresh:
         if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(fresh)
+            fully_shard(layer, mesh=cpu_mesh())
+    fully_shard(fresh, mesh=cpu_mesh())
     fsdp.compress(fresh, bits=8, min_numel=1024)
     sharded = {k: v.to_local() for k, v in fresh.state_dict().items()}
     fresh.load_state_dict(

@@ -98,7 +98,7 @@ def mismatch(impl, x, bits, bucket, lever, seed=1, stream=2, out_dtype=None):
     nat = compressors.get("maxmin", **_params(bits, bucket, lever))
     want = nat.encode(x, seed, stream)
     got = impl.encode(dev, x.to(DEVICE).reshape(-1), seed, stream)
-    if got.device != DEVICE or got.dtype != torch.uint8 or got.shape != want.shape:
+    if got.device.type != DEVICE.type or got.dtype != torch.uint8 or got.shape != want.shape:
         return f"encode gave {got.dtype} {tuple(got.shape)} on {got.device}, want {want.numel()}"
     got = got.cpu()
     if not torch.equal(got, want):
