@@ -26,11 +26,13 @@ def test_a_skipped_device_test_fails_the_step_on_a_gpu_only(tmp_path):
     (tmp_path / "device-tests.xml").write_text(
         '<testsuites><testsuite><testcase classname="tests.test_device_maxmin" name="test_cuda">'
         '<skipped message="no CUDA device"/></testcase><testcase classname="t" name="ok"/>'
+        '<testcase classname="t" name="bad"><failure message="assert 1 == 2"/></testcase>'
         "</testsuite></testsuites>"
     )
     assert steps.skipped_tests(tmp_path / "device-tests.xml") == [
         "tests.test_device_maxmin::test_cuda: no CUDA device"
     ]
+    assert steps._pytest_collect(_ctx(tmp_path, False))["failed_tests"] == ["t::bad: assert 1 == 2"]
     status, why = steps._pytest_verdict(_ctx(tmp_path, False), "", "pass")
     assert status == "fail" and "test_cuda" in why
     assert steps._pytest_verdict(_ctx(tmp_path, True), "", "pass") is None

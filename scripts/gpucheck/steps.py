@@ -6,10 +6,12 @@ status 0, and what it adds to the report (figures, the fused kernels' fallbacks)
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
 import shutil
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -159,6 +161,24 @@ def _no_cuda_tests(ctx: Context) -> Optional[str]:
     return None
 
 
+# ---- build ----
+
+
+def libstdcxx_linkage(root: pathlib.Path) -> str:
+    """How torch_cgx._C links libstdc++: "dynamic" (a NEEDED entry), "static" (none: the
+    compiler put its own copy in, whose locale the process never initialised: iostreams in the
+    library crash, as the GPU machine's CXX=/opt/gcc/bin/g++ did), or "unknown"."""
+    found = sorted((root / "torch_cgx").glob("_C*.so"))
+    if not found or shutil.which("readelf") is None:
+        return "unknown"
+    out = subprocess.run(["readelf", "-d", str(found[0])], capture_output=True, text=True).stdout
+    return "dynamic" if "libstdc++" in out else "static"
+
+
+def _build_ext_collect(ctx: Context) -> Dict:
+    return {"cxx": os.environ.get("CXX", "c++"), "libstdcxx": libstdcxx_linkage(ctx.root)}
+
+
 # ---- device tests ----
 
 
@@ -170,8 +190,13 @@ def _pytest_argv(ctx: Context) -> List[str]:
         files = sorted(str(p.relative_to(ctx.root)) for p in found)
         files.append("tests/test_gpu_two_ranks.py")
     xml = str(ctx.work / "device-tests.xml")
-    return [PY, "-m", "pytest", *files, "-q", "-rs", "-p", "no:cacheprovider", "--timeout=300",
-            f"--junitxml={xml}"]  # fmt: skip
+    argv = [PY, "-m", "pytest", *files, "-q", "-rfEs", "--tb=short", "-p", "no:cacheprovider",
+            "--timeout=300", "--durations=15", f"--junitxml={xml}"]  # fmt: skip
+    if not ctx.cpu and importlib.util.find_spec("xdist") is not None:
+        # workers: a crash (a segfault in one test) fails that test, not the whole step; and
+        # the Triton tests compile their kernel variants in parallel
+        argv += ["-n", str(min(8, os.cpu_count() or 2))]
+    return argv
 
 
 def _pytest_env(ctx: Context) -> Dict[str, str]:
@@ -181,14 +206,16 @@ def _pytest_env(ctx: Context) -> Dict[str, str]:
     return {"CGX_TEST_REQUIRE_CUDA": "1", "CGX_DEVICE_KERNELS": "fused", "TRITON_INTERPRET": "0"}
 
 
-def skipped_tests(xml_path: pathlib.Path) -> List[str]:
-    """The tests a JUnit XML file reports as skipped, with the reason."""
+def skipped_tests(xml_path: pathlib.Path, kinds=("skipped",)) -> List[str]:
+    """The tests a JUnit XML file reports as skipped (or another of ``kinds``: "failure",
+    "error"), with the message."""
     if not xml_path.is_file():
         return []
     out = []
     for case in ET.parse(xml_path).getroot().iter("testcase"):
-        for skip in case.findall("skipped"):
-            out.append(f"{case.get('classname')}::{case.get('name')}: {skip.get('message')}")
+        for kind in kinds:
+            for skip in case.findall(kind):
+                out.append(f"{case.get('classname')}::{case.get('name')}: {skip.get('message')}")
     return out
 
 
@@ -200,8 +227,10 @@ def _pytest_verdict(ctx: Context, out: str, status: str) -> Optional[tuple]:
 
 
 def _pytest_collect(ctx: Context) -> Dict:
-    skipped = skipped_tests(ctx.work / "device-tests.xml")
-    return {"skipped_tests": skipped} if skipped else {}
+    xml = ctx.work / "device-tests.xml"
+    found = {"skipped_tests": skipped_tests(xml),
+             "failed_tests": skipped_tests(xml, ("failure", "error"))}  # fmt: skip
+    return {k: v for k, v in found.items() if v}
 
 
 # ---- memcheck ----
@@ -280,7 +309,8 @@ STEPS = [
          lambda ctx: [PY, str(HERE / "probe.py"), "--json", str(ctx.work / "probe.json")], 60, 30,
          verdict_rule=_probe_verdict, collect_rule=_probe_collect),
     Step("build-ext", "torch_cgx._C built in place against the torch found, every core",
-         lambda ctx: [PY, "setup.py", "-q", "build_ext", "--inplace"], 300, 40, min_seconds=20),
+         lambda ctx: [PY, "setup.py", "-q", "build_ext", "--inplace"], 300, 40, min_seconds=20,
+         collect_rule=_build_ext_collect),
     Step("build-cuda", "csrc/cuda's library (and its gtests where GoogleTest is) for this GPU",
          _build_cuda_argv, 240, 1, min_seconds=30, skip_rule=_no_nvcc),
     Step("cuda-tests", "the CUDA codec's gtests against the native codec",
