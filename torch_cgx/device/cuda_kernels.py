@@ -1,6 +1,5 @@
-"""The fused implementations of torch_cgx/device/kernels.py: the protocols (:class:`FusedMaxMin`,
-:class:`FusedLevels`) and csrc/cuda's kernels through ctypes (:class:`CudaMaxMin`,
-:class:`CudaLevels`, both from ``libcgx_cuda_capi.so``, found by :func:`library_candidates`).
+"""csrc/cuda's fused kernels through ctypes (:class:`CudaMaxMin`, :class:`CudaLevels`, both from
+``libcgx_cuda_capi.so``, found by :func:`library_candidates`; the protocols: fused.py).
 kernels.py decides when one is used (the setting, the self-check, the fallback)."""
 
 from __future__ import annotations
@@ -12,38 +11,12 @@ from typing import List
 
 import torch
 
-__all__ = ["CudaLevels", "CudaMaxMin", "FusedLevels", "FusedMaxMin", "library_candidates"]
+from torch_cgx.device.fused import FusedLevels, FusedMaxMin
+
+__all__ = ["CudaLevels", "CudaMaxMin", "library_candidates"]
 
 CAPI_VERSION = 2  # 2: the levels kinds 4..6 (signsgd, signum, tbq)
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-class FusedMaxMin:
-    """What a fused max-min implementation provides (duck-typed; subclass for documentation).
-
-    ``load()`` raises (OSError, RuntimeError, ...) when the kernel cannot run in this process;
-    ``encode`` returns the payload of ``x`` (1-D contiguous) on ``x``'s device, and
-    ``decode_add_`` adds a payload's values to ``out`` (1-D contiguous), both enqueued on the
-    device's current stream. ``dtype``: the dtype the payload was encoded from, when it is not
-    ``out``'s (the device engine adds 16-bit payloads into fp32 sums); the dispatch
-    (codecs/fused.py) passes it only then, so it may be left out where it equals ``out``'s."""
-
-    name = "fused maxmin"
-
-    def applies(self, device: torch.device) -> bool:
-        return False
-
-    def supports(self, codec, dtype: torch.dtype) -> bool:
-        return codec.name == "maxmin" and not codec.clip
-
-    def load(self) -> None:
-        pass
-
-    def encode(self, codec, x: torch.Tensor, seed: int, stream: int) -> torch.Tensor:
-        raise NotImplementedError
-
-    def decode_add_(self, codec, out: torch.Tensor, payload: torch.Tensor, dtype=None):
-        raise NotImplementedError
 
 
 def library_candidates() -> List[pathlib.Path]:
@@ -141,13 +114,11 @@ class CudaMaxMin(_Library, FusedMaxMin):
         return out
 
 
-class FusedLevels(FusedMaxMin):
-    """A fused implementation of the dense bucketed compressors qsgd, terngrad, onebit and
-    efsignsgd and of those without bucket scalars, signsgd, signum and tbq (same protocol as
-    :class:`FusedMaxMin`)."""
+class CudaLevels(_Library, FusedLevels):
+    """csrc/cuda/levels_cuda.cu's qsgd / terngrad / onebit / efsignsgd / signsgd / signum / tbq
+    kernels through ctypes; CUDA tensors only."""
 
-    name = "fused levels"
-    codecs = ("qsgd", "terngrad", "onebit", "efsignsgd", "signsgd", "signum", "tbq")
+    name = "cuda-levels (libcgx_cuda_capi.so)"
     # Eight threads sum a bucket in prim::stats' lane order (serial per lane, for the native
     # bytes): buckets beyond this, and bucket size 0 (the whole tensor), take the reference.
     max_bucket = 1 << 16
@@ -156,13 +127,6 @@ class FusedLevels(FusedMaxMin):
         if codec.name not in self.codecs:
             return False
         return codec.scalars == 0 or 0 < codec.bucket_size <= self.max_bucket
-
-
-class CudaLevels(_Library, FusedLevels):
-    """csrc/cuda/levels_cuda.cu's qsgd / terngrad / onebit / efsignsgd / signsgd / signum / tbq
-    kernels through ctypes; CUDA tensors only."""
-
-    name = "cuda-levels (libcgx_cuda_capi.so)"
 
     def load(self) -> None:
         if self._lib is not None:

@@ -42,13 +42,8 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 import torch
 
-from torch_cgx.device.cuda_kernels import (
-    CudaLevels,
-    CudaMaxMin,
-    FusedLevels,
-    FusedMaxMin,
-    library_candidates,
-)
+from torch_cgx.device.cuda_kernels import CudaLevels, CudaMaxMin, library_candidates
+from torch_cgx.device.fused import FusedLevels, FusedMaxMin
 
 __all__ = [
     "CudaLevels",

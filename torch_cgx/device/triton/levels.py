@@ -1,5 +1,5 @@
 """Fused qsgd / terngrad / onebit / efsignsgd / signsgd / signum / tbq in Triton (issue 36):
-:class:`TritonLevels`, the :class:`torch_cgx.device.cuda_kernels.FusedLevels` protocol, byte for
+:class:`TritonLevels`, the :class:`torch_cgx.device.fused.FusedLevels` protocol, byte for
 byte the native compressors (the kernels: ``levels_kernels.py``, imported by :meth:`load`).
 
 Encode: the envelope's constant bytes are copied from ``constants.bytes_of`` (cached on the
@@ -27,7 +27,7 @@ import torch
 
 from torch_cgx.device import constants
 from torch_cgx.device.codecs.base import DTYPE_CODES
-from torch_cgx.device.cuda_kernels import FusedLevels
+from torch_cgx.device.fused import FusedLevels
 
 __all__ = ["TritonLevels"]
 

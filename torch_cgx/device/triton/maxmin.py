@@ -1,5 +1,5 @@
 """Fused max-min in Triton (issue 36): :class:`TritonMaxMin`, the
-:class:`torch_cgx.device.cuda_kernels.FusedMaxMin` protocol, byte for byte the native codec and
+:class:`torch_cgx.device.fused.FusedMaxMin` protocol, byte for byte the native codec and
 torch_cgx/device/codecs/maxmin.py, with every lever: bits 1..8, every bucket size, the raw tail,
 stochastic rounding, the clipped range, fp32 / fp16 / bf16 input (the kernels:
 ``maxmin_kernels.py``, imported by :meth:`TritonMaxMin.load`; importing this module does not
@@ -20,7 +20,7 @@ import contextlib
 import torch
 
 from torch_cgx.device.codecs.maxmin import CLIP_SIGMAS, HEADER_BYTES
-from torch_cgx.device.cuda_kernels import FusedMaxMin
+from torch_cgx.device.fused import FusedMaxMin
 
 __all__ = ["TritonMaxMin"]
 
