@@ -231,9 +231,9 @@ def test_clip_sums_follow_the_lane_order():
 # ---- planted defects: a copy of the kernels with one edit ------------------------------------
 
 
-def mutant(tmp_path, *edits) -> TritonMaxMin:
-    """TritonMaxMin running a copy of maxmin_kernels.py with each ``(old, new)`` edit made once
-    (a module of its own: compiled or interpreted like the original)."""
+def mutant(tmp_path, *edits, **launch) -> TritonMaxMin:
+    """TritonMaxMin(**launch) running a copy of maxmin_kernels.py with each ``(old, new)`` edit
+    made once (a module of its own: compiled or interpreted like the original)."""
     src = pathlib.Path(maxmin_kernels.__file__).read_text()
     for old, new in edits:
         assert src.count(old) == 1, old
@@ -243,7 +243,7 @@ def mutant(tmp_path, *edits) -> TritonMaxMin:
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    impl = TritonMaxMin()
+    impl = TritonMaxMin(**launch)
     impl._k = module
     return impl
 
@@ -271,15 +271,19 @@ def test_a_wrong_lane_order_is_caught(tmp_path, order):
 
 def test_a_mask_off_by_one_is_caught(tmp_path):
     """A bucket's mask one element too long (``at < hi`` reaching the next bucket's first: where
-    a tile is exactly a bucket wide, 8 or 512 values, its own bounds hide it), and the code
-    stream's store mask one byte too long (over the raw tail's first byte)."""
+    a tile is exactly a bucket wide, 8 or 512 values, its own bounds hide it), the code
+    stream's store mask one byte too long (over the raw tail's first byte), and a program of
+    the one-launch encode stopping a group short of its buckets' end."""
     x = torch.from_numpy(np.random.default_rng(5).standard_normal(203).astype(np.float32))
     span = mutant(tmp_path, ("return lo, tl.minimum(lo + size, nq)",
                              "return lo, tl.minimum(lo + size + 1, nq)"))  # fmt: skip
     codes = mutant(tmp_path, ("& (at < nbytes))", "& (at <= nbytes))"))
-    cases = ((span, 5, (0, 0, 0)), (span, 100, (0, 1, 1)), (codes, 13, (1, 0, 0)))
+    short = mutant(tmp_path, ("e1 = tl.minimum(e0 + BB * size, nq)",
+                              "e1 = tl.minimum(e0 + BB * size - 8, nq)"), tile=64)  # fmt: skip
+    cases = ((span, 5, (0, 0, 0)), (span, 100, (0, 1, 1)), (codes, 13, (1, 0, 0)),
+             (short, 8, (0, 0, 0)))  # fmt: skip
     for impl, bucket, lever in cases:
-        assert mismatch(DEFAULT, x, 3, bucket, lever) is None
+        assert mismatch(TritonMaxMin(**impl.fixed), x, 3, bucket, lever) is None
         assert mismatch(impl, x, 3, bucket, lever) is not None, (bucket, lever)
 
 

@@ -2,7 +2,7 @@
 the launch options of ``TritonMaxMin`` (triton's bundled ptxas: no GPU needed), and what the PTX
 says about exactness that the interpreter cannot show: no fused multiply-add, no flushed
 denormals, IEEE fp64 division and square root, round-to-nearest conversions. Compiled in a
-subprocess without TRITON_INTERPRET (about 3 s); skipped where triton or its NVIDIA backend is
+subprocess without TRITON_INTERPRET (about 5 s); skipped where triton or its NVIDIA backend is
 missing."""
 
 import json
@@ -36,12 +36,17 @@ scalars = {"x_ptr": "*i16", "meta_ptr": "*i32", "inv_ptr": "*fp64", "sel_ptr": "
            "sums_ptr": "*fp64", "nq": "i64", "size": "i32", "span": "i32", "nb": "i64"}
 codes = {"x_ptr": "*fp16", "meta_ptr": "*i32", "inv_ptr": "*fp64", "sel_ptr": "*fp32",
          "codes_ptr": "*u8", "nq": "i64", "size": "i32", "nbytes": "i64", "k0": "i64", "k1": "i64"}
+encode = {"x_ptr": "*fp16", "meta_ptr": "*i32", "inv_ptr": "*fp64", "sel_ptr": "*fp32",
+          "codes_ptr": "*u8", "nq": "i64", "size": "i32", "span": "i32", "nb": "i64",
+          "nbytes": "i64", "k0": "i64", "k1": "i64"}
 decode = {"pay_ptr": "*u8", "out_ptr": "*fp16", "n": "i64", "nq": "i64", "size": "i32",
           "codes_at": "i64", "tail_at": "i64"}
 json.dump({
     "scalars": ptx(K.scalars_kernel, scalars, dict(LEVELS=7, CLIP=True, C=4.1024, BF16=True,
                    BB=4, CHUNK=512, UNROLL=8, SUMS=False)),
     "codes": ptx(K.codes_kernel, codes, dict(BITS=3, STOCH=True, BF16=False, G=128, BP=4)),
+    "encode": ptx(K.encode_kernel, encode, dict(LEVELS=7, CLIP=True, C=4.1024, BF16=False,
+                  BB=4, CHUNK=512, UNROLL=8, BITS=3, STOCH=True, G=128, BP=4)),
     "decode": ptx(K.decode_kernel, decode, dict(BITS=5, TAIL_BYTES=2, TAIL_BF16=False, ADD=True,
                   OUT_BF16=False, BLOCK=1024)),
 }, sys.stdout)
@@ -67,3 +72,8 @@ def test_the_cuda_code_rounds_like_the_reference(tmp_path):
     assert "div.rn.f64" in ptx["scalars"] and "sqrt.rn.f64" in ptx["scalars"]
     assert "add.rn.f64" in ptx["scalars"] and "cvt.rn.f32.f64" in ptx["scalars"]
     assert "cvt.rn.f16.f32" in ptx["decode"] and "cvt.rmi.f32.f32" in ptx["codes"]
+    # the one-launch encode: a CTA barrier between its scalars and its codes, which read the
+    # scalars back through L2 (ld.global.cg), not through a possibly stale L1
+    encode = ptx["encode"]
+    assert "bar.sync" in encode and "ld.global.cg" in encode
+    assert "div.rn.f64" in encode and "cvt.rmi.f32.f32" in encode

@@ -8,7 +8,9 @@ import triton).
 Encode: the 24 header bytes are copied from the codec's cached device constant
 (``MaxMin.header``), ``scalars_kernel`` writes the per-bucket metadata (and per-bucket scratch:
 step 4's fp64 ``inv`` and its path), ``codes_kernel`` the code stream, and the raw tail is a
-device-to-device copy of the input's bytes. decode_add / values: ``decode_kernel``, one pass.
+device-to-device copy of the input's bytes. Where a program holds whole buckets (the default
+bucket sizes) ``encode_kernel`` does both passes in one launch, reading the input from memory
+once. decode_add / values: ``decode_kernel``, one pass.
 Sizes, grids and kernel variants come from element counts and the codec's parameters only: no
 host synchronisation, every launch on the current stream of the tensor's device.
 """
@@ -139,28 +141,48 @@ class TritonMaxMin(FusedMaxMin):
         sel = torch.empty(nb, dtype=torch.float32, device=dev)
         xb, bf16 = _bits_view(x), x.dtype == torch.bfloat16
         opts = self._options(dev, plan["num_warps"])
+        k0, k1 = rng_key(seed, stream) if codec.stochastic else (0, 0)
+        block = max(8, plan["codes"])
+        codes = dict(BITS=codec.bits, STOCH=codec.stochastic, BF16=bf16, G=block // 8,
+                     BP=_pow2_ceil(codec.bits))  # fmt: skip
+        sp = self._scalars_plan(codec, nq, nb, plan, dev)
+        nbytes = tail_at - codes_at
         with self._on(dev):
-            self._scalars(codec, xb, bf16, nq, nb, meta, inv, sel, None, plan)
-            k0, k1 = rng_key(seed, stream) if codec.stochastic else (0, 0)
-            block = max(8, plan["codes"])
-            self._k.codes_kernel[(_cdiv(nq, block),)](
-                xb, meta, inv, sel, out[codes_at:], nq, codec.bucket_size, tail_at - codes_at,
-                k0, k1, BITS=codec.bits, STOCH=codec.stochastic, BF16=bf16, G=block // 8,
-                BP=_pow2_ceil(codec.bits), **opts)  # fmt: skip
+            if sp["fused"]:  # one launch: the input read once
+                self._k.encode_kernel[(sp["grid"],)](
+                    xb, meta, inv, sel, out[codes_at:], nq, codec.bucket_size, sp["span"], nb,
+                    nbytes, k0, k1, **sp["meta"], **codes, **opts)  # fmt: skip
+            else:
+                self._scalars(codec, xb, bf16, nq, nb, meta, inv, sel, None, plan)
+                self._k.codes_kernel[(_cdiv(nq, block),)](
+                    xb, meta, inv, sel, out[codes_at:], nq, codec.bucket_size, nbytes, k0, k1,
+                    **codes, **opts)  # fmt: skip
         return out
 
-    def _scalars(self, codec, xb, bf16, nq, nb, meta, inv, sel, sums, plan) -> None:
-        """Launches ``scalars_kernel`` (``sums``: an (nb, 2) fp64 tensor for :meth:`clip_sums`)."""
+    @staticmethod
+    def _scalars_plan(codec, nq: int, nb: int, plan: dict, device: torch.device) -> dict:
+        """The scalars pass's tile: ``BB`` buckets of ``CHUNK`` values per program (a longer
+        bucket is a loop), its grid, and whether the codes can follow in the same launch
+        (``fused``: a bucket fits the tile, and each program's buckets end on a group of eight
+        or there is one program)."""
         size, span = codec.bucket_size, min(codec.bucket_size, nq)
         chunk = min(_pow2_ceil(span), _pow2_floor(plan["tile"]))
         bb = min(max(1, plan["tile"] // chunk), _pow2_ceil(nb))
-        if xb.device.type == "cuda":
+        if device.type == "cuda":
             bb = min(bb, _pow2_floor(max(1, nb // GPU_PROGRAMS)))
         rows = (span + 7) // 8
-        self._k.scalars_kernel[(_cdiv(nb, bb),)](
-            xb, meta, inv, sel, inv if sums is None else sums, nq, size, span, nb,
-            LEVELS=(1 << codec.bits) - 1, CLIP=codec.clip, C=CLIP_SIGMAS[codec.bits], BF16=bf16,
-            BB=bb, CHUNK=chunk, UNROLL=min(8, _pow2_ceil(rows)), SUMS=sums is not None,
+        grid = _cdiv(nb, bb)
+        fused = span <= chunk and ((bb * size) % 8 == 0 or grid == 1)
+        meta = dict(LEVELS=(1 << codec.bits) - 1, CLIP=codec.clip, C=CLIP_SIGMAS[codec.bits],
+                    BB=bb, CHUNK=chunk, UNROLL=min(8, _pow2_ceil(rows)))  # fmt: skip
+        return {"grid": grid, "span": span, "fused": fused, "meta": meta}
+
+    def _scalars(self, codec, xb, bf16, nq, nb, meta, inv, sel, sums, plan) -> None:
+        """Launches ``scalars_kernel`` (``sums``: an (nb, 2) fp64 tensor for :meth:`clip_sums`)."""
+        sp = self._scalars_plan(codec, nq, nb, plan, xb.device)
+        self._k.scalars_kernel[(sp["grid"],)](
+            xb, meta, inv, sel, inv if sums is None else sums, nq, codec.bucket_size, sp["span"],
+            nb, **sp["meta"], BF16=bf16, SUMS=sums is not None,
             **self._options(xb.device, plan["num_warps"]))  # fmt: skip
 
     def clip_sums(self, codec, x: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,8 @@
 (docs/FORMAT.md, "The max-min wire format"), byte for byte the native codec and the tensor
 operations of torch_cgx/device/codecs/maxmin.py. Importing this module imports triton.
 
-Three kernels, all launched with ``enable_fp_fusion=False`` on the caller's current stream:
+Four kernels, all launched with ``enable_fp_fusion=False`` on the caller's current stream
+(``encode_kernel``: both encode passes in one launch where a program holds whole buckets):
 
 - ``scalars_kernel`` (encode, pass 1): a program takes ``BB`` buckets as a (BB, CHUNK) tile and
   loops over them CHUNK values at a time (any bucket size: 2^20 and more is a loop of
@@ -148,13 +149,21 @@ def scalars_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, 
                    LEVELS: tl.constexpr, CLIP: tl.constexpr, C: tl.constexpr, BF16: tl.constexpr,
                    BB: tl.constexpr, CHUNK: tl.constexpr, UNROLL: tl.constexpr,
                    SUMS: tl.constexpr):  # fmt: skip
+    """Steps 1-3 of FORMAT.md for buckets pid * BB ... pid * BB + BB - 1 (:func:`scalars`)."""
+    scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size.to(tl.int64),
+            span.to(tl.int64), nb, LEVELS, CLIP, C, BF16, BB, CHUNK, UNROLL, SUMS)  # fmt: skip
+
+
+@triton.jit
+def scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, nb,
+            LEVELS: tl.constexpr, CLIP: tl.constexpr, C: tl.constexpr, BF16: tl.constexpr,
+            BB: tl.constexpr, CHUNK: tl.constexpr, UNROLL: tl.constexpr,
+            SUMS: tl.constexpr):  # fmt: skip
     """Steps 1-3 of FORMAT.md for buckets pid * BB ... pid * BB + BB - 1: metadata (mn, unit) as
     int32 bits at ``meta_ptr``, step 4's fp64 ``inv`` and fp32 ``sel`` at ``inv_ptr`` /
-    ``sel_ptr``. ``span``: the longest bucket, min(size, nq), the loops' bound. With SUMS (a
-    check of the clip's order, which the payload almost never shows), the fp64 S(x) and
-    S((x - mean)^2) of each bucket at ``sums_ptr`` too."""
-    size = size.to(tl.int64)
-    span = span.to(tl.int64)
+    ``sel_ptr``. ``span``: the longest bucket, min(size, nq), the loops' bound (``size`` and
+    ``span`` int64). With SUMS (a check of the clip's order, which the payload almost never
+    shows), the fp64 S(x) and S((x - mean)^2) of each bucket at ``sums_ptr`` too."""
     b = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
     valid = b < nb
     lo, hi = bucket_span(b, size, nq)
@@ -195,7 +204,7 @@ def scalars_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, 
 
 @triton.jit
 def quantize(v, mn, sel, inv_ptr, k, m, index, k0, k1, LEVELS: tl.constexpr,
-             STOCH: tl.constexpr):  # fmt: skip
+             STOCH: tl.constexpr, CG: tl.constexpr):  # fmt: skip
     """Step 4: q = clamp(floor(t + r), 0, L) as int32: the fp32 path with ``sel`` = (f32)inv
     where ``sel > 0``, the fp64 one with bucket ``k``'s fp64 inv where ``sel < 0``, 0 where
     ``sel == 0``. The fp64 path runs only in a program that holds such a bucket (a branch on a
@@ -209,7 +218,10 @@ def quantize(v, mn, sel, inv_ptr, k, m, index, k0, k1, LEVELS: tl.constexpr,
     q = tl.minimum(tl.maximum(tl.floor(t + r), 0.0), top)
     q = tl.where(sel > 0, q, 0.0)
     if tl.min(sel) < 0:
-        inv = tl.load(inv_ptr + k, mask=m & (sel < 0), other=0.0)
+        if CG:  # written by this program: through L2
+            inv = tl.load(inv_ptr + k, mask=m & (sel < 0), other=0.0, cache_modifier=".cg")
+        else:
+            inv = tl.load(inv_ptr + k, mask=m & (sel < 0), other=0.0)
         t64 = (v.to(tl.float64) - mn.to(tl.float64)) * inv
         q64 = tl.minimum(tl.maximum(tl.floor(t64 + r.to(tl.float64)), 0.0), top)
         q = tl.where(sel < 0, q64.to(tl.float32), q)
@@ -217,16 +229,39 @@ def quantize(v, mn, sel, inv_ptr, k, m, index, k0, k1, LEVELS: tl.constexpr,
 
 
 @triton.jit
-def pack_store(codes_ptr, code, g, nbytes, BITS: tl.constexpr, BP: tl.constexpr):
-    """Stores the (G, 8) codes of groups ``g``: group g's eight codes are one 64-bit word
-    ``sum(code_k << k * BITS)`` whose BITS low bytes are the stream's bytes g * BITS ...;
+def pack_store(codes_ptr, code, g, gm, nbytes, BITS: tl.constexpr, BP: tl.constexpr):
+    """Stores the (G, 8) codes of groups ``g`` where ``gm``: group g's eight codes are one 64-bit
+    word ``sum(code_k << k * BITS)`` whose BITS low bytes are the stream's bytes g * BITS ...;
     bytes from ``nbytes`` on are not written (BP: a power of two >= BITS)."""
     k = tl.arange(0, 8)
     word = tl.sum(code.to(tl.uint64) << (k * BITS).to(tl.uint64)[None, :], axis=1)  # disjoint
     m = tl.arange(0, BP)
     at = g[:, None] * BITS + m[None, :]
     byte = (word[:, None] >> (m * 8).to(tl.uint64)[None, :]) & 0xFF
-    tl.store(codes_ptr + at, byte.to(tl.uint8), mask=(m[None, :] < BITS) & (at < nbytes))
+    ok = gm[:, None] & (m[None, :] < BITS)
+    tl.store(codes_ptr + at, byte.to(tl.uint8), mask=ok & (at < nbytes))
+
+
+@triton.jit
+def code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, gm, nq, size, nbytes, k0, k1,
+                BITS: tl.constexpr, STOCH: tl.constexpr, BF16: tl.constexpr, BP: tl.constexpr,
+                CG: tl.constexpr):  # fmt: skip
+    """The code stream of groups ``g`` (eight elements each) where ``gm``, their buckets'
+    scalars read back from ``meta_ptr`` / ``sel_ptr`` (CG: through L2, the ``.cg`` cache
+    modifier, for scalars this program has just written)."""
+    i = g[:, None] * 8 + tl.arange(0, 8)[None, :]
+    m = gm[:, None] & (i < nq)
+    k = i // size
+    v = widen(tl.load(x_ptr + i, mask=m, other=0), BF16)
+    if CG:
+        mn = tl.load(meta_ptr + 2 * k, mask=m, other=0, cache_modifier=".cg")
+        sel = tl.load(sel_ptr + k, mask=m, other=0.0, cache_modifier=".cg")
+    else:
+        mn = tl.load(meta_ptr + 2 * k, mask=m, other=0)
+        sel = tl.load(sel_ptr + k, mask=m, other=0.0)
+    mn = mn.to(tl.float32, bitcast=True)
+    code = quantize(v, mn, sel, inv_ptr, k, m, i, k0, k1, (1 << BITS) - 1, STOCH, CG)
+    pack_store(codes_ptr, tl.where(m, code, 0), g, gm, nbytes, BITS, BP)
 
 
 @triton.jit(do_not_specialize=["nq", "size", "nbytes", "k0", "k1"])
@@ -234,16 +269,35 @@ def codes_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, nbytes,
                  BITS: tl.constexpr, STOCH: tl.constexpr, BF16: tl.constexpr, G: tl.constexpr,
                  BP: tl.constexpr):  # fmt: skip
     """The code stream of elements 8 G pid ... 8 G (pid + 1) - 1 (groups of eight)."""
-    size = size.to(tl.int64)
     g = tl.program_id(0).to(tl.int64) * G + tl.arange(0, G)
-    i = g[:, None] * 8 + tl.arange(0, 8)[None, :]
-    m = i < nq
-    k = i // size
-    v = widen(tl.load(x_ptr + i, mask=m, other=0), BF16)
-    mn = tl.load(meta_ptr + 2 * k, mask=m, other=0).to(tl.float32, bitcast=True)
-    sel = tl.load(sel_ptr + k, mask=m, other=0.0)
-    code = quantize(v, mn, sel, inv_ptr, k, m, i, k0, k1, (1 << BITS) - 1, STOCH)
-    pack_store(codes_ptr, tl.where(m, code, 0), g, nbytes, BITS, BP)
+    code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, g >= 0, nq, size.to(tl.int64),
+                nbytes, k0, k1, BITS, STOCH, BF16, BP, False)  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["nq", "size", "span", "nb", "nbytes", "k0", "k1"])
+def encode_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, span, nb, nbytes, k0,
+                  k1, LEVELS: tl.constexpr, CLIP: tl.constexpr, C: tl.constexpr,
+                  BF16: tl.constexpr, BB: tl.constexpr, CHUNK: tl.constexpr,
+                  UNROLL: tl.constexpr, BITS: tl.constexpr, STOCH: tl.constexpr,
+                  G: tl.constexpr, BP: tl.constexpr):  # fmt: skip
+    """Both passes in one launch, for buckets that fit a program (``BB`` of them, ``BB * size``
+    a multiple of 8 or a single program): the scalars of buckets pid * BB ..., a barrier (the
+    program's own global writes become visible to all its threads), then the codes of their
+    elements, G groups of eight at a time. The input is read from memory once (the codes'
+    second read hits the cache) and the scalars never leave the cache."""
+    size = size.to(tl.int64)
+    scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, inv_ptr, nq, size, span.to(tl.int64), nb, LEVELS,
+            CLIP, C, BF16, BB, CHUNK, UNROLL, False)  # fmt: skip
+    tl.debug_barrier()
+    e0 = tl.program_id(0).to(tl.int64) * BB * size
+    e1 = tl.minimum(e0 + BB * size, nq)
+    g1 = (e1 + 7) // 8
+    gg = e0 // 8
+    while gg < g1:
+        g = gg + tl.arange(0, G)
+        code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, g < g1, nq, size, nbytes,
+                    k0, k1, BITS, STOCH, BF16, BP, True)  # fmt: skip
+        gg += G
 
 
 # ---- decode ----------------------------------------------------------------------------------
