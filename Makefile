@@ -38,7 +38,7 @@ FUZZ_RUNS ?= 10000000
 FUZZ_ALLREDUCE_RUNS ?= 1000000
 fuzz-build: .stamp-deps
 	@command -v clang++ >/dev/null || { echo "clang++ missing (it fuzzes the decoders): run make deps" >&2; exit 1; }
-	cmake -S . -B build/fuzz -G Ninja -DCGX_FUZZ=ON -DCGX_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	cmake -S . -B build/fuzz -G Ninja -DCGX_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang > /dev/null
 	ninja -C build/fuzz -j $(MAX_JOBS) cgx_fuzz_decode cgx_fuzz_allreduce cgx_fuzz_corpus
 
@@ -57,7 +57,7 @@ fuzz-corpus: fuzz-build
 # ThreadSanitizer over the C++ tests that run ranks and workers as threads (about 65 s with its
 # build on 2 cores: part of `make test`).
 tsan: .stamp-deps
-	cmake -S . -B build/tsan -G Ninja -DCGX_TSAN=ON -DCGX_CUDA=OFF > /dev/null
+	cmake -S . -B build/tsan -G Ninja -DCGX_TSAN=ON > /dev/null
 	ninja -C build/tsan -j $(MAX_JOBS) cgx_core_tests
 	./scripts/tsan.sh
 
@@ -70,11 +70,11 @@ bench: build
 lint:
 	ruff check torch_cgx cgx_utils benchmarks examples tests scripts setup.py
 	ruff format --check torch_cgx cgx_utils benchmarks examples tests scripts setup.py
-	clang-format --dry-run --Werror $$(git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.inc' 'csrc/*.cu')
+	clang-format --dry-run --Werror $$(git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.inc')
 
 format:
 	ruff format torch_cgx cgx_utils benchmarks examples tests scripts setup.py
-	clang-format -i $$(git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.inc' 'csrc/*.cu')
+	clang-format -i $$(git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.inc')
 
 # docs/settings.md from the settings table (torch_cgx/settings.py; needs the built extension);
 # tests/test_settings.py fails
@@ -96,13 +96,3 @@ gpu-check:
 
 gpu-check-cpu: build
 	PY=$(PY) scripts/offline.sh scripts/gpu_check.sh --cpu build/gpu-check-cpu
-
-# The CUDA library alone (csrc/cuda; the GPU check builds it too): GPU_ARCH=90 (say) builds for
-# that GPU only; MAX_JOBS=16 builds faster. CGX_TESTS=OFF where GoogleTest is missing.
-.PHONY: gpu-build
-GPU_ARCH ?=
-CGX_TESTS ?= ON
-gpu-build:
-	cmake -S . -B build/gpu -G Ninja -DCGX_CUDA=ON -DCGX_TESTS=$(CGX_TESTS) -DCMAKE_BUILD_TYPE=Release \
-	  $(if $(GPU_ARCH),-DCMAKE_CUDA_ARCHITECTURES=$(GPU_ARCH)) > /dev/null
-	ninja -C build/gpu -j $(MAX_JOBS) cgx_cuda_capi $(if $(filter ON,$(CGX_TESTS)),cgx_cuda_tests cgx_cuda_bench)

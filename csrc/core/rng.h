@@ -4,23 +4,16 @@
 
 #include <cstdint>
 
-// One generator for the CPU codec and the CUDA kernels (csrc/cuda/codec_device.h).
-#ifdef __CUDACC__
-#define CGX_RNG_FN __host__ __device__ inline
-#else
-#define CGX_RNG_FN inline
-#endif
-
 namespace cgx {
 
-CGX_RNG_FN uint64_t splitmix64(uint64_t x) {
+inline uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
 
-CGX_RNG_FN uint32_t fmix32(uint32_t h) {
+inline uint32_t fmix32(uint32_t h) {
   h ^= h >> 16;
   h *= 0x85ebca6bu;
   h ^= h >> 13;
@@ -34,19 +27,19 @@ struct RngKey {
   uint32_t k1 = 0;
 };
 
-CGX_RNG_FN RngKey rng_key(uint64_t seed, uint64_t stream) {
+inline RngKey rng_key(uint64_t seed, uint64_t stream) {
   uint64_t k = splitmix64(splitmix64(seed) ^ stream);
   return RngKey{uint32_t(k), uint32_t(k >> 32)};
 }
 
-CGX_RNG_FN uint32_t rng_bits(RngKey key, uint64_t index) {
+inline uint32_t rng_bits(RngKey key, uint64_t index) {
   uint32_t lo = uint32_t(index);
   uint32_t hi = uint32_t(index >> 32);
   return fmix32(fmix32(lo ^ key.k0) + (key.k1 ^ (hi * 0x9e3779b1u)));
 }
 
 // Uniform in [0, 1) with 24 random bits.
-CGX_RNG_FN float rng_uniform(RngKey key, uint64_t index) {
+inline float rng_uniform(RngKey key, uint64_t index) {
   return float(rng_bits(key, index) >> 8) * 0x1p-24f;
 }
 
