@@ -1,9 +1,12 @@
 """What the fused-kernel selection tests share (tests/test_device_kernels.py, _levels.py): fake
 kernels on CPU tensors (the reference itself, optionally corrupted), the ``device_kernels`` mode
-setter and a codec round trip."""
+setter, a codec round trip, and the real kernels for the GPU tests."""
 
 from __future__ import annotations
 
+import os
+
+import pytest
 import torch
 
 from torch_cgx.device import kernels
@@ -74,3 +77,20 @@ def roundtrip(codec, n=1000, dtype=torch.float32):
     out = torch.zeros(n, dtype=dtype)
     codec.decode_add_(out, p)
     return x, p, out
+
+
+def default_kernels_on_a_gpu():
+    """(the CUDA device, ``kernels._defaults()``: the Triton kernels) for a GPU test of the real
+    kernels; a skip without CUDA or without triton (a failure under ``CGX_TEST_REQUIRE_CUDA=1``:
+    the GPU check)."""
+    from test_device_maxmin import cuda_or_skip
+
+    cuda = cuda_or_skip()
+    impls = kernels._defaults()
+    missing = [i.name for i in impls if not i.applies(cuda)]
+    if missing:
+        why = f"{', '.join(missing)} cannot run on {cuda} (triton is not installed)"
+        if os.environ.get("CGX_TEST_REQUIRE_CUDA") == "1":
+            pytest.fail(f"CGX_TEST_REQUIRE_CUDA=1, but {why}")
+        pytest.skip(why)
+    return cuda, impls

@@ -1,19 +1,18 @@
 """The fused-kernel selection (torch_cgx/device/kernels.py) on CPU tensors, with injected fake
 kernels: a correct one is used, a wrong one fails its self-check (auto: one warning naming it
-and the reference from then on; fused: RuntimeError), a missing library likewise; the real CUDA
-kernel never applies to CPU tensors."""
+and the reference from then on; fused: RuntimeError), a kernel that cannot load likewise; on a
+GPU, the default implementations (the Triton kernels) pass their self-check for max-min."""
 
 from __future__ import annotations
 
 import itertools
-import os
 import warnings
 
 import pytest
 import torch
-from device_kernel_fakes import FakeKernel, kernel_mode, roundtrip
+from device_kernel_fakes import FakeKernel, default_kernels_on_a_gpu, kernel_mode, roundtrip
 
-from torch_cgx.device import codecs, cuda_kernels, kernels
+from torch_cgx.device import codecs, kernels
 
 
 class Fake(FakeKernel, kernels.FusedMaxMin):
@@ -76,9 +75,9 @@ def test_fused_mode_raises_on_a_wrong_kernel_and_keeps_raising(mode):
 
 
 @pytest.mark.parametrize("setting", ["auto", "fused"])
-def test_a_missing_library_warns_once_or_raises(mode, setting):
+def test_a_kernel_that_cannot_load_warns_once_or_raises(mode, setting):
     mode(setting)
-    fake = Fake("absent-kernel", load_error="libcgx_cuda_capi.so: cannot open shared object")
+    fake = Fake("absent-kernel", load_error="kernel module: cannot open shared object")
     codec = codecs.get("maxmin")
     with kernels.use_implementations([fake]):
         if setting == "fused":
@@ -109,30 +108,6 @@ def test_clip_is_not_covered_and_takes_the_reference_silently(mode):
     assert fake.loads == 0
 
 
-@pytest.mark.parametrize("setting", ["auto", "fused"])
-def test_the_cuda_kernel_never_applies_to_cpu_tensors(mode, monkeypatch, tmp_path, setting):
-    """The real implementation, its library absent: CPU tensors never try to load it."""
-    mode(setting)
-    monkeypatch.setenv("CGX_CUDA_LIBRARY", str(tmp_path / "missing.so"))
-    real = kernels.CudaMaxMin()
-    with kernels.use_implementations([real]), warnings.catch_warnings():
-        warnings.simplefilter("error")
-        roundtrip(codecs.get("maxmin", stochastic=1))
-        assert kernels.fused_for(codecs.get("maxmin"), torch.device("cpu"), torch.float32) is None
-    assert real._lib is None
-    with pytest.raises(OSError, match="missing.so"):
-        real.load()  # what a CUDA tensor would meet: auto warns with this, fused raises it
-    assert kernels.library_candidates() == [tmp_path / "missing.so"]
-
-
-def test_a_library_that_is_not_one_fails_to_load(tmp_path, monkeypatch):
-    bogus = tmp_path / "libcgx_cuda_capi.so"
-    bogus.write_bytes(b"not an ELF file")
-    monkeypatch.setenv("CGX_CUDA_LIBRARY", str(bogus))
-    with pytest.raises(OSError):
-        kernels.CudaMaxMin().load()
-
-
 def test_bad_setting_names_the_variable(mode):
     mode("sometimes")
     with pytest.raises(ValueError, match="CGX_DEVICE_KERNELS must be auto, fused or reference"):
@@ -150,56 +125,26 @@ def test_self_check_buffer_covers_full_partial_and_constant_buckets():
     assert bool((x[64:128] == 0.75).all()) and x[0] == 0 and x[:64].abs().max() < 1
 
 
-def test_the_cuda_kernels_pass_their_self_check_on_a_gpu(mode):
-    """On a GPU with the library built (make gpu-build): mode fused, every configuration checked
-    and used, and the payloads are the CPU codec's bytes."""
-    from test_device_maxmin import cuda_or_skip
+def test_the_fused_kernels_pass_their_self_check_on_a_gpu(mode):
+    """On a GPU, the default implementations in mode fused: every max-min configuration is
+    checked and takes the Triton kernel, and the payloads are the CPU codec's bytes."""
+    from torch_cgx import compressors
 
-    from torch_cgx import codec as native
-
-    cuda = cuda_or_skip()
+    cuda, impls = default_kernels_on_a_gpu()
     mode("fused")
-    try:
-        kernels.CudaMaxMin().load()
-    except (OSError, RuntimeError) as e:
-        if os.environ.get("CGX_TEST_REQUIRE_CUDA") == "1":
-            raise
-        pytest.skip(f"no CUDA kernel library: {e}")
-    for bits, dtype, bucket, skip, stochastic in itertools.product(
-        (1, 3, 4, 8), (torch.float32, torch.float16, torch.bfloat16), (8, 512, 4097), (0, 1), (0, 1)
-    ):
-        x = torch.randn(20000).to(dtype)
-        c = codecs.get("maxmin", bits=bits, bucket_size=bucket,
-                       skip_incomplete_buckets=skip, stochastic=stochastic)  # fmt: skip
-        got = c.encode(x.to(cuda), seed=9, stream=bits)
-        want = native.encode(x, bits, bucket, stochastic=bool(stochastic), seed=9, stream=bits,
-                             skip_incomplete_buckets=bool(skip))  # fmt: skip
-        assert torch.equal(got.cpu(), want)
-    assert kernels.decisions() and set(kernels.decisions().values()) == {"fused"}
-
-
-def test_the_c_abi_library_loads_and_reports_errors_where_built():
-    """Where make gpu-build (or build/core with nvcc) made the library: it loads, has the
-    expected C ABI version and returns argument errors as status 1 with a message, without a
-    GPU. CudaMaxMin.load refuses it when no device is usable."""
-    import ctypes
-
-    found = [p for p in kernels.library_candidates() if p.is_file()]
-    if not found:
-        pytest.skip("libcgx_cuda_capi.so not built (make gpu-build)")
-    lib = ctypes.CDLL(str(found[0]))
-    assert lib.cgx_cuda_capi_version() == cuda_kernels.CAPI_VERSION
-    lib.cgx_cuda_capi_last_error.restype = ctypes.c_char_p
-    i64, u64, ptr, c_int = ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int
-    lib.cgx_cuda_capi_maxmin_encode.argtypes = [ptr, c_int, i64, c_int, i64, c_int, c_int, u64,
-                                                u64, ptr, u64, ptr]  # fmt: skip
-    assert lib.cgx_cuda_capi_maxmin_encode(None, 0, 10, 9, 512, 0, 0, 0, 0, None, 0, None) == 1
-    assert b"bits must be in [1, 8]" in lib.cgx_cuda_capi_last_error()
-    assert lib.cgx_cuda_capi_maxmin_encode(None, 7, 10, 4, 512, 0, 0, 0, 0, None, 0, None) == 1
-    assert b"dtype code 7" in lib.cgx_cuda_capi_last_error()
-    if not lib.cgx_cuda_capi_available():
-        with pytest.raises(RuntimeError, match="no usable CUDA device"):
-            kernels.CudaMaxMin().load()
+    levers = [(8, dict()), (4097, dict(skip_incomplete_buckets=1, stochastic=1)),
+              (512, dict(clip=1))]  # fmt: skip
+    with kernels.use_implementations(impls):
+        for bits, dtype, (bucket, lever) in itertools.product(
+            (1, 3, 8), (torch.float32, torch.float16, torch.bfloat16), levers
+        ):
+            x = torch.randn(20000).to(dtype)
+            params = dict(bits=bits, bucket_size=bucket, **lever)
+            got = codecs.get("maxmin", **params).encode(x.to(cuda), seed=9, stream=bits)
+            want = compressors.get("maxmin", **params).encode(x, seed=9, stream=bits)
+            assert torch.equal(got.cpu(), want), (params, dtype)
+        assert kernels.decisions() and set(kernels.decisions().values()) == {"fused"}
+        assert {key[0] for key in kernels.decisions()} == {"triton-maxmin"}
 
 
 FAULT = "CUDA error: an illegal memory access was encountered"
@@ -253,7 +198,7 @@ def test_the_context_probe_passes_off_cuda():
 def test_fallbacks_lists_every_fallback_with_its_reason(mode):
     mode("auto")
     good, wrong = Fake("good-kernel"), Fake("wrong-kernel", corrupt_decode=True)
-    absent = Fake("absent-kernel", load_error="libcgx_cuda_capi.so: cannot open")
+    absent = Fake("absent-kernel", load_error="kernel module: cannot open")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with kernels.use_implementations([good]):

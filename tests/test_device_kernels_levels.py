@@ -1,22 +1,21 @@
 """The fused-kernel selection (torch_cgx/device/kernels.py) for the dense codecs qsgd, terngrad,
 onebit, efsignsgd, signsgd, signum and tbq, on CPU tensors with injected fake kernels (a correct
 one is used after one self-check; a wrong one: auto warns once naming it and uses the reference,
-fused raises), and the real CUDA kernels (csrc/cuda/levels_cuda.cu) against the CPU codec on a
-GPU."""
+fused raises), and on a GPU the default implementations (the Triton kernels) against the CPU
+codec."""
 
 from __future__ import annotations
 
 import itertools
-import os
 import warnings
 
 import numpy as np
 import pytest
 import torch
 from codec_testing import assert_same
-from device_kernel_fakes import FakeKernel, kernel_mode, roundtrip
+from device_kernel_fakes import FakeKernel, default_kernels_on_a_gpu, kernel_mode, roundtrip
 
-from torch_cgx.device import codecs, cuda_kernels, kernels
+from torch_cgx.device import codecs, kernels
 
 
 class FakeLevels(FakeKernel, kernels.FusedLevels):
@@ -135,95 +134,43 @@ def test_bad_payloads_are_rejected_before_any_kernel(mode):
     assert fake.decodes == 1  # the self-check's
 
 
-def test_the_cuda_kernels_never_apply_to_cpu_tensors(mode, monkeypatch, tmp_path):
-    mode("fused")
-    monkeypatch.setenv("CGX_CUDA_LIBRARY", str(tmp_path / "missing.so"))
-    real = kernels.CudaLevels()
-    with kernels.use_implementations([real]), warnings.catch_warnings():
-        warnings.simplefilter("error")
-        for name, params in CODECS:
-            roundtrip(codecs.get(name, **params))
-    assert real._lib is None
-    with pytest.raises(OSError, match="missing.so"):
-        real.load()
-    assert any(isinstance(i, kernels.CudaLevels) for i in kernels.implementations())
-
-
-def test_the_cuda_kernels_pass_their_self_check_on_a_gpu(mode):
-    """On a GPU with the library built (make gpu-build): mode fused, every configuration
-    checked and used, the payloads the CPU codec's bytes and the decoded values its values."""
-    from test_device_maxmin import cuda_or_skip
-
+def test_the_fused_kernels_pass_their_self_check_on_a_gpu(mode):
+    """On a GPU, the default implementations in mode fused: every configuration checked and
+    taking the Triton kernel, the payloads the CPU codec's bytes and the decoded values its
+    values."""
     from torch_cgx import compressors
 
-    cuda = cuda_or_skip()
+    cuda, impls = default_kernels_on_a_gpu()
     mode("fused")
-    try:
-        kernels.CudaLevels().load()
-    except (OSError, RuntimeError, AttributeError) as e:
-        if os.environ.get("CGX_TEST_REQUIRE_CUDA") == "1":
-            raise
-        pytest.skip(f"no CUDA levels kernel library: {e}")
     configs = [("qsgd", dict(bits=b)) for b in (2, 4, 8)]
     configs += [("terngrad", dict(clip=c)) for c in (0.0, 2.5)]
     configs += [("onebit", {}), ("efsignsgd", {})]
     configs = [(n, p, bucket) for (n, p), bucket in itertools.product(configs, (1, 7, 512, 4097))]
     configs += [(n, p, nan) for n, p in [("signsgd", {}), ("signum", {}), ("tbq", dict(tau=0.3))]
                 for nan in (False, True)]  # fmt: skip
-    for (name, params, bucket), dtype in itertools.product(
-        configs, (torch.float32, torch.float16, torch.bfloat16)
-    ):
-        x = torch.randn(20011).to(dtype)
-        x[5000:5100] = 0
-        if isinstance(bucket, bool):  # no bucket size; with / without a NaN (the envelope's flag)
-            x[12345] = float("nan") if bucket else x[12345]
-            params, bucket = dict(params), int(bucket)
-        else:
-            params = dict(params, bucket_size=bucket)
-        c = codecs.get(name, **params)
-        got = c.encode(x.to(cuda), seed=9, stream=bucket)
-        native = compressors.get(name, **params)
-        want = native.encode(x, seed=9, stream=bucket)
-        assert torch.equal(got.cpu(), want), (name, params, dtype, bucket)
-        out = torch.randn(20011).to(dtype)
-        dev_out = out.to(cuda)
-        c.decode_add_(dev_out, got)
-        ref = native.decode_add_(out, want)
-        assert_same(dev_out, ref, f"{name} {params} {dtype}")  # NaN as NaN: GPUs canonicalise
-    assert kernels.decisions() and set(kernels.decisions().values()) == {"fused"}
-
-
-def test_the_c_abi_rejects_bad_arguments_where_built():
-    """Where make gpu-build made the library: the levels entry points return argument errors as
-    status 1 with a message, before touching a device (so this runs without a GPU)."""
-    import ctypes
-
-    found = [p for p in kernels.library_candidates() if p.is_file()]
-    if not found:
-        pytest.skip("libcgx_cuda_capi.so not built (make gpu-build)")
-    lib = ctypes.CDLL(str(found[0]))
-    assert lib.cgx_cuda_capi_version() == cuda_kernels.CAPI_VERSION, f"{found[0]} is stale"
-    lib.cgx_cuda_capi_last_error.restype = ctypes.c_char_p
-    i64, u64, ptr, c_int, f32 = (ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int,
-                                 ctypes.c_float)  # fmt: skip
-    enc = lib.cgx_cuda_capi_levels_encode
-    enc.argtypes = [ptr, c_int, i64, c_int, c_int, f32, i64, u64, u64, ptr, u64, ptr]
-    dec = lib.cgx_cuda_capi_levels_decode_add
-    dec.argtypes = [ptr, u64, ptr, c_int, i64, c_int, c_int, f32, i64, ptr]
-    cases = [
-        ((0, 10, 0, 9, 0.0, 512, 0, 0, None, 0), "qsgd bits must be in [2, 8]"),
-        ((0, 10, 7, 4, 0.0, 512, 0, 0, None, 0), "levels kind must be"),
-        ((0, 10, 1, 2, -1.0, 512, 0, 0, None, 0), "clip must be finite"),
-        ((7, 10, 0, 4, 0.0, 512, 0, 0, None, 0), "dtype code 7"),
-        ((0, 10, 0, 4, 0.0, 512, 0, 0, None, 10), "out has 10 bytes, need 41"),
-        ((0, 10, 6, 2, 0.0, 0, 0, 0, None, 0), "tbq tau must be in [1e-30, 1e30]"),
-        ((0, 10, 4, 1, 0.0, 0, 0, 0, None, 10), "out has 10 bytes, need 34"),
-    ]
-    for args, message in cases:  # the message is read right after each call
-        assert enc(None, *args, None) == 1
-        assert message in lib.cgx_cuda_capi_last_error().decode()
-    assert dec(None, 40, None, 0, 10, 1, 2, 0.0, 4, None) == 1
-    assert "payload has 40 bytes, need 47" in lib.cgx_cuda_capi_last_error().decode()
+    with kernels.use_implementations(impls):
+        for (name, params, bucket), dtype in itertools.product(
+            configs, (torch.float32, torch.float16, torch.bfloat16)
+        ):
+            x = torch.randn(20011).to(dtype)
+            x[5000:5100] = 0
+            if isinstance(bucket, bool):  # no bucket size; with / without a NaN (the flag)
+                x[12345] = float("nan") if bucket else x[12345]
+                params, bucket = dict(params), int(bucket)
+            else:
+                params = dict(params, bucket_size=bucket)
+            c = codecs.get(name, **params)
+            got = c.encode(x.to(cuda), seed=9, stream=bucket)
+            native = compressors.get(name, **params)
+            want = native.encode(x, seed=9, stream=bucket)
+            assert torch.equal(got.cpu(), want), (name, params, dtype, bucket)
+            out = torch.randn(20011).to(dtype)
+            dev_out = out.to(cuda)
+            c.decode_add_(dev_out, got)
+            ref = native.decode_add_(out, want)
+            assert_same(dev_out, ref, f"{name} {params} {dtype}")  # NaN as NaN: GPUs canonicalise
+        assert kernels.decisions() and set(kernels.decisions().values()) == {"fused"}
+        assert {key[0] for key in kernels.decisions()} == {"triton-levels"}
 
 
 def _from_bits(values, dtype):

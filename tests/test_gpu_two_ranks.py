@@ -44,10 +44,8 @@ def cuda_or_skip() -> None:
 
 def _run(body, *args):
     cuda_or_skip()
-    env = {}  # the plane finds the shared GPU itself (device UUIDs through the store)
-    if "CGX_CUDA_LIBRARY" in os.environ:
-        env["CGX_CUDA_LIBRARY"] = os.environ["CGX_CUDA_LIBRARY"]
-    run_ranks(body, 2, *args, env=env, timeout=300)
+    # the plane finds the shared GPU itself (device UUIDs through the store)
+    run_ranks(body, 2, *args, timeout=300)
 
 
 def _setup(rank: int, algorithm: str = "sra"):

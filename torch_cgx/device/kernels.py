@@ -5,8 +5,7 @@ kernel for the tensors it applies to, first found first: the Triton kernels of m
 (:class:`~torch_cgx.device.triton.maxmin.TritonMaxMin`) and of qsgd / terngrad / onebit /
 efsignsgd / signsgd / signum / tbq (:class:`~torch_cgx.device.triton.levels.TritonLevels`) on
 CUDA tensors wherever triton is installed, and on CPU tensors under Triton's interpreter
-(``TRITON_INTERPRET=1``) in ``fused`` mode only; then csrc/cuda's kernels through the C ABI of
-``libcgx_cuda_capi.so`` (:class:`CudaMaxMin`, :class:`CudaLevels`) where triton is missing.
+(``TRITON_INTERPRET=1``) in ``fused`` mode only. Where triton is missing, the reference runs.
 The process setting ``device_kernels`` (``CGX_DEVICE_KERNELS``) selects:
 
 - ``reference``: tensor operations only;
@@ -16,8 +15,8 @@ The process setting ``device_kernels`` (``CGX_DEVICE_KERNELS``) selects:
   decode-adds that payload and must give the reference's values (NaN equal to NaN), for fp16 /
   bf16 also into a float32 output (the engine's sums); a codec that flags non-finite input in
   its envelope (signsgd, signum, tbq) also encodes the buffer with a NaN in it; on a mismatch,
-  an exception, or a library that is missing or fails to load, it warns once, naming the kernel
-  and the reason, and the reference is used from then on (:func:`fallbacks` lists these);
+  an exception, or a kernel that fails to load, it warns once, naming the kernel and the
+  reason, and the reference is used from then on (:func:`fallbacks` lists these);
 - ``fused``: the same self-check, but a failure raises ``RuntimeError``.
 
 A kernel that raises on a CUDA device may have faulted (illegal address): such an error is sticky,
@@ -29,7 +28,7 @@ Implementations are injectable (:func:`use_implementations`), so the selection l
 CPU test suite with fake kernels on CPU tensors (tests/test_device_kernels.py). The real ones
 apply to CUDA tensors; CPU tensors take the reference without any warning, except Triton's
 kernels under the interpreter in ``fused`` mode (tests/test_triton_*.py). Configurations a kernel
-does not cover (the CUDA library's max-min without the clipped range) take the next
+does not cover (``supports`` is false: another codec, another dtype) take the next
 implementation or the reference silently.
 """
 
@@ -42,19 +41,15 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 import torch
 
-from torch_cgx.device.cuda_kernels import CudaLevels, CudaMaxMin, library_candidates
 from torch_cgx.device.fused import FusedLevels, FusedMaxMin
 
 __all__ = [
-    "CudaLevels",
-    "CudaMaxMin",
     "FusedLevels",
     "FusedMaxMin",
     "decisions",
     "fallbacks",
     "fused_for",
     "implementations",
-    "library_candidates",
     "mode",
     "reset",
     "use_implementations",
@@ -74,11 +69,11 @@ class _State:
 
 
 def _defaults() -> list:
-    """Triton's kernels first (any GPU with triton: no CUDA toolkit), then csrc/cuda's library."""
+    """The Triton kernels (any GPU with triton: no CUDA toolkit); the one fast path."""
     from torch_cgx.device.triton.levels import TritonLevels
     from torch_cgx.device.triton.maxmin import TritonMaxMin
 
-    return [TritonMaxMin(), TritonLevels(), CudaMaxMin(), CudaLevels()]
+    return [TritonMaxMin(), TritonLevels()]
 
 
 _state = _State(_defaults())
@@ -138,8 +133,8 @@ def decisions() -> Dict[tuple, str]:
 
 
 def fallbacks() -> Dict[str, str]:
-    """Every fallback to the reference so far: a kernel whose library is unavailable (its name)
-    or a configuration that failed its self-check (kernel, codec, dtype, bits, bucket size,
+    """Every fallback to the reference so far: a kernel that is unavailable (its name) or a
+    configuration that failed its self-check (kernel, codec, dtype, bits, bucket size,
     flags or param1, device type) -> ``"reference: <why>"`` (in ``fused`` mode each of these
     also raised)."""
     with _state.lock:

@@ -5,9 +5,9 @@ The rule, in fp32 and in this order: ``a = min(|x|, clip)`` (NaN: clip), ``f = f
 + u)``, ``l = min(f, levels)``, code ``l + (x < 0 and l > 0 ? neg : 0)``. Code 3 of the 2-bit
 formats decodes to NaN and makes ``header_ok`` False (the native decoder raises instead).
 
-Each may run through a fused kernel (csrc/cuda/levels_cuda.cu) where one applies
-and passed its self-check (torch_cgx/device/kernels.py: CUDA tensors); the tensor operations
-here are the reference, and the only path on the CPU.
+Each may run through a fused kernel (torch_cgx/device/triton/levels.py) where one applies and
+passed its self-check (torch_cgx/device/kernels.py: CUDA tensors); the tensor operations here are
+the reference, and the path of CPU tensors (but for Triton's interpreter in ``fused`` mode).
 """
 
 from __future__ import annotations

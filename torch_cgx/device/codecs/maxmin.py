@@ -4,8 +4,8 @@ Bits 1..8, any bucket size, the raw tail (``skip_incomplete_buckets``), stochast
 shared generator, keyed by the element's index in the whole buffer), the clipped range (``clip``)
 and fp32 / fp16 / bf16 input. The bytes are the native codec's (``torch_cgx.codec``) on CPU
 tensors, nearest and stochastic alike; tests/test_device_maxmin.py checks it. On CUDA tensors the
-fused kernels of csrc/cuda may replace :meth:`MaxMin.encode` / :meth:`MaxMin.decode_add_` after a
-self-check (torch_cgx/device/kernels.py).
+Triton kernels (torch_cgx/device/triton/maxmin.py) may replace :meth:`MaxMin.encode` /
+:meth:`MaxMin.decode_add_` after a self-check (torch_cgx/device/kernels.py).
 
 Every step of FORMAT.md maps to whole-tensor operations: per-bucket scalars are computed for all
 buckets at once on an ``(buckets, bucket_size)`` view, the element arithmetic is one fp32 (or

@@ -1,7 +1,7 @@
 """Device codecs of the sign compressors: signsgd / signum (+-1, flag bit 0 for non-finite input),
 onebit (per bucket the means of the negative and of the non-negative values) and efsignsgd (per
 bucket the mean magnitude). Codes: one bit per value, 1 = negative (NaN: 0). Each may run
-through a fused kernel (codecs/fused.py; csrc/cuda/levels_cuda.cu)."""
+through a fused kernel (codecs/fused.py; torch_cgx/device/triton/levels.py)."""
 
 from __future__ import annotations
 
