@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -36,6 +37,16 @@ def test_a_skipped_device_test_fails_the_step_on_a_gpu_only(tmp_path):
     status, why = steps._pytest_verdict(_ctx(tmp_path, False), "", "pass")
     assert status == "fail" and "test_cuda" in why
     assert steps._pytest_verdict(_ctx(tmp_path, True), "", "pass") is None
+
+
+def test_the_steps_are_the_documented_ones():
+    """docs/gpu-check.md's table names every step and no other (the CUDA library's build-cuda /
+    cuda-tests are gone with csrc/cuda: the Triton kernels are the one fused path)."""
+    names = [s.name for s in steps.STEPS]
+    assert names == ["env", "build-ext", "two-ranks", "sync-debug", "bench-codecs",
+                     "bench-allreduce", "memcheck", "device-tests"]  # fmt: skip
+    table = re.findall(r"^\| `([a-z-]+)` \|", (ROOT / "docs" / "gpu-check.md").read_text(), re.M)
+    assert sorted(table) == sorted(names)
 
 
 def test_a_refusing_sanitizer_is_a_skip_and_a_finding_a_failure(tmp_path):

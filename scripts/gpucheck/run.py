@@ -4,7 +4,7 @@ Runs every step of :data:`STEPS` as a subprocess with its own timeout (a failing
 stops the others), inside an overall budget (a step that would start past it is reported as not
 run), and writes ``OUTDIR/report.json``, ``OUTDIR/report.md`` and ``OUTDIR/logs.txt`` (every
 step's whole output), then prints the summary table. It uses only what the machine has: the
-Python that runs it, the torch it finds (2.11 or newer), cmake / ninja / nvcc /
+Python that runs it, the torch it finds (2.11 or newer) and its triton, ninja and
 compute-sanitizer where they are; it installs nothing and reaches no network.
 
 ``--cpu`` runs the same steps on CPU tensors (the device code's CPU form), at small sizes, so that

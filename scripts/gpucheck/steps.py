@@ -42,9 +42,6 @@ class Context:
         env["PYTHONUNBUFFERED"] = "1"
         env["MAX_JOBS"] = str(os.cpu_count() or 2)
         env["CGX_GPU_CHECK_DECISIONS"] = str(self.work / "decisions")
-        lib = self.root / "build" / "gpu" / "libcgx_cuda_capi.so"
-        if lib.is_file():
-            env["CGX_CUDA_LIBRARY"] = str(lib)
         env.update(step.extra_env(self))
         return env
 
@@ -121,44 +118,6 @@ def _probe_verdict(ctx: Context, out: str, status: str) -> Optional[tuple]:
     if not ctx.cpu and not env.get("cuda_available"):
         return "fail", "torch sees no CUDA device"
     return ("fail", env["problem"]) if env.get("problem") else None
-
-
-# ---- builds ----
-
-
-def _build_cuda_argv(ctx: Context) -> List[str]:
-    arch = ctx.environment.get("capability", "").replace(".", "") or "native"
-    tests = "ON" if _have_gtest() else "OFF"
-    targets = "cgx_cuda_capi" + (" cgx_cuda_tests" if tests == "ON" else "")
-    jobs = os.cpu_count() or 2
-    script = (
-        f"cmake -S . -B build/gpu -G Ninja -DCGX_CUDA=ON -DCGX_TESTS={tests} "
-        f"-DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES={arch} && "
-        f"ninja -C build/gpu -j {jobs} {targets}"
-    )
-    return ["bash", "-c", script]
-
-
-def _have_gtest() -> bool:
-    roots = ("/usr/include/gtest/gtest.h", "/usr/local/include/gtest/gtest.h")
-    return any(pathlib.Path(p).is_file() for p in roots)
-
-
-def _no_nvcc(ctx: Context) -> Optional[str]:
-    if ctx.cpu:
-        return "--cpu: the CUDA code compiles in make core-test where nvcc is; nothing runs it here"
-    for tool in ("nvcc", "cmake", "ninja"):
-        if shutil.which(tool) is None:
-            return f"{tool} not found: the CUDA library cannot be built (the reference runs)"
-    return None
-
-
-def _no_cuda_tests(ctx: Context) -> Optional[str]:
-    if ctx.cpu:
-        return "--cpu: no GPU"
-    if not (ctx.root / "build" / "gpu" / "cgx_cuda_tests").is_file():
-        return "cgx_cuda_tests not built (no GoogleTest on this machine)"
-    return None
 
 
 # ---- build ----
@@ -311,11 +270,6 @@ STEPS = [
     Step("build-ext", "torch_cgx._C built in place against the torch found, every core",
          lambda ctx: [PY, "setup.py", "-q", "build_ext", "--inplace"], 300, 40, min_seconds=20,
          collect_rule=_build_ext_collect),
-    Step("build-cuda", "csrc/cuda's library (and its gtests where GoogleTest is) for this GPU",
-         _build_cuda_argv, 240, 1, min_seconds=30, skip_rule=_no_nvcc),
-    Step("cuda-tests", "the CUDA codec's gtests against the native codec",
-         lambda ctx: [str(ctx.root / "build" / "gpu" / "cgx_cuda_tests")], 120, 1,
-         skip_rule=_no_cuda_tests),
     Step("two-ranks", "2 ranks sharing the device through init_process_group('cgx', device_id):"
          " every compressor x algorithm, reduce_scatter, DDP: bitwise the CPU engine",
          _script("ranks.py"), 150, 60),
