@@ -7,9 +7,9 @@ run times, in rounds whose order rotates (so that a noisy machine affects all al
 - ``copy``: ``dst.copy_(x)`` of the same bytes on the same device (the bandwidth to beat);
 - ``encode`` / ``decode_add``: the device codec (``torch_cgx.device.codecs``, tensor operations:
   the reference), ``decode_add_`` into a preallocated fp32 tensor;
-- ``fused_encode`` / ``fused_decode_add``: the fused kernel where one applies (CUDA max-min,
-  qsgd, terngrad, tbq and the sign codecs; ``torch_cgx.device.kernels.fused_for``: it passed
-  its self-check), else ``-``;
+- ``fused_encode`` / ``fused_decode_add``: the fused kernel where one applies (the Triton
+  kernels of max-min, qsgd, terngrad, tbq and the sign codecs on CUDA tensors;
+  ``torch_cgx.device.kernels.fused_for``: it passed its self-check), else ``-``;
 - ``torch_encode`` / ``torch_decode_add``: the GRACE-style torch-ops peer of
   :mod:`benchmarks.torch_ops_compressors` on the same device (its factories and generator on
   the device through ``with torch.device(...)``; ``-`` where it cannot run there).

@@ -40,8 +40,8 @@ def test_a_skipped_device_test_fails_the_step_on_a_gpu_only(tmp_path):
 
 
 def test_the_steps_are_the_documented_ones():
-    """docs/gpu-check.md's table names every step and no other (the CUDA library's build-cuda /
-    cuda-tests are gone with csrc/cuda: the Triton kernels are the one fused path)."""
+    """docs/gpu-check.md's table names every step and no other (nothing builds native GPU code:
+    the fused kernels are Triton's, compiled at first use)."""
     names = [s.name for s in steps.STEPS]
     assert names == ["env", "build-ext", "two-ranks", "sync-debug", "bench-codecs",
                      "bench-allreduce", "memcheck", "device-tests"]  # fmt: skip
