@@ -15,8 +15,8 @@ prim::stats' lane order by one program, whose eight lanes each add the bucket's 
 in order: the cost is B / 64 dependent loop iterations (eight rows each) per bucket of B values,
 several buckets per program when there are many (``buckets_per_program``). Large buckets are
 therefore latency-bound: a whole-tensor bucket of 2^26 values is 2^20 serial iterations of one
-program (no other order gives the native fp64 bits); the CUDA kernels refuse buckets above 2^16
-for that reason, these take them (measured on no GPU yet).
+program (no other order gives the native fp64 bits): on an H100, efsignsgd with bucket size 0
+encoded 64 MB at 0.6 GB/s (docs/gpu.md), still 13x the tensor-op reference.
 """
 
 from __future__ import annotations
