@@ -172,3 +172,19 @@ def test_benchmarks_have_no_import_cycle():
     for node in sorted(graph):
         if node not in state:
             visit(node, [])
+
+
+def test_no_two_package_modules_import_each_other():
+    """No pair of torch_cgx modules (packages aside: an __init__ re-exports its modules) imports
+    each other, lazily or not: one of the two holds what both need (e.g. counters.py and
+    hook_stats.py: ByteCounts lives in byte_counts.py)."""
+    files = {}
+    for path in _py_files("torch_cgx"):
+        if not path.endswith("__init__.py"):
+            files[os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")] = path
+    graph = {
+        name: {m for m in _imported_modules(path) if m in files and m != name}
+        for name, path in files.items()
+    }
+    pairs = sorted({tuple(sorted((a, b))) for a in graph for b in graph[a] if a in graph[b]})
+    assert pairs == []

@@ -34,27 +34,9 @@ from typing import Optional
 import torch.distributed as dist
 
 from torch_cgx.backend import cgx_backend
+from torch_cgx.byte_counts import ByteCounts
 
 __all__ = ["Stats", "plan", "stats", "reset_stats"]
-
-
-class ByteCounts:
-    """What a dataclass of counters with ``bytes_sent`` and ``bytes_exact`` derives from them
-    (:class:`Stats`, :class:`torch_cgx.hook_stats.HookStats`)."""
-
-    @property
-    def bytes_saved(self) -> int:
-        return self.bytes_exact - self.bytes_sent
-
-    @property
-    def ratio(self) -> float:
-        """How many times fewer bytes than exact fp32 (1.0 before any call)."""
-        return self.bytes_exact / self.bytes_sent if self.bytes_sent else 1.0
-
-    def as_dict(self) -> dict:
-        out = dataclasses.asdict(self)
-        out.update(bytes_saved=self.bytes_saved, ratio=self.ratio)
-        return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from torch_cgx.counters import ByteCounts
+from torch_cgx.byte_counts import ByteCounts
 
 __all__ = ["HookStats", "counted", "hook_stats", "describe_state"]
 
