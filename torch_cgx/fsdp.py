@@ -192,6 +192,8 @@ class CompressedReduceScatter(_MinSizeAlias, _ReduceScatter):
     def _host_reduce(self, chunks, group, rank: int, world: int) -> torch.Tensor:
         """The host path: a host copy, the native codec, the result back on the device."""
         stream = self.calls * world + rank
+        # a device copy on the host only where the caller chose it (data_plane="host") or the
+        # compressor has no device codec (_on_host); CPU chunks are used as they are
         host = chunks.cpu() if chunks.device.type != "cpu" else chunks
         payloads = [
             torch.empty(0, dtype=torch.uint8)
@@ -293,7 +295,7 @@ class CompressedAllGather(_MinSizeAlias, _AllGather):
             )
         shard, dtype = input_tensor.detach().reshape(-1), input_tensor.dtype
         codec = None if _on_host(self, shard) else self.device_codec
-        if codec is None:  # the host path: a host copy and the native codec
+        if codec is None:  # the host path (data_plane="host", or no device codec: _on_host)
             payload = self.codec.encode(shard.cpu()).to(shard.device)
         else:  # on the shard's device, the native codec's bytes
             payload = codec.encode(shard.contiguous())

@@ -33,6 +33,7 @@ at::Tensor bucket_error_bound(const at::Tensor& range_sum, const at::Tensor& mag
   p.average = average;
   p.rounding = stochastic ? Rounding::kStochastic : Rounding::kNearest;
   p.dtype = to_cgx_dtype(dtype);
+  // A diagnostic of the error bound (tests, benchmarks), not a data path: read on the host.
   at::Tensor r = range_sum.contiguous().cpu(), m = magnitude_sum.contiguous().cpu();
   at::Tensor out = at::empty_like(r);
   const double *rp = r.data_ptr<double>(), *mp = m.data_ptr<double>();

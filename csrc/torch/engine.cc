@@ -66,7 +66,8 @@ void Engine::allreduce(at::Tensor& t, const BackendConfig& c, bool average, floa
 void Engine::reduce_unrotated(at::Tensor& t, const BackendConfig& c, bool average,
                               float* residual) {
   if (hierarchy_) return reduce_hierarchical(t, c, average, residual);
-  // Works on a contiguous CPU copy when t is not one (CUDA tensors: staged through the host).
+  // Works on a contiguous CPU copy when t is not one. A CUDA tensor reaches this host engine only
+  // with data_plane="host" (the device plane takes it otherwise: process_group_cgx.cc).
   at::Tensor work = t.contiguous().cpu();
   run_algorithm(wire_, work, c, average, residual);
   if (!work.is_same(t)) t.copy_(work);

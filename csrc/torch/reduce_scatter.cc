@@ -126,6 +126,8 @@ void Engine::reduce_scatter_compressed(at::Tensor& output, const at::Tensor& inp
                                        const BackendConfig& c, bool average) {
   AllreduceOptions o = to_options(c, average, calls_++);
   o.compressor = &compressor_for(c);
+  // The host engine: a CUDA input is here only with data_plane="host" (the device plane takes
+  // it otherwise); a CPU input is used as it is (cpu() returns the same tensor).
   const at::Tensor in = input.cpu();
   at::Tensor acc = at::empty({output.numel()}, in.options().dtype(at::kFloat));
   C10dTransport c10d(wire_);
