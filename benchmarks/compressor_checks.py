@@ -14,11 +14,14 @@ peers alike:
 - onebit / efsignsgd: the bucket's mean of the value's sign group / mean ``|x|``, with the sign of
   ``x`` (relative 2^-12 of the bucket's scale for the summation order);
 - terngrad: ``0`` or ``s * sign(x)`` with ``s`` the bucket's ``max |x|``, so ``|x' - x| <= s``;
-- qsgd: same sign and ``|x' - x| <=`` one level, ``norm / (2^(bits-1) - 1)``;
-- topk / dgc / graddrop: carried values bit for bit, the count (``k``; at most ``2k``) and the
+  ``s * sign(x)`` wherever ``|x| >= s`` (probability 1), and the count of nonzero codes within
+  6 sigma of its expectation ``sum min(|x|, s) / s``;
+- qsgd: same sign and level ``floor(t)`` or ``floor(t) + 1`` of ``t = L |x| / norm`` (``L =
+  2^(bits-1) - 1``, a level is ``norm / L``), the levels' sum within 6 sigma of ``sum t``;
+- topk / dgc / graddrop: carried values bit for bit, the count (``k``; 1 to ``2k``) and the
   selection by magnitude (every carried ``|x|`` >= every dropped one); randomk: the count and the
   values (times ``n / k`` with ``scale``); sparseloco: per chunk the count and the selection,
-  the sign, and half a step of its level.
+  the sign, and the nearest level (the kept mean at 1 bit).
 
 Inputs must hold no exact zeros (a carried zero looks dropped): the benchmark uses ``randn``.
 """
@@ -127,16 +130,32 @@ def _means(signed: bool):
     return run
 
 
+def _six_sigma(count: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, what: str) -> Result:
+    """A sum of independent draws against its expectation: within 6 sigma (+1 for the
+    discreteness), which a correct stochastic rounding misses with probability under 1e-8."""
+    dev, slack = abs(float(count - mean)), 6 * math.sqrt(max(float(var), 0.0)) + 1
+    return (True, "") if dev <= slack else (False, f"{what}: off by {dev:.1f} > {slack:.1f}")
+
+
 def _terngrad(x, d, p) -> Result:
     bucket = int(p["bucket_size"])
-    xr, dr = rows(x.double(), bucket), rows(d.double(), bucket)
+    xr, dr, valid = rows(x.double(), bucket), rows(d.double(), bucket), _valid(x, bucket)
     s = xr.abs().amax(1, keepdim=True)
     if p["clip"] > 0:
-        n = _valid(x, bucket).sum(1, keepdim=True)
+        n = valid.sum(1, keepdim=True)
         s = torch.minimum(s, p["clip"] * (xr.square().sum(1, True) / n).sqrt())
     tol = s * 2.0**-20
     level = (dr == 0) | ((dr.abs() - s).abs() <= tol)
     ok, why = _within((~level | (dr * xr < 0)).double(), torch.zeros(()), "0 or s * sign(x)")
+    if not ok:
+        return ok, why
+    # Code nonzero with probability min(|x|, s) / s: certain at |x| >= s (the bucket's largest).
+    sure = valid & (xr.abs() >= s - tol) & (s > 0)
+    ok, why = _within(sure.double() * (dr == 0).double(), torch.zeros(()), "|x| = s sent")
+    if not ok:
+        return ok, why
+    prob = (xr.abs().minimum(s) / s.clamp(min=1e-300)).where(valid & (s > 0), 0)
+    ok, why = _six_sigma((dr != 0).sum(), prob.sum(), (prob * (1 - prob)).sum(), "nonzero codes")
     if not ok:
         return ok, why
     bound = s + tol if p["clip"] == 0 else s + xr.abs() + tol
@@ -144,11 +163,25 @@ def _terngrad(x, d, p) -> Result:
 
 
 def _qsgd(x, d, p) -> Result:
+    """Level l of |x'| = l * norm / L is floor(t) or floor(t) + 1 of t = L |x| / norm (the
+    sign of x), and the levels sum to sum t within 6 sigma (E[l] = t: unbiased)."""
     bucket, levels = int(p["bucket_size"]), (1 << (int(p["bits"]) - 1)) - 1
     xr, dr = rows(x.double(), bucket), rows(d.double(), bucket)
-    step = torch.linalg.vector_norm(xr, dim=1, keepdim=True) / levels
+    norm = torch.linalg.vector_norm(xr, dim=1, keepdim=True)
     ok, why = _within((dr * xr < 0).double(), torch.zeros(()), "sign")
-    return _within((dr - xr).abs(), step * (1 + 2.0**-18) + 1e-30, "one level") if ok else (ok, why)
+    if not ok:
+        return ok, why
+    t = (levels * xr.abs() / norm.clamp(min=1e-300)).where(norm > 0, 0)
+    lev = dr.abs() * levels / norm.clamp(min=1e-300)
+    eps = t * 2.0**-20 + 2.0**-20  # the fp32 evaluation of t and of the decoded value
+    whole = (lev - lev.round()).abs() <= eps
+    lo, hi = (t - eps).floor().clamp(0, levels), ((t + eps).floor() + 1).clamp(max=levels)
+    bad = ~whole | (lev.round() < lo) | (lev.round() > hi)
+    ok, why = _within(bad.double(), torch.zeros(()), "level floor(t) or floor(t) + 1")
+    if not ok:
+        return ok, why
+    f = t - t.floor()
+    return _six_sigma(lev.round().sum(), t.sum(), (f * (1 - f)).sum(), "sum of levels")
 
 
 def _sparse(count: Callable[[int, dict], Tuple[int, int]], by_magnitude: bool, scaled=False):
@@ -181,15 +214,16 @@ def _k_exact(key: str, invert: bool = False):
 
 
 def _k_capped(key: str, invert: bool = False):
-    def count(n: int, p: dict) -> Tuple[int, int]:
-        return 0, min(n, 2 * k_of(1 - p[key] if invert else p[key], n))
+    def count(n: int, p: dict) -> Tuple[int, int]:  # the largest |x| always passes (>= 1)
+        return min(n, 1), min(n, 2 * k_of(1 - p[key] if invert else p[key], n))
 
     return count
 
 
 def _sparseloco(x, d, p) -> Result:
-    """Per chunk: k(ratio, L) values carried, the largest |x|, each within half a step of its
-    level over [min, max] of the kept |x| (1 bit: within max - min) with the sign of x."""
+    """Per chunk: k(ratio, L) values carried, the largest |x|, each at its level with the sign
+    of x: the nearest of lo + l * step (l = 0..L, step = (hi - lo) / L over [lo, hi] of the kept
+    |x|; either neighbour at a tie), or the mean of the kept |x| at 1 bit."""
     chunk, bits = int(p["chunk"]), int(p["bits"])
     xr, dr, valid = rows(x.double(), chunk), rows(d.double(), chunk), _valid(x, chunk)
     sent = dr != 0
@@ -202,10 +236,23 @@ def _sparseloco(x, d, p) -> Result:
     dropped = mag.where(valid & ~sent, 0).amax(1, keepdim=True)
     if not bool((lo >= dropped).all()):
         return False, "a dropped |x| above a kept one"
-    step = (hi - lo) if bits == 1 else (hi - lo) / ((1 << (bits - 1)) - 1) / 2
     ok, why = _within((dr * xr < 0).double(), torch.zeros(()), "sign")
-    err = (dr - xr).abs().where(sent, 0)
-    return _within(err, step * (1 + 2.0**-18) + hi * 2.0**-22, "half a step") if ok else (ok, why)
+    if not ok:
+        return ok, why
+    tol = hi * 2.0**-20 + 1e-30
+    if bits == 1:
+        mean = mag.where(sent, 0).sum(1, True) / sent.sum(1, True).clamp(min=1)
+        return _within((dr.abs() - mean).abs().where(sent, 0), tol, "the kept mean")
+    levels = (1 << (bits - 1)) - 1
+    step = (hi - lo) / levels
+    pos = ((mag - lo) / step.clamp(min=1e-300)).where(step > 0, 0)
+    near = (pos + 0.5).floor().clamp(0, levels)
+    tie = ((pos - pos.floor() - 0.5).abs() <= 2.0**-16) & (pos.floor() < levels)
+    err = torch.minimum(
+        (dr.abs() - (lo + near * step)).abs(),
+        (dr.abs() - (lo + pos.floor() * step)).abs().where(tie, math.inf),
+    )
+    return _within(err.where(sent, 0), tol, "its nearest level")
 
 
 CHECKS: Dict[str, Callable[[torch.Tensor, torch.Tensor, dict], Result]] = {
