@@ -13,9 +13,11 @@ per registered compressor at its default parameters (``set_config(compressor=nam
 of ``--algorithms`` for fixed-size dense ones, once under ``allgather`` for sparse and
 data-dependent ones (the backend's only path for them). Their ``algo`` cell is
 ``<compressor>:<algorithm>`` (``ag``: allgather-reduce) and ``bits`` their payload bits per value
-(``-`` where the size depends on the data). The error bound above covers max-min only: the
-``maxmin`` row is checked against it (at its default 4 bits, bucket 512); every other compressor
-gets ``maxerr`` / ``relerr`` and ``-`` in ``#wrong`` (no bound verdict). Every timed call of a
+(``-`` where the size depends on the data). The ``maxmin`` row is checked against the error
+bound above (at its default 4 bits, bucket 512); every other compressor's checked call also
+returns each rank's error-feedback residual, and ``#wrong`` counts the elements whose
+compressions break the compressor's definition or whose result is off the sum they imply
+(:mod:`benchmarks.allreduce_compressors`: rank 0 replays the algorithm). Every timed call of a
 compressor row starts again from the same input (data-dependent payloads would otherwise change
 as the buffer grows). Every cgx row checks that all ranks hold bit-identical results (``same`` in
 the records; a mismatch fails the run). ``--bits none`` leaves out the ``--bits`` rows:
@@ -48,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 import torch_cgx
+from benchmarks.allreduce_compressors import verdict
 from benchmarks.baselines import METHODS
 from benchmarks.hosts import maybe_run_on_hosts
 from benchmarks.sizes import parse_size, size_range
@@ -97,8 +100,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument(
         "--compressors",
         default="",
-        help="every registered compressor (all) or some (name,name) at default parameters; "
-        "#wrong is '-' except for maxmin: no bound for the others",
+        help="every registered compressor (all) or some (name,name) at default parameters, "
+        "each result judged by its compressor's definition (#wrong)",
     )
     p.add_argument("--json", default=None, help="write the records here (rank 0)")
     p.add_argument("--quiet", action="store_true", help="no table (records only)")
@@ -174,13 +177,15 @@ class _Input:
 
     def __init__(self, size: int, rank: int, world: int, gloo) -> None:
         self.count, self.world, self.gloo = size // 4, world, gloo
-        g = torch.Generator().manual_seed(1234 + rank)
-        self.x = torch.randn(self.count, generator=g)
+        self.x = self.input_of(rank)
         self.exact = self.x.double()
         dist.all_reduce(self.exact, group=gloo)
         self.base = {"size": size, "count": self.count, "type": "float", "redop": "sum",
                      "world": world}  # fmt: skip
         self._stats = {}
+
+    def input_of(self, rank: int) -> torch.Tensor:
+        return torch.randn(self.count, generator=torch.Generator().manual_seed(1234 + rank))
 
     def bound(self, bits: int, bucket_size: int, algorithm: str) -> torch.Tensor:
         if bucket_size not in self._stats:
@@ -211,12 +216,40 @@ def _baseline_rows(inp: _Input, names: List[str], args) -> List[dict]:
     return rows
 
 
+def _verdict(inp: _Input, name: str, y: torch.Tensor, residual: torch.Tensor) -> int:
+    """#wrong of a compressor's checked call: rank 0 gathers the residuals and replays the
+    algorithm (benchmarks.allreduce_compressors); every rank gets the count."""
+    gloo, rank = inp.gloo, dist.get_rank()
+    gathered = [torch.empty_like(residual) for _ in range(inp.world)] if rank == 0 else None
+    dist.gather(residual, gathered, dst=0, group=gloo)
+    wrong = torch.zeros(1, dtype=torch.int64)
+    if rank == 0:
+        c = torch_cgx.cgx_backend().config()
+        params = {p["name"]: p["default"] for p in compressors.params(name)}
+        algorithm = next(a for a, i in ALGORITHMS.items() if i == c.algorithm)
+        v = verdict(name, params, [inp.input_of(r) for r in range(inp.world)], y, gathered,
+                    algorithm, fusion=c.fusion_buffer_bytes // 4,
+                    segment=c.pipeline_segment_bytes // 4)  # fmt: skip
+        wrong[0] = v.wrong
+        if v.wrong:
+            print(f"# {name}:{algorithm} size {4 * inp.count}: {v.detail}", flush=True)
+    dist.broadcast(wrong, 0, group=gloo)
+    return int(wrong)
+
+
 def _cgx_row(inp: _Input, args, bound: Optional[torch.Tensor], fresh: bool, **fields) -> dict:
-    """Times the cgx allreduce as configured now; fresh: every call starts from the input."""
+    """Times the cgx allreduce as configured now; fresh: every call starts from the input.
+    Checked against ``bound``, or with none by the verdict of ``fields["compressor"]``."""
     gloo = inp.gloo
     y = inp.x.clone()
-    dist.all_reduce(y)  # checked call
-    maxerr, relerr, wrong = _errors(y, inp.exact, bound)
+    if bound is None:  # checked call with residuals: the compressor's verdict
+        backend, residual = torch_cgx.cgx_backend(), torch.zeros(inp.count)
+        backend.allreduce_with(y, backend.config(), False, residual).wait()
+        maxerr, relerr, _ = _errors(y, inp.exact, None)
+        wrong = _verdict(inp, fields["compressor"], y, residual)
+    else:
+        dist.all_reduce(y)  # checked call
+        maxerr, relerr, wrong = _errors(y, inp.exact, bound)
     row = dict(inp.base, wire=_wire(inp.world, gloo), maxerr=maxerr, relerr=relerr, wrong=wrong,
                same=_same_on_ranks(y, gloo), **fields)  # fmt: skip
     if fresh:
