@@ -1,6 +1,7 @@
 """The cgx backend on real ranks (separate processes, TCP store, Gloo sockets): compressed
-allreduce against the exact sum within the derived bound, bit-identical replicas, every dtype and
-op, odd sizes, pieces larger than the fusion buffer, non-contiguous tensors, subgroups, every
+allreduce against the exact sum within the derived bound, every other compressor's result by its
+definition (its error-feedback residuals replayed), bit-identical replicas, every dtype and op,
+odd sizes, pieces larger than the fusion buffer, non-contiguous tensors, subgroups, every
 forwarded collective, init methods and launchers."""
 
 from __future__ import annotations
@@ -10,7 +11,12 @@ import torch
 import torch.distributed as dist
 from dist_helpers import run_ranks
 
+from benchmarks.allreduce_compressors import replay, verdict
 from torch_cgx.bounds import allreduce_error_bound, sra_rms_error_estimate
+from torch_cgx.config import ALGORITHMS
+
+# Compressors whose payload depends on the call's random streams (the call index).
+RANDOMIZED = ("terngrad", "qsgd", "randomk", "dgc", "graddrop")
 
 
 def rank_input(rank: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -283,6 +289,31 @@ def test_forwarded_collectives_and_subgroups():
     run_ranks(body_forwarded, 3)
 
 
+def check_compressor_values(name, inputs, exact, gloo) -> torch.Tensor:
+    """The checked call of compressor ``name`` (the group's settings, SUM) with error feedback:
+    the ranks' residuals add up to what the result lost (sum_r residual_r = exact - result),
+    and every compression the algorithm made (replayed from the inputs and residuals) decodes
+    as the compressor's definition says (benchmarks.allreduce_compressors). Returns the result."""
+    import torch_cgx
+    from torch_cgx import compressors
+
+    backend, rank = torch_cgx.cgx_backend(), dist.get_rank()
+    y, residual = inputs[rank].clone(), torch.zeros(inputs[rank].numel())
+    backend.allreduce_with(y, backend.config(), False, residual).wait()
+    residuals = [torch.empty_like(residual) for _ in inputs]
+    dist.all_gather(residuals, residual, group=gloo)
+    lost = exact - y.double()
+    fed_back = torch.stack([r.double() for r in residuals]).sum(0)
+    scale = torch.stack([t.double().abs() for t in inputs + residuals]).sum(0) + y.abs()
+    assert bool(((lost - fed_back).abs() <= 2**-20 * scale).all()), f"{name}: residuals"
+    assert float(lost.abs().max()) > 0  # something was lost: the identity is not vacuous
+    params = {p["name"]: p["default"] for p in compressors.params(name)}
+    algorithm = next(a for a, i in ALGORITHMS.items() if i == backend.config().algorithm)
+    v = verdict(name, params, inputs, y, residuals, algorithm)
+    assert v.wrong == 0, f"{name} ({algorithm}): {v.wrong} elements, {v.detail}"
+    return y
+
+
 def body_every_compressor(rank, world):
     import torch_cgx
     from torch_cgx import compressors
@@ -310,6 +341,10 @@ def body_every_compressor(rank, world):
             rel = 2**-10 if name == "fp16" else 2**-7
             scale = torch.stack([t.double().abs() for t in inputs]).sum(0)
             assert bool(((y.double() - exact).abs() <= rel * scale * 1.01).all()), name
+        checked = check_compressor_values(name, inputs, exact, gloo)
+        if name not in RANDOMIZED:  # with or without error feedback: the replayed compressions
+            params = {p["name"]: p["default"] for p in compressors.params(name)}
+            assert torch.equal(checked, y) and torch.equal(y, replay(name, params, inputs)), name
     # Settings agreement covers the compressor and its parameters.
     with pytest.raises(ValueError, match="cgx settings differ between ranks"):
         torch_cgx.set_config(compressor="qsgd", compressor_params={"bits": 3 + rank})
