@@ -1,6 +1,7 @@
 // The allreduce algorithms with every registered compressor (ranks as threads): replicas are
-// bit-identical whatever the compressor and algorithm, and the allgather path sums exactly what
-// was sent.
+// bit-identical whatever the compressor and algorithm and equal, bit for bit, the composition
+// of the compressor's own round trips that docs/algorithms.md describes (replayed here), the
+// residuals add up to what the result lost, and the allgather path sums exactly what was sent.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -50,22 +51,107 @@ void on_ranks(std::vector<std::vector<float>>& x, int64_t n, Options options) {
   on_ranks(x, n, options, [](int, const CompressedAllreduce&) {});
 }
 
+AllreduceOptions options_for(const Compressor& c, Algorithm alg, size_t fusion, size_t segment) {
+  AllreduceOptions o;
+  o.compressor = &c;
+  o.algorithm = alg;
+  o.fusion_bytes = fusion;
+  o.segment_bytes = segment;
+  o.codec.seed = 3;
+  return o;
+}
+
 std::vector<std::vector<float>> run(const Compressor& c, Algorithm alg, int world, int64_t n,
                                     size_t fusion = size_t(1) << 20, size_t segment = 0) {
   auto x = normal_inputs(world, n, uint32_t(n + world));
-  on_ranks(x, n, [&](int) {
-    AllreduceOptions o;
-    o.compressor = &c;
-    o.algorithm = alg;
-    o.fusion_bytes = fusion;
-    o.segment_bytes = segment;
-    o.codec.seed = 3;
-    return o;
-  });
+  on_ranks(x, n, [&](int) { return options_for(c, alg, fusion, segment); });
   return x;
 }
 
-TEST(AllreduceCompressors, EveryCompressorAndAlgorithmGivesIdenticalReplicas) {
+// acc[0, m) += decode(encode(v[0, m))), encoded with the streams of (piece, rank, chunk, phase).
+void add_round_trip(const AllreduceOptions& o, const float* v, int64_t m, uint64_t piece, int rank,
+                    int chunk, int phase, float* acc) {
+  std::vector<uint8_t> p(payload_size(o, m, DType::kFloat32));
+  const size_t size = encode_payload(o, v, DType::kFloat32, m,
+                                     streams_for(o, piece, rank, chunk, phase), p.data(), p.size());
+  decode_payload(o, p.data(), size, acc, DType::kFloat32, m, true);
+}
+
+// One message (m values at x[r] on rank r, streams of `piece`) as docs/algorithms.md reduces it
+// (SUM, fp32): which rank compresses what, with which streams, summed in which order.
+void replay_message(const AllreduceOptions& o, const std::vector<const float*>& x, int64_t m,
+                    uint64_t piece, float* out) {
+  const int world = int(x.size());
+  const int64_t align = chunk_alignment(o);
+  auto values = [&](int r, Range c) { return std::vector<float>(x[r] + c.begin, x[r] + c.end); };
+  auto finish = [&](const std::vector<float>& sum, Range c, int rank, int chunk) {
+    std::fill(out + c.begin, out + c.end, 0.0f);
+    add_round_trip(o, sum.data(), c.size(), piece, rank, chunk, 2, out + c.begin);
+  };
+  if (o.algorithm == Algorithm::kAllgather || gather_only(o) || sum_in_transit(o)) {
+    std::fill(out, out + m, 0.0f);  // each rank's values compressed once, summed in rank order
+    for (int r = 0; r < world; ++r) add_round_trip(o, x[r], m, piece, r, 0, 0, out);
+  } else if (o.algorithm == Algorithm::kTree) {  // partial sums up a binomial tree
+    std::vector<std::vector<float>> sum(static_cast<size_t>(world));
+    for (int r = world - 1; r >= 0; --r) {
+      sum[r] = values(r, {0, m});
+      for (int mask = 1; mask < (r ? r & -r : world) && r + mask < world; mask <<= 1) {
+        add_round_trip(o, sum[r + mask].data(), m, piece, r + mask, 0, 1, sum[r].data());
+      }
+    }
+    finish(sum[0], {0, m}, 0, 0);
+  } else {
+    for (int j = 0; j < world; ++j) {
+      const Range c = chunk_range(m, world, align, j);
+      std::vector<float> sum = values(j, c);
+      if (o.algorithm == Algorithm::kRing) {  // rank j + t adds its values, compresses the sum
+        for (int t = 0; t + 1 < world; ++t) {
+          std::vector<float> next = values((j + t + 1) % world, c);
+          add_round_trip(o, sum.data(), c.size(), piece, (j + t) % world, j, t ? 1 : 0,
+                         next.data());
+          sum = std::move(next);
+        }
+        finish(sum, c, (j + world - 1) % world, j);
+      } else {  // SRA: the owner j adds the others' compressed chunks to its own values
+        for (int q = 0; q < world; ++q) {
+          if (q != j) add_round_trip(o, x[q] + c.begin, c.size(), piece, q, j, 0, sum.data());
+        }
+        finish(sum, c, j, j);
+      }
+    }
+  }
+}
+
+// The result of the allreduce (SUM) of x with options o: pieces of o.fusion_bytes, cut into
+// segments (streams of piece * 1000003 + k) by SRA's pipeline, and by the other algorithms'
+// lanes where a piece is longer than a segment (sparse paths only with pipeline_sparse).
+std::vector<float> replay(const AllreduceOptions& o, const std::vector<std::vector<float>>& x) {
+  const int64_t n = int64_t(x[0].size()), piece_elems = int64_t(o.fusion_bytes / 4);
+  const bool sparse = gather_only(o) || sum_in_transit(o);
+  const bool sra = !sparse && o.algorithm == Algorithm::kScatterReduceAllgather;
+  std::vector<float> out(static_cast<size_t>(n));
+  uint64_t piece = 0;
+  for (int64_t begin = 0; begin < n; begin += piece_elems, ++piece) {
+    const int64_t count = std::min(piece_elems, n - begin);
+    const bool lanes = o.segment_bytes > 0 && size_t(count) * 4 > o.segment_bytes &&
+                       (sparse ? o.pipeline_sparse : !sra);
+    int64_t seg = count;
+    if (o.segment_bytes > 0 && (sra || lanes)) {
+      const int64_t align = chunk_alignment(o);
+      seg = std::max<int64_t>(1, int64_t(o.segment_bytes / 4) / align) * align;
+    }
+    for (int64_t k = 0; k * seg < count; ++k) {
+      const int64_t at = begin + k * seg;
+      std::vector<const float*> parts;
+      for (const auto& v : x) parts.push_back(v.data() + at);
+      replay_message(o, parts, std::min(seg, count - k * seg),
+                     sra || lanes ? piece * 1000003u + uint64_t(k) : piece, out.data() + at);
+    }
+  }
+  return out;
+}
+
+TEST(AllreduceCompressors, EveryCompressorAndAlgorithmGivesIdenticalReplicasOfTheReplay) {
   for (const std::string& name : compressor_names()) {
     auto c = make_compressor(name);
     for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing, Algorithm::kAllgather,
@@ -76,6 +162,9 @@ TEST(AllreduceCompressors, EveryCompressorAndAlgorithmGivesIdenticalReplicas) {
           for (int r = 1; r < world; ++r) {
             ASSERT_EQ(x[size_t(r)], x[0]) << name << " alg " << int(alg) << " W " << world;
           }
+          const auto want = replay(options_for(*c, alg, 8192, 2048),
+                                   normal_inputs(world, n, uint32_t(n + world)));
+          ASSERT_EQ(x[0], want) << name << " alg " << int(alg) << " W " << world << " n " << n;
         }
       }
     }
@@ -262,10 +351,11 @@ TEST(AllreduceCompressors, ResidualIsWhatTheRankDidNotSend) {
 }
 
 // Complete error feedback: over the ranks, the residuals add up to what the allreduce lost,
-// sum_r x_r - result, for every algorithm (ring: its intermediate re-compressions included).
+// sum_r x_r - result, for every compressor and algorithm (ring: its intermediate
+// re-compressions included).
 TEST(AllreduceCompressors, ResidualsAddUpToTheLoss) {
-  for (const char* name : {"onebit", "qsgd", "topk"}) {
-    auto c = make_compressor(name, {});
+  for (const std::string& name : compressor_names()) {
+    auto c = make_compressor(name);
     for (auto alg : {Algorithm::kScatterReduceAllgather, Algorithm::kRing, Algorithm::kAllgather,
                      Algorithm::kTree}) {
       const int world = 5;
@@ -291,9 +381,10 @@ TEST(AllreduceCompressors, ResidualsAddUpToTheLoss) {
         worst = std::max(worst, std::fabs(lost - fed_back));
         lost_norm = std::max(lost_norm, std::fabs(lost));
       }
-      // fp32 roundings of sums of W values of magnitude <= ~W * 5: far below what was lost
+      // fp32 roundings of sums of W values of magnitude <= ~W * 5: below what was lost (fp16's
+      // 2^-11 of the sums, the least, is some 1e-3)
       EXPECT_LT(worst, 1e-4) << name << " alg " << int(alg);
-      EXPECT_GT(lost_norm, 0.1) << name << " alg " << int(alg);  // the test is not vacuous
+      EXPECT_GT(lost_norm, 1e-3) << name << " alg " << int(alg);  // the test is not vacuous
     }
   }
 }
