@@ -1,4 +1,5 @@
-"""Smoke test of ``python -m benchmarks.codec`` (tiny sizes, a few seconds)."""
+"""``python -m benchmarks.codec`` on tiny sizes (a few seconds): verified records whose every
+derived number (GB/s, ratios, compression ratio) equals its parts, as recorded and as printed."""
 
 from __future__ import annotations
 
@@ -36,9 +37,47 @@ def test_main_quick_writes_verified_records(tmp_path, capsys):
         assert r["payload_bytes"] == codec.encoded_size(r["numel"], r["bits"], 512)
         for key in NUMBER_KEYS:
             assert math.isfinite(r[key]) and r[key] > 0, key
+        check_derived(r)
     out = capsys.readouterr().out
     assert "isa=" in out and "torch " in out and "verified=yes" in out
-    assert bench_codec.format_table(records) in out
+    table = bench_codec.format_table(records)
+    assert table in out
+    lines = table.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("---")) + 1
+    rows = [line.split() for line in lines[start : start + len(records)]]
+    assert all(len(c) == 14 for c in rows) and lines[start + len(records)].startswith("encode:")
+    for cells, r in zip(rows, records):
+        check_printed(cells, r)
+
+
+def check_derived(r: dict) -> None:
+    """Every derived number of a record equals its parts: GB/s = 4 numel / seconds, the ratios
+    the quotients of those GB/s, the compression ratio fp32 bytes over payload bytes."""
+    for op in bench_codec.OPS:
+        assert r[f"{op}_gbps"] == pytest.approx(4 * r["numel"] / r[f"{op}_s"] / 1e9, rel=1e-12)
+    for op in ("encode", "decode_add"):
+        g = r[f"{op}_gbps"]
+        assert r[f"{op}_vs_memcpy"] == pytest.approx(g / r["memcpy_gbps"], rel=1e-12), op
+        assert r[f"{op}_vs_torch"] == pytest.approx(g / r[f"torch_{op}_gbps"], rel=1e-12), op
+    assert r["compression_ratio"] == pytest.approx(4 * r["numel"] / r["payload_bytes"], rel=1e-12)
+
+
+def _quotient_ok(printed: str, num: str, den: str, digits: int) -> bool:
+    """Whether a printed ratio is the quotient of the printed columns, up to their rounding
+    (each column to 2 decimals, the ratio to ``digits``)."""
+    n, d, q = float(num), float(den), float(printed)
+    if d < 0.01:  # 0.00 printed: the quotient is unknown
+        return True
+    slack = 0.5 * 10**-digits + (n + 0.005) / (d - 0.005) - n / d + 0.005 / d
+    return abs(q - n / d) <= slack * 1.0001
+
+
+def check_printed(cells: list, r: dict) -> None:
+    mem, enc, dec, t_enc, t_dec = cells[3], cells[4], cells[7], cells[10], cells[11]
+    assert float(cells[0]) == r["size_mb"] and int(cells[1]) == r["bits"]
+    assert _quotient_ok(cells[5], enc, mem, 2) and _quotient_ok(cells[6], enc, t_enc, 1), cells
+    assert _quotient_ok(cells[8], dec, mem, 2) and _quotient_ok(cells[9], dec, t_dec, 1), cells
+    assert float(cells[12]) == round(4 * r["numel"] / r["payload_bytes"], 1), cells
 
 
 def test_codec_table_restores_threads():
