@@ -3,6 +3,7 @@ side, ending with a one-line takeaway.
 
     python -m benchmarks.demo            # 2 emulated hosts behind a 1 Gbit/s link, else loopback
     python -m benchmarks.demo --loopback # 4 ranks on 127.0.0.1
+    python -m benchmarks.demo --loopback --quick  # its smoke test: 2 ranks, small sizes, 20 steps
 
 Where this machine allows it (root, network namespaces, tc: benchmarks.hosts), the ranks
 run on 2 emulated hosts linked at 1 Gbit/s, the setting compression is made for; elsewhere on
@@ -23,16 +24,20 @@ import torch.distributed as dist
 
 LOOPBACK_WORLD = 4
 HIDDEN = 1024  # the MLP's width: 1.12M parameters, 4.5 MB of fp32 gradients per step
+STEPS = 60
 HOSTS, LINK = 2, "1gbit"
+# --quick (tests/test_demo.py): the same runs, smaller: 2 ranks, 256 KB of codec input, the
+# allreduce at 64-256 KB, 20 steps of a 256-wide MLP (82k parameters).
+QUICK = {"world": 2, "codec_mb": 0.25, "sizes": ("64K", "256K"), "hidden": 256, "steps": 20}
 
 
-def _codec_table() -> None:
+def _codec_table(mb: float = 16) -> None:
     try:
         from benchmarks.codec import codec_table, format_table
     except ImportError:
         return
-    print("== max-min codec, 16 MB of fp32, one thread (GB/s of fp32 input) ==", flush=True)
-    print(format_table(codec_table([16], [8, 4, 2], [1], 3)), flush=True)
+    print(f"== max-min codec, {mb:g} MB of fp32, one thread (GB/s of fp32 input) ==", flush=True)
+    print(format_table(codec_table([mb], [8, 4, 2], [1], 3)), flush=True)
 
 
 def _where() -> str:
@@ -42,7 +47,7 @@ def _where() -> str:
     return f"{world} ranks on this machine (loopback)"
 
 
-def _allreduce_table() -> None:
+def _allreduce_table(sizes=("1M", "16M")) -> None:
     from benchmarks import allreduce
 
     if dist.get_rank() == 0:
@@ -51,9 +56,9 @@ def _allreduce_table() -> None:
     args = allreduce.parse_args(
         [
             "-b",
-            "1M",
+            sizes[0],
             "-e",
-            "16M",
+            sizes[1],
             "-f",
             "4",
             "--bits",
@@ -69,7 +74,7 @@ def _allreduce_table() -> None:
     allreduce.run(args)
 
 
-def _train(hook: str, steps: int) -> tuple:
+def _train(hook: str, steps: int, hidden: int = HIDDEN) -> tuple:
     """A small MLP regression trained with DDP; returns (losses every 10 steps, s / step)."""
     import torch_cgx
 
@@ -77,11 +82,11 @@ def _train(hook: str, steps: int) -> tuple:
     torch.manual_seed(0)
     teacher = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
     model = torch.nn.Sequential(
-        torch.nn.Linear(64, HIDDEN),
+        torch.nn.Linear(64, hidden),
         torch.nn.ReLU(),
-        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.Linear(hidden, hidden),
         torch.nn.ReLU(),
-        torch.nn.Linear(HIDDEN, 1),
+        torch.nn.Linear(hidden, 1),
     )
     group = dist.new_group(backend="gloo") if hook == "gloo" else None
     ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
@@ -115,8 +120,8 @@ def _train(hook: str, steps: int) -> tuple:
     return losses, seconds, per_step
 
 
-def _params() -> float:
-    return (64 * HIDDEN + HIDDEN + HIDDEN * HIDDEN + HIDDEN + HIDDEN + 1) / 1e6
+def _params(hidden: int = HIDDEN) -> float:
+    return (64 * hidden + hidden + hidden * hidden + hidden + hidden + 1) / 1e6
 
 
 def _takeaway(runs: dict) -> str:
@@ -131,19 +136,21 @@ def _takeaway(runs: dict) -> str:
     )
 
 
-def worker() -> None:
+def worker(quick: bool = False) -> None:
     torch.set_num_threads(1)
     import torch_cgx  # noqa: F401  (registers 'cgx')
 
+    size = dict(QUICK) if quick else {}
+    hidden, steps = size.get("hidden", HIDDEN), size.get("steps", STEPS)
     dist.init_process_group("cgx")
     if dist.get_rank() == 0 and not os.environ.get("CGX_DEMO_HOSTS"):
-        _codec_table()
+        _codec_table(size.get("codec_mb", 16))
     dist.barrier()
-    _allreduce_table()
-    runs = {how: _train(how, 60) for how in ("gloo", "cgx-8", "cgx-4")}
+    _allreduce_table(size.get("sizes", ("1M", "16M")))
+    runs = {how: _train(how, steps, hidden) for how in ("gloo", "cgx-8", "cgx-4")}
     if dist.get_rank() == 0:
         print(
-            f"\n== DDP training, {_where()}, MLP {_params():.2f}M parameters: "
+            f"\n== DDP training, {_where()}, MLP {_params(hidden):.2f}M parameters: "
             "loss (max over ranks) =="
         )
         hows = list(runs)
@@ -160,17 +167,18 @@ def worker() -> None:
     dist.destroy_process_group()
 
 
-def _on_hosts() -> int:
+def _on_hosts(quick: bool = False) -> int:
     from benchmarks import hosts
 
     print(
         f"torch_cgx demo: {HOSTS} emulated hosts (network namespaces), {LINK}/s links", flush=True
     )
     env = {"OMP_NUM_THREADS": "1", "CGX_CODEC_THREADS": "1", "CGX_DEMO_HOSTS": "1"}
-    return hosts.run_on_hosts(HOSTS, LINK, None, "benchmarks.demo", ["--worker"], 600, env)
+    args = ["--worker"] + (["--quick"] if quick else [])
+    return hosts.run_on_hosts(HOSTS, LINK, None, "benchmarks.demo", args, 600, env)
 
 
-def _on_loopback() -> int:
+def _on_loopback(quick: bool = False) -> int:
     from benchmarks.hosts_run import repo_pythonpath
 
     env = dict(
@@ -185,7 +193,7 @@ def _on_loopback() -> int:
         "-m",
         "torch.distributed.run",
         "--nproc-per-node",
-        str(LOOPBACK_WORLD),
+        str(QUICK["world"] if quick else LOOPBACK_WORLD),
         "--master-addr",
         "127.0.0.1",
         "--master-port",
@@ -194,30 +202,33 @@ def _on_loopback() -> int:
         "benchmarks.demo",
         "--worker",
     ]
-    return subprocess.call(cmd, env=env)
+    return subprocess.call(cmd + (["--quick"] if quick else []), env=env)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.demo")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--loopback", action="store_true", help="4 ranks on 127.0.0.1")
+    parser.add_argument(
+        "--quick", action="store_true", help="2 ranks, small sizes, 20 steps (its smoke test)"
+    )
     args = parser.parse_args(argv)
     if args.worker:
-        worker()
+        worker(args.quick)
         return 0
     if not args.loopback:
         from benchmarks.hosts_net import HostsUnavailable, check_prerequisites
 
         try:
             check_prerequisites()
-            return _on_hosts()
+            return _on_hosts(args.quick)
         except HostsUnavailable as e:
             print(
                 f"torch_cgx demo: on loopback ({e.reason}); on loopback memory is the network, "
                 "so compression saves bytes, not time",
                 flush=True,
             )
-    return _on_loopback()
+    return _on_loopback(args.quick)
 
 
 if __name__ == "__main__":
