@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dist_helpers import _entry, free_port  # noqa: E402
+from dist_helpers import _entry, context_start_method, free_port  # noqa: E402
 
 GROUP_TIMEOUT_S = 4.0
 FORWARDED = ("broadcast", "all_gather", "all_to_all")
@@ -151,10 +151,10 @@ def run_case(case: Dict, world: int, out_dir: str, limit_s: float = 60, fn=None)
     """Starts `world` ranks running ``fn`` (default ``body``) on `case`; returns the survivors'
     reports (a survivor that hangs or dies shows as a report with "hung" or "exitcode")."""
     case = {"timeout_s": GROUP_TIMEOUT_S, "algorithm": "sra", **case}
-    ctx = mp.get_context("spawn")
-    port = free_port()
+    ctx = mp.get_context(context_start_method())
+    port, env = free_port(), dict(os.environ)
     procs = [
-        ctx.Process(target=_entry, args=(r, fn or body, world, port, {}, (case, out_dir)))
+        ctx.Process(target=_entry, args=(r, fn or body, world, port, env, (case, out_dir)))
         for r in range(world)
     ]
     for p in procs:
