@@ -30,6 +30,7 @@ ENTRY_POINTS = {
     "hosts": "emulated hosts (network namespaces, shaped links): build, measure, clean up",
     "device": "every compressor's device codec (tensor ops, fused kernel) vs the device's copy",
     "device_allreduce": "allreduce of device tensors: cgx's device plane vs NCCL / Gloo exact",
+    "triton_sweep": "launch sizes of the Triton kernels on a GPU, bytes checked, vs a copy",
 }
 
 
