@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
+import tempfile
 import time
 from typing import Callable, Dict, Optional
 
@@ -17,12 +19,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+RANK_LOG = "_CGX_TEST_RANK_LOG"  # in ``env``: where a rank writes its stdout and stderr
+
+
 def _entry(rank, fn, world, port, env, args):
     import faulthandler
 
-    faulthandler.enable()  # a crash in a rank prints its Python stack
     # ``env``: the caller's environment as it was at the call (a fork server's children inherit
     # the server's, from when it started) with the call's own variables
+    env = dict(env)
+    log = env.pop(RANK_LOG, None)
+    if log:  # the fork server's stdout / stderr are whatever they were when it started
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    faulthandler.enable()  # a crash in a rank prints its Python stack
     os.environ.update(env)
     os.environ.update(
         {
@@ -69,10 +81,13 @@ def run_ranks(
     """Starts `world` processes running fn(rank, world, *args); re-raises the first failure.
 
     A hang fails: after `timeout` seconds in all, every rank still running is killed and
-    TimeoutError raised."""
+    TimeoutError raised. What the ranks print is printed here afterwards (on stderr: pytest
+    shows it with the test's failure)."""
+    fd, log = tempfile.mkstemp(prefix="cgx-ranks-", suffix=".log")
+    os.close(fd)
     ctx = mp.start_processes(
         _entry,
-        args=(fn, world, port or free_port(), {**os.environ, **(env or {})}, args),
+        args=(fn, world, port or free_port(), {**os.environ, **(env or {}), RANK_LOG: log}, args),
         nprocs=world,
         join=False,
         start_method=context_start_method(),
@@ -88,3 +103,6 @@ def run_ranks(
             if p.is_alive():
                 os.kill(p.pid, signal.SIGKILL)
                 p.join(5)
+        with open(log, errors="replace") as f:
+            sys.stderr.write(f.read())
+        os.unlink(log)
