@@ -191,3 +191,45 @@ def test_init_process_group_with_device_id():
     """``init_process_group('cgx', device_id=...)``: the world binds the device, serves its CUDA
     tensors on the device plane (bitwise the host engine's result) and its barrier returns."""
     _run(body_device_id)
+
+
+def _diloco_run(device, group, n: int = 20011, steps: int = 4):
+    """DiLoCo (max-min 4 bits, error feedback) over ``group`` on one parameter of ``device``
+    whose gradients are set by hand and stepped with SGD at lr 1 (inner and outer): every
+    update is one exactly rounded subtraction on any device. (parameter, residual) on the CPU."""
+    from torch_cgx.diloco import DiLoCo
+
+    rank = dist.get_rank()
+    module = torch.nn.Module()
+    module.w = torch.nn.Parameter(_values(0, n, 99).to(device))
+    opt = torch.optim.SGD(module.parameters(), lr=1.0)
+    outer = lambda params: torch.optim.SGD(params, lr=1.0)  # noqa: E731
+    d = DiLoCo(module, opt, outer, sync_every=2, group=group, compressor="maxmin",
+               compressor_params={"bits": 4})  # fmt: skip
+    assert d.error_feedback
+    with d:
+        for t in range(steps):
+            module.w.grad = _values(rank, n, t).to(device)
+            opt.step()
+    frag = d._fragments[0]
+    res = frag.residuals["w"]
+    assert res.device == module.w.device and res.abs().sum() > 0
+    return module.w.detach().cpu(), res.cpu()
+
+
+def body_diloco(rank, world):
+    device, dev, host = _setup(rank)
+    w_dev, r_dev = _diloco_run(device, dev)
+    w_host, r_host = _diloco_run(torch.device("cpu"), host)
+    assert torch.equal(w_dev, w_host), (w_dev - w_host).abs().max()
+    assert torch.equal(r_dev, r_host), (r_dev - r_host).abs().max()
+    assert _cuda_engine(dev).stats()["calls_compressed"] == 2
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_diloco_on_cuda_parameters_equals_the_cpu_engine():
+    """DiLoCo over a cgx group with CUDA parameters and error feedback: the residual is written
+    on the GPU by the device plane (a CPU residual was refused: "residual is on cpu"), and the
+    parameters and residuals are bitwise those of the same run on the CPU engine."""
+    _run(body_diloco)

@@ -14,7 +14,7 @@ returns the average, bitwise the same on every rank of the group.
 
 Where the codecs run: CPU buffers use ``torch_cgx.compressors``; CUDA buffers use the device
 plane's codec (``torch_cgx.device.codecs``) where a module for the compressor exists, and are
-otherwise compressed through a host copy (until every device codec lands).
+otherwise compressed through a host copy (a compressor without a device codec: none today).
 """
 
 from __future__ import annotations
@@ -133,14 +133,18 @@ def _on_cgx(group, flat, spec, residual, call) -> Pending:
         return Pending([work], lambda: flat)
     key = ("diloco", spec.name, tuple(sorted(spec.params.items())))
     options = calls.options(key, _cgx_settings(spec))
-    host_res = None
-    if residual is not None:  # the backend writes a contiguous CPU fp32 residual
-        host_res = residual if residual.device.type == "cpu" else torch.empty(flat.numel())
-    work = core.issue(backend, flat, options, call & (2**62 - 1), host_res)
+    out_res = None
+    if residual is not None:
+        # the residual goes where the call runs: the device plane (CUDA tensors; any with
+        # data_plane="device") writes it on the tensor's device, the host engine on the CPU
+        where = flat.device if core.device_plane(backend, flat) is not None else torch.device("cpu")
+        usable = residual.device == where and residual.is_contiguous()
+        out_res = residual if usable else torch.empty(flat.numel(), device=where)
+    work = core.issue(backend, flat, options, call & (2**62 - 1), out_res)
 
     def finish() -> torch.Tensor:
-        if host_res is not None and host_res is not residual:
-            residual.copy_(host_res)
+        if out_res is not None and out_res is not residual:
+            residual.copy_(out_res.view(residual.shape))
         return flat
 
     return Pending([work], finish, spec.host.encoded_size(flat.numel()))
