@@ -26,7 +26,7 @@ core-test: .stamp-deps
 	ctest --test-dir build/core --output-on-failure
 
 py-test: build
-	$(PY) -m pytest tests -q --timeout=600
+	CGX_TEST_EXPECTED_SKIPS=tests/expected_skips.txt $(PY) -m pytest tests -q -rs --timeout=600
 
 test: lint core-test fuzz-short tsan py-test gpu-check-cpu
 
