@@ -54,8 +54,12 @@ def test_hosts_exist_connect_and_vanish(netns):
                 qd = H._cmd("tc", "-n", ns, "qdisc", "show", "dev", dev).stdout
                 assert "tbf" in qd and "rate 100Mbit" in qd, qd
         for a, b in ((hosts[0], hosts[1]), (hosts[1], hosts[0])):  # TCP both ways
-            m = H.measure_link(a, b, 256 << 10, rounds=2)
-            assert m["bytes"] == 256 << 10 and m["rtt_us"] > 0
+            # 2 MiB (about 0.17 s): the rate is taken after the first eighth, past tbf's 64 KiB
+            # burst; the payload rate is within docs/hosts.md's 15 % of the link's (measured
+            # -4.5 %: the headers)
+            m = H.measure_link(a, b, 2 << 20, rounds=2)
+            assert m["bytes"] == 2 << 20 and m["rtt_us"] > 0
+            assert abs(m["bits_per_s"] / 100e6 - 1) <= 0.15, m
         assert set(H._root_links()) == before  # nothing was created in our namespace
     _assert_gone(prefix, before)
 
