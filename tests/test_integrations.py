@@ -12,6 +12,7 @@ import subprocess
 import sys
 import warnings
 
+import exact_reference as ref
 import pytest
 import torch
 import torch.distributed as dist
@@ -40,14 +41,15 @@ def tokens(n=96, seq=32):
     return [{"input_ids": r, "labels": r} for r in ids]
 
 
-def trainer_for(out, steps=STEPS, callbacks=(), **kw):
+def trainer_for(out, steps=STEPS, callbacks=(), model=None, **kw):
     from transformers import Trainer, TrainingArguments
 
-    kw = {"save_strategy": "no", **kw}
+    kw = {"save_strategy": "no", "learning_rate": 1e-3, **kw}
     args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, max_steps=steps,
                              use_cpu=True, report_to=[], logging_steps=2, disable_tqdm=True,
-                             learning_rate=1e-3, seed=0, **kw)  # fmt: skip
-    return Trainer(model=tiny_gpt2(), args=args, train_dataset=tokens(), callbacks=list(callbacks))
+                             seed=0, **kw)  # fmt: skip
+    model = tiny_gpt2() if model is None else model
+    return Trainer(model=model, args=args, train_dataset=tokens(), callbacks=list(callbacks))
 
 
 def ours(record):
@@ -153,6 +155,34 @@ def hook_case(out):
     assert torch.equal(flat_params(resumed.model), final), "resumed run differs"
 
 
+def exact_case(out, scale=1.0):
+    """cgx_hook at 8 bits through the callback, one step of plain SGD: the step applied the
+    exact average of the ranks' gradients, within the 8-bit bound (exact_reference.py)."""
+    import copy
+
+    import torch_cgx
+    from torch_cgx.integrations import attach
+
+    torch_cgx.set_config(None, bits=32)  # only the hook compresses
+    model = tiny_gpt2()
+    for m in model.modules():  # no dropout: the reference computes the same function
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    initial, seen = copy.deepcopy(model), ref.record_first_call(model)
+    trainer = trainer_for(out, steps=1, model=model, optim="sgd", learning_rate=1.0,
+                          lr_scheduler_type="constant", max_grad_norm=0.0,
+                          average_tokens_across_devices=False)  # fmt: skip
+    attach(trainer, hook="cgx", bits=8)
+    trainer.train()
+    # The loss Trainer took on this rank's batch (its num_items_in_batch included: this rank's).
+    local = ref.local_gradient(initial, lambda m: m(**seen["kwargs"]).loss)
+    cfg = torch_cgx.get_config()
+    ref.assert_first_step_is_exact_average(
+        "Trainer + cgx_hook", ref.snapshot(initial.parameters()),
+        ref.snapshot(trainer.model.parameters()), 1.0, local, dist.new_group(backend="gloo"), 8,
+        cfg.algorithm, cfg.stochastic, scale)  # fmt: skip
+
+
 def accelerate_case():
     """A bare accelerate loop on the cgx group, compression_hook registered by hand."""
     from accelerate import Accelerator
@@ -221,6 +251,7 @@ def body_cgx(rank, world, out):
             init_cgx(bits=8)
         backend_case(os.path.join(out, "backend"))
         hook_case(os.path.join(out, "hook"))
+        exact_case(os.path.join(out, "exact"))
         accelerate_case()
     assert ours(record) == [], [str(w.message) for w in ours(record)]  # no false alarms
     quiet_checks(os.path.join(out, "quiet"))
