@@ -91,3 +91,16 @@ def record_first_call(module: torch.nn.Module) -> dict:
 
     module.register_forward_pre_hook(pre_hook, with_kwargs=True)
     return seen
+
+
+def check_first_step(what, initial, trained, lr, loss, bits, scale=1.0) -> None:
+    """:func:`assert_first_step_is_exact_average` for a model after its first SGD step
+    (``trained``) and a copy of it from before (``initial``, where ``loss`` gives this rank's
+    local gradient); the algorithm and rounding are the default group's (torch_cgx settings)."""
+    import torch_cgx
+
+    cfg = torch_cgx.get_config()
+    local = local_gradient(initial, loss)
+    assert_first_step_is_exact_average(
+        what, snapshot(initial.parameters()), snapshot(trained.parameters()), lr, local,
+        dist.new_group(backend="gloo"), bits, cfg.algorithm, cfg.stochastic, scale)  # fmt: skip
