@@ -4,9 +4,11 @@ TorchElasticEnvironment and launches nothing itself: the run has a bounded time.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.util
 
+import exact_reference as ref
 import pytest
 import torch
 import torch.distributed as dist
@@ -31,6 +33,8 @@ def make_module(L):
             self.losses = []
 
         def training_step(self, batch, _):
+            if not hasattr(self, "first_batch"):
+                self.first_batch = batch
             x, y = batch
             loss = torch.nn.functional.mse_loss(self.net(x), y)
             self.losses.append(loss.item())
@@ -40,6 +44,10 @@ def make_module(L):
             self.hooks = [
                 (h.__name__, state) for h, state in self.trainer.strategy.model._comm_hooks
             ]
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            if not hasattr(self, "first_net"):  # after the first optimizer step
+                self.first_net = copy.deepcopy(self.net)
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -95,6 +103,11 @@ def body_fit(rank, world, runs):
                 assert trainer.strategy.hook_state.steps == steps  # it ran at every step
             if hook_name == "policy_hook":
                 assert all(s.steps == steps for s in trainer.strategy.hook_state.states.values())
+            if hook_name == "cgx_hook":  # the first SGD step against an exact run
+                x, y = module.first_batch
+                loss = lambda m, x=x, y=y: torch.nn.functional.mse_loss(m(x), y)  # noqa: E731
+                ref.check_first_step(f"{package} + cgx_hook (8 bits)", make_module(L).net,
+                                     module.first_net, 0.1, loss, 8)  # fmt: skip
             first, last = module.losses[:3], module.losses[-3:]
             assert sum(last) < 0.8 * sum(first), (package, hook_name, module.losses)
             gloo = dist.new_group(backend="gloo")
