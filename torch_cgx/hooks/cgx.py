@@ -287,8 +287,8 @@ def cgx_hook(state: CGXState, bucket: dist.GradBucket) -> torch.futures.Future[t
     plan = calls_.cached("cgx", lambda group: _Plan(state, group))
     buf = grad_bucket.buffer()
     comp, exact = state.spans(grad_bucket)
-    if plan.use is None:  # bits 32: everything exact
-        comp, exact = [], comp + exact
+    if plan.use is None:  # bits 32: everything exact, its spans in the buffer's order
+        comp, exact = [], sorted(comp + exact, key=lambda span: span[0])
     parts = []
     adapt_step = state.adaptive_bits is not None and state.steps % state.adapt_every == 0
     if comp:
