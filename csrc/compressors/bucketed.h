@@ -4,12 +4,14 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
 #include "core/compressor.h"
 #include "core/error.h"
 #include "core/primitives.h"
+#include "spans.h"
 
 namespace cgx::bucketed {
 
@@ -59,9 +61,16 @@ inline Layout check_body(const Envelope& e, int scalars, int bits, const char* n
   return l;
 }
 
-// Sign bits (1 = negative) of [0, n) into `codes`; returns whether every value was finite.
+// Sign bits (1 = negative) of [0, n) into `codes`, spans of whole bytes on the codec's pool;
+// returns whether every value was finite.
 inline bool put_signs(const void* in, DType t, int64_t n, uint8_t* codes) {
-  return prim::sign_bits_fast(in, t, n, codes);
+  std::atomic<bool> finite{true};
+  spans::for_each_span(n, 8, [&](int64_t lo, int64_t hi) {
+    if (!prim::sign_bits_fast(spans::at(in, t, lo), t, hi - lo, codes + lo / 8)) {
+      finite.store(false, std::memory_order_relaxed);
+    }
+  });
+  return finite.load();
 }
 
 // Level codes (prim::Levels' rule) of [lo, hi) appended to w, a chunk at a time; returns whether

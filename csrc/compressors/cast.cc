@@ -6,6 +6,7 @@
 #include "core/compressor.h"
 #include "core/error.h"
 #include "core/primitives.h"
+#include "spans.h"
 
 namespace cgx {
 namespace {
@@ -24,7 +25,9 @@ class Cast final : public EnvelopeCompressor {
   size_t encode(const void* in, DType dtype, int64_t count, const EncodeContext&, uint8_t* out,
                 size_t capacity) const override {
     uint8_t* body = begin_payload(in, dtype, count, capacity, uint64_t(count) * 2, 0, 0, 0, out);
-    prim::convert(in, dtype, body, wire_, count, false);
+    spans::for_each_span(count, 8, [&](int64_t lo, int64_t hi) {  // on the codec's pool
+      prim::convert(spans::at(in, dtype, lo), dtype, body + 2 * lo, wire_, hi - lo, false);
+    });
     return kEnvelopeBytes + size_t(count) * 2;
   }
   void decode(const uint8_t* payload, size_t size, void* out, DType out_dtype, int64_t count,

@@ -3,6 +3,7 @@
 // residual (the caller adds the gradient to it and subtracts what was sent): biased. NaN or Inf
 // anywhere sets flag bit 0 and the whole tensor decodes to NaN (a code cannot carry it). Body:
 // 2-bit codes (0: 0, 1: +tau, 2: -tau; 3 is invalid). Envelope param1: tau's f32 bits.
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -30,11 +31,16 @@ class TBQ final : public EnvelopeCompressor {
                 size_t capacity) const override {
     const size_t body_bytes = prim::packed_bytes(count, 2);
     check_encode_args(in, count, capacity, kEnvelopeBytes + body_bytes, name_);
-    prim::BitWriter w(out + kEnvelopeBytes, 2);
     prim::Levels q;  // l = min(floor(|x| / tau), 1): |x| / tau >= 1 in fp32; negative: code 2
     q.den = tau_;
-    const bool finite = bucketed::put_levels(in, dtype, 0, count, q, w);
-    w.finish();
+    std::atomic<bool> finite{true};  // spans of whole bytes (4 codes each) on the codec's pool
+    spans::for_each_span(count, 8, [&](int64_t lo, int64_t hi) {
+      prim::BitWriter w(out + kEnvelopeBytes + lo / 4, 2);
+      if (!bucketed::put_levels(in, dtype, lo, hi, q, w)) {
+        finite.store(false, std::memory_order_relaxed);
+      }
+      w.finish();
+    });
     uint32_t tau_bits;
     std::memcpy(&tau_bits, &tau_, 4);
     begin_payload(in, dtype, count, capacity, body_bytes, finite ? 0 : kFlagNonFinite, 0, tau_bits,
