@@ -94,6 +94,58 @@ inline void put_zeros(int64_t n, prim::BitWriter& w) {
   for (int64_t c = 0; c < n; c += 256) w.put_codes(zeros, std::min<int64_t>(256, n - c));
 }
 
+// The most buckets encode_levels hands to scales() at once.
+constexpr int64_t kBlockBuckets = 1024;
+
+// Level-coded bodies (terngrad, qsgd): scales(lo, hi, s) writes the scalars of the buckets of
+// [lo, hi) (lo a bucket start, hi a bucket end) to the body and their scales to s[0..); a bucket
+// whose scale is a positive finite number takes levels with q.den = s (and q.clip = s with
+// clip_to_scale), the others zero codes. Spans of whole buckets, starting at whole bytes of the
+// code stream, run on the codec's pool, a block of buckets at a time (its scales, then its levels
+// while in cache); a single bucket's scale comes first, then its levels in spans.
+template <typename S>
+void encode_levels(const void* in, DType t, const Layout& l, uint8_t* body, const prim::Levels& q0,
+                   bool clip_to_scale, S&& scales) {
+  uint8_t* codes = body + l.codes_offset;
+  auto bytes_at = [&](int64_t i) { return codes + size_t(i) * size_t(l.bits) / 8; };
+  auto put = [&](int64_t lo, int64_t hi, float s, prim::Levels& q, prim::BitWriter& w) {
+    if (!(s > 0 && std::isfinite(s))) return put_zeros(hi - lo, w);
+    q.den = s;
+    if (clip_to_scale) q.clip = s;
+    put_levels(in, t, lo, hi, q, w);
+  };
+  constexpr int64_t kBlock = 8192;  // values per block (fewer when buckets are short)
+  if (l.buckets <= 1) {
+    float s = 0;
+    if (l.buckets == 1) scales(int64_t(0), l.count, &s);
+    return spans::for_each_span(l.count, 8, [&](int64_t lo, int64_t hi) {
+      prim::Levels q = q0;
+      prim::BitWriter w(bytes_at(lo), l.bits);
+      put(lo, hi, s, q, w);
+      w.finish();
+    });
+  }
+  const int64_t block = std::clamp<int64_t>(kBlock / l.bucket, 1, kBlockBuckets) * l.bucket;
+  spans::for_each_span(l.count, spans::lcm(l.bucket, 8), [&](int64_t lo, int64_t hi) {
+    prim::Levels q = q0;
+    prim::BitWriter w(bytes_at(lo), l.bits);
+    float s[kBlockBuckets];
+    for (int64_t b0 = lo; b0 < hi; b0 += block) {
+      const int64_t b1 = std::min(hi, b0 + block);
+      scales(b0, b1, s);
+      for (int64_t i = b0; i < b1; i += l.bucket) {
+        // The next block's values arrive while this one's levels are computed (a bucket's worth
+        // per bucket; a bucket as long as a block is left to the level kernel's own prefetch).
+        if (block > l.bucket) {
+          spans::prefetch(in, t, std::min(hi, i + block), std::min(hi, i + block + l.bucket));
+        }
+        put(i, std::min(b1, i + l.bucket), s[(i - b0) / l.bucket], q, w);
+      }
+    }
+    w.finish();
+  });
+}
+
 // out[lo, hi) (+)= table[code] for the body's codes of [lo, hi).
 inline void decode_codes(const uint8_t* body, const Layout& l, int64_t lo, int64_t hi,
                          const float* table, void* out, DType t, bool add) {

@@ -28,22 +28,22 @@ class QSGD final : public EnvelopeCompressor {
     const auto l = bucketed::layout(count, bucket_, 1, bits_);
     uint8_t* body = begin_payload(in, dtype, count, capacity, l.body, 0, uint32_t(bucket_),
                                   uint32_t(bits_), out);
-    prim::BitWriter w(body + l.codes_offset, bits_);
     prim::Levels q;
     q.levels = (1 << (bits_ - 1)) - 1;
     q.num = float(q.levels);
     q.neg_add = 1u << (bits_ - 1);
     q.stochastic = true;
     q.key = rng_key(ctx.seed, ctx.stream);
-    bucketed::for_each_bucket(l, [&](int64_t b, int64_t lo, int64_t hi) {
-      const prim::RangeStats st = prim::stats(in, dtype, lo, hi);
-      const float norm = st.finite ? float(std::sqrt(st.sq_sum)) : NAN;
-      bucketed::put_f32(body + 4 * b, norm);
-      if (!(norm > 0 && std::isfinite(norm))) return bucketed::put_zeros(hi - lo, w);
-      q.den = norm;
-      bucketed::put_levels(in, dtype, lo, hi, q, w);
-    });
-    w.finish();
+    // Per bucket the l2 norm (prim::stats' sq_sum, NaN when a value is not finite).
+    auto norms = [&](int64_t lo, int64_t hi, float* s) {
+      double sq[bucketed::kBlockBuckets];
+      prim::sq_sums(in, dtype, lo, hi, l.bucket, sq);
+      for (int64_t b = 0; b * l.bucket < hi - lo; ++b) {
+        s[b] = std::isfinite(sq[b]) ? float(std::sqrt(sq[b])) : NAN;
+        bucketed::put_f32(body + 4 * (lo / l.bucket + b), s[b]);
+      }
+    };
+    bucketed::encode_levels(in, dtype, l, body, q, false, norms);
     return kEnvelopeBytes + l.body;
   }
   void decode(const uint8_t* payload, size_t size, void* out, DType out_dtype, int64_t count,

@@ -164,6 +164,13 @@ struct RangeStats {
 };
 RangeStats stats(const void* in, DType t, int64_t begin, int64_t end);
 
+// Per bucket of [begin, end) cut into buckets of `bucket` values (the last one may be shorter):
+// out[b] = stats(bucket b).sq_sum, resp. .abs_max, the same bits, without the other fields (a
+// range is finite exactly when its sq_sum or abs_max is: fp32 squares cannot overflow fp64).
+// Four buckets at a time with AVX2 for fp32 buckets of a multiple of 8 (primitives_buckets.cc).
+void sq_sums(const void* in, DType t, int64_t begin, int64_t end, int64_t bucket, double* out);
+void abs_maxes(const void* in, DType t, int64_t begin, int64_t end, int64_t bucket, float* out);
+
 // ---- quantization to levels -------------------------------------------------------------------
 
 // The shared rule of the level quantizers (qsgd, terngrad, tbq), element i of [begin, end):
