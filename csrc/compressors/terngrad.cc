@@ -35,18 +35,21 @@ class TernGrad final : public EnvelopeCompressor {
     std::memcpy(&clip_bits, &clip_, 4);
     uint8_t* body =
         begin_payload(in, dtype, count, capacity, l.body, 0, uint32_t(bucket_), clip_bits, out);
-    prim::BitWriter w(body + l.codes_offset, 2);
     prim::Levels q;  // l = min(floor(min(|x|, s) / s + u), 1); negative: code 2
     q.stochastic = true;
     q.key = rng_key(ctx.seed, ctx.stream);
-    bucketed::for_each_bucket(l, [&](int64_t b, int64_t lo, int64_t hi) {
-      const float s = scale(prim::stats(in, dtype, lo, hi), hi - lo);
-      bucketed::put_f32(body + 4 * b, s);
-      if (!(std::isfinite(s) && s > 0)) return bucketed::put_zeros(hi - lo, w);
-      q.den = q.clip = s;
-      bucketed::put_levels(in, dtype, lo, hi, q, w);
-    });
-    w.finish();
+    auto scales = [&](int64_t lo, int64_t hi, float* s) {
+      float abs_max[bucketed::kBlockBuckets];
+      double sq[bucketed::kBlockBuckets];
+      prim::abs_maxes(in, dtype, lo, hi, l.bucket, abs_max);
+      if (clip_ > 0) prim::sq_sums(in, dtype, lo, hi, l.bucket, sq);
+      for (int64_t b = 0; b * l.bucket < hi - lo; ++b) {
+        const int64_t n = std::min(l.bucket, hi - lo - b * l.bucket);
+        s[b] = scale(abs_max[b], clip_ > 0 ? sq[b] : 0.0, n);
+        bucketed::put_f32(body + 4 * (lo / l.bucket + b), s[b]);
+      }
+    };
+    bucketed::encode_levels(in, dtype, l, body, q, true, scales);
     return kEnvelopeBytes + l.body;
   }
   void decode(const uint8_t* payload, size_t size, void* out, DType out_dtype, int64_t count,
@@ -64,12 +67,12 @@ class TernGrad final : public EnvelopeCompressor {
   }
 
  private:
-  // s = max |x|, or min(max |x|, clip * sqrt(mean x^2)) with clipping; NaN for a bucket holding
-  // NaN or Inf.
-  float scale(const prim::RangeStats& st, int64_t n) const {
-    if (!st.finite) return NAN;
-    if (clip_ <= 0) return st.abs_max;
-    return std::min(st.abs_max, float(clip_ * std::sqrt(st.sq_sum / double(n))));
+  // s = max |x|, or min(max |x|, clip * sqrt(mean x^2)) with clipping (prim::stats' abs_max and
+  // sq_sum of the bucket's n values); NaN for a bucket holding NaN or Inf.
+  float scale(float abs_max, double sq_sum, int64_t n) const {
+    if (!std::isfinite(abs_max)) return NAN;
+    if (clip_ <= 0) return abs_max;
+    return std::min(abs_max, float(clip_ * std::sqrt(sq_sum / double(n))));
   }
 
   int64_t bucket_;
