@@ -94,6 +94,36 @@ inline void put_zeros(int64_t n, prim::BitWriter& w) {
   for (int64_t c = 0; c < n; c += 256) w.put_codes(zeros, std::min<int64_t>(256, n - c));
 }
 
+// Sign-coded bodies (onebit, efsignsgd): scalars(b, stats of bucket b) for every bucket, and the
+// sign bits of every value at codes_offset. Spans of whole buckets, starting at whole bytes of the
+// bit stream, run on the codec's pool, each block's statistics next to its signs while in cache;
+// a single bucket's statistics (one fp64 sum in order) run beside the signs of its spans.
+template <typename S>
+void encode_signs(const void* in, DType t, const Layout& l, uint8_t* body, S&& scalars) {
+  uint8_t* codes = body + l.codes_offset;
+  auto signs = [&](int64_t lo, int64_t hi) {
+    prim::sign_bits_fast(spans::at(in, t, lo), t, hi - lo, codes + lo / 8);
+  };
+  if (l.buckets <= 1) {
+    auto stats = [&] {
+      if (l.buckets == 1) scalars(int64_t(0), prim::stats(in, t, 0, l.count));
+    };
+    return spans::beside(stats, l.count, 8, signs);
+  }
+  constexpr int64_t kBlock = 16384;  // values per block: 64 KiB of fp32
+  const int64_t align = spans::lcm(l.bucket, 8);
+  const int64_t block = std::max<int64_t>(align, kBlock / align * align);
+  spans::for_each_span(l.count, align, [&](int64_t lo, int64_t hi) {
+    for (int64_t b0 = lo; b0 < hi; b0 += block) {
+      const int64_t b1 = std::min(hi, b0 + block);
+      for (int64_t s = b0; s < b1; s += l.bucket) {
+        scalars(s / l.bucket, prim::stats(in, t, s, std::min(b1, s + l.bucket)));
+      }
+      signs(b0, b1);
+    }
+  });
+}
+
 // The most buckets encode_levels hands to scales() at once.
 constexpr int64_t kBlockBuckets = 1024;
 

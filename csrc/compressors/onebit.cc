@@ -29,16 +29,15 @@ class OneBit final : public EnvelopeCompressor {
                 size_t capacity) const override {
     const auto l = bucketed::layout(count, bucket_, 2, 1);
     uint8_t* body = begin_payload(in, dtype, count, capacity, l.body, 0, uint32_t(bucket_), 0, out);
-    bucketed::for_each_bucket(l, [&](int64_t b, int64_t lo, int64_t hi) {
-      const prim::RangeStats st = prim::stats(in, dtype, lo, hi);
+    bucketed::encode_signs(in, dtype, l, body, [&](int64_t b, const prim::RangeStats& st) {
       const double neg = (st.sum - st.abs_sum) / 2, pos = (st.sum + st.abs_sum) / 2;
+      const int64_t lo = b * l.bucket, hi = std::min(l.count, lo + l.bucket);
       const int64_t nneg = st.negatives, npos = hi - lo - nneg;
       const float nm = !st.finite ? NAN : nneg ? float(neg / double(nneg)) : 0.0f;
       const float pm = !st.finite ? NAN : npos ? float(pos / double(npos)) : 0.0f;
       bucketed::put_f32(body + 8 * b, nm);
       bucketed::put_f32(body + 8 * b + 4, pm);
     });
-    bucketed::put_signs(in, dtype, count, body + l.codes_offset);
     return kEnvelopeBytes + l.body;
   }
   void decode(const uint8_t* payload, size_t size, void* out, DType out_dtype, int64_t count,
