@@ -28,11 +28,10 @@ class EFSignSGD final : public EnvelopeCompressor {
                 size_t capacity) const override {
     const auto l = bucketed::layout(count, bucket_, 1, 1);
     uint8_t* body = begin_payload(in, dtype, count, capacity, l.body, 0, uint32_t(bucket_), 0, out);
-    bucketed::for_each_bucket(l, [&](int64_t b, int64_t lo, int64_t hi) {
-      const prim::RangeStats s = prim::stats(in, dtype, lo, hi);
+    bucketed::encode_signs(in, dtype, l, body, [&](int64_t b, const prim::RangeStats& s) {
+      const int64_t lo = b * l.bucket, hi = std::min(l.count, lo + l.bucket);
       bucketed::put_f32(body + 4 * b, s.finite ? float(s.abs_sum / double(hi - lo)) : NAN);
     });
-    bucketed::put_signs(in, dtype, count, body + l.codes_offset);
     return kEnvelopeBytes + l.body;
   }
   void decode(const uint8_t* payload, size_t size, void* out, DType out_dtype, int64_t count,
