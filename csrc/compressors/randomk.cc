@@ -9,9 +9,13 @@
 // dtype, NaN / Inf included; a NaN or Inf anywhere (sent or not) sets flag bit 1 and the whole
 // tensor decodes to NaN, so that a non-finite gradient is never lost by not being drawn.
 // Payload: docs/FORMAT.md, "Sparse compressors" ("randomk").
+#include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <memory>
 #include <vector>
 
+#include "spans.h"
 #include "sparse_common.h"
 
 namespace cgx {
@@ -19,6 +23,25 @@ namespace {
 
 constexpr uint8_t kFlagScale = 1;
 constexpr uint8_t kFlagNonFinite = 2;
+
+// Whether every value of [lo, hi) is finite; copies the values at the drawn indices (ascending)
+// that fall in [lo, hi) to their place in `body`, a block at a time after its check read it.
+bool check_and_gather(const void* in, DType t, int64_t lo, int64_t hi,
+                      const std::vector<uint32_t>& idx, uint8_t* body) {
+  constexpr int64_t kBlock = 8192;
+  const size_t es = elem_size(t);
+  const auto* src = static_cast<const uint8_t*>(in);
+  size_t j = size_t(std::lower_bound(idx.begin(), idx.end(), uint64_t(lo)) - idx.begin());
+  bool finite = true;
+  for (int64_t b = lo; b < hi; b += kBlock) {
+    const int64_t e = std::min(hi, b + kBlock);
+    finite &= sparse::all_finite(in, t, b, e);
+    for (; j < idx.size() && idx[j] < uint64_t(e); ++j) {
+      std::memcpy(body + j * es, src + size_t(idx[j]) * es, es);
+    }
+  }
+  return finite;
+}
 
 class RandomK final : public EnvelopeCompressor {
  public:
@@ -44,11 +67,16 @@ class RandomK final : public EnvelopeCompressor {
     const int64_t k = sparse::count_for(ratio_, count);
     const uint64_t body_bytes = uint64_t(k) * elem_size(dtype);
     const RngKey key = rng_key(ctx.seed, ctx.shared);
-    const bool finite = prim::stats(in, dtype, 0, count).finite;
+    check_encode_args(in, count, capacity, kEnvelopeBytes + body_bytes, name_);
+    // The indices (one sequential draw), then spans on the codec's pool that check every value
+    // and copy the drawn ones while they are in cache.
+    const std::vector<uint32_t> idx = prim::random_k(count, k, key);
+    std::atomic<bool> finite{true};
+    spans::for_each_span(count, 8, [&](int64_t lo, int64_t hi) {
+      if (!check_and_gather(in, dtype, lo, hi, idx, out + kEnvelopeBytes)) finite.store(false);
+    });
     const uint8_t flags = uint8_t((scale_ ? kFlagScale : 0) | (finite ? 0 : kFlagNonFinite));
-    uint8_t* body =
-        begin_payload(in, dtype, count, capacity, body_bytes, flags, key.k0, key.k1, out);
-    sparse::gather_values(in, dtype, prim::random_k(count, k, key), body);
+    begin_payload(in, dtype, count, capacity, body_bytes, flags, key.k0, key.k1, out);
     return kEnvelopeBytes + body_bytes;
   }
 

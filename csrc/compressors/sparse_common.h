@@ -56,6 +56,20 @@ inline uint32_t read_u32(const uint8_t* p, uint64_t j) {
   return u;
 }
 
+// Whether every value of [lo, hi) is finite (prim::abs_maxes, a block of 8192 values at a time).
+inline bool all_finite(const void* in, DType t, int64_t lo, int64_t hi) {
+  constexpr int64_t kBlock = 8192, kBlocks = 64;
+  float m[kBlocks];
+  for (int64_t b = lo; b < hi; b += kBlock * kBlocks) {
+    const int64_t e = std::min(hi, b + kBlock * kBlocks);
+    prim::abs_maxes(in, t, b, e, kBlock, m);
+    for (int64_t j = 0; j * kBlock < e - b; ++j) {
+      if (!std::isfinite(m[j])) return false;
+    }
+  }
+  return true;
+}
+
 // Copies in[idx[j]] (raw bytes of `t`) to out[j].
 inline void gather_values(const void* in, DType t, const std::vector<uint32_t>& idx, uint8_t* out) {
   const size_t es = elem_size(t);

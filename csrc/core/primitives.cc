@@ -50,16 +50,38 @@ std::vector<uint32_t> random_k(int64_t n, int64_t k, RngKey key) {
   if ((n + 7) / 8 <= std::max<int64_t>(int64_t(1) << 22, 16 * k)) {
     std::vector<uint64_t> taken(size_t((n + 63) / 64));
     auto has = [&](uint32_t i) { return (taken[i >> 6] >> (i & 63)) & 1u; };
+    // The draws run kAhead steps ahead of the picks, each prefetching its word of the bitmap
+    // (megabytes for large n): the picks, in order as before, then find it in cache.
+    constexpr int64_t kAhead = 32;
+    uint32_t ahead[kAhead];
+    auto fetch = [&](int64_t step) {
+      const uint32_t r = draw(step, n - k + step);
+      __builtin_prefetch(&taken[r >> 6]);
+      ahead[step % kAhead] = r;
+    };
+    for (int64_t step = 0; step < std::min(k, kAhead); ++step) fetch(step);
     for (int64_t j = n - k, step = 0; j < n; ++j, ++step) {
-      const uint32_t r = draw(step, j);
+      const uint32_t r = ahead[step % kAhead];
+      if (step + kAhead < k) fetch(step + kAhead);
       const uint32_t pick = has(r) ? uint32_t(j) : r;
       taken[pick >> 6] |= uint64_t(1) << (pick & 63);
     }
+    // Read out in order: exactly k bits are set. Two bits of a word without a branch (a sparse
+    // bitmap's words hold 0, 1 or 2 bits at random: branching on each costs a misprediction),
+    // writing one slot past the last index at most (not kept).
+    out.resize(size_t(k) + 2);
+    uint32_t* o = out.data();
     for (size_t w = 0; w < taken.size(); ++w) {
-      for (uint64_t bits = taken[w]; bits != 0; bits &= bits - 1) {
-        out.push_back(uint32_t(w * 64 + size_t(__builtin_ctzll(bits))));
+      uint64_t bits = taken[w];
+      const uint32_t base = uint32_t(w * 64);
+      for (int twice = 0; twice < 2; ++twice) {
+        *o = base + uint32_t(__builtin_ctzll(bits | (uint64_t(1) << 63)));
+        o += bits != 0;
+        bits &= bits - 1;
       }
+      for (; bits != 0; bits &= bits - 1) *o++ = base + uint32_t(__builtin_ctzll(bits));
     }
+    out.resize(size_t(k));
     return out;
   }
   std::unordered_set<uint32_t> taken;

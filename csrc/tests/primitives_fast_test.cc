@@ -1,5 +1,6 @@
 // The primitives behind the faster encoders against what they replace, bit for bit, on both
-// instruction sets: per-bucket sq_sum / abs_max against prim::stats.
+// instruction sets: per-bucket sq_sum / abs_max against prim::stats, random_k against its first
+// version (a plain Floyd loop).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -72,6 +73,32 @@ TEST_P(PrimitivesFast, BucketSumsAndMaximaAreStatsBitForBit) {
           }
         }
       }
+    }
+  }
+}
+
+// random_k as first written: Floyd with a hash set, sorted.
+std::vector<uint32_t> random_k_v1(int64_t n, int64_t k, RngKey key) {
+  k = std::clamp<int64_t>(k, 0, n);
+  std::unordered_set<uint32_t> taken;
+  std::vector<uint32_t> out;
+  for (int64_t j = n - k, step = 0; j < n; ++j, ++step) {
+    const uint64_t r =
+        (uint64_t(rng_bits(key, 2 * uint64_t(step))) << 32) | rng_bits(key, 2 * uint64_t(step) + 1);
+    const uint32_t pick =
+        taken.count(uint32_t(r % uint64_t(j + 1))) ? uint32_t(j) : uint32_t(r % uint64_t(j + 1));
+    taken.insert(pick);
+    out.push_back(pick);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST_P(PrimitivesFast, RandomKIsTheFirstVersion) {
+  for (int64_t n : {1, 2, 63, 64, 65, 1000, 100000, 1 << 20}) {
+    for (int64_t k : {int64_t(0), int64_t(1), n / 100, n / 2, n - 1, n}) {
+      const RngKey key = rng_key(uint64_t(n), uint64_t(k));
+      ASSERT_EQ(prim::random_k(n, k, key), random_k_v1(n, k, key)) << n << " " << k;
     }
   }
 }
