@@ -12,6 +12,7 @@
 #include "core/compressor.h"
 #include "core/error.h"
 #include "core/primitives.h"
+#include "spans.h"
 
 namespace cgx::sparse {
 
@@ -155,10 +156,22 @@ class PairCompressor : public EnvelopeCompressor {
   virtual bool exact_pairs() const { return false; }
 };
 
-// Indices with magnitude >= thr, ascending.
+// Indices with magnitude >= thr, ascending: spans on the codec's pool, each collecting its own.
 inline std::vector<uint32_t> select_at_least(const void* in, DType dtype, int64_t count,
                                              float thr) {
-  return prim::indices_at_least(in, dtype, count, thr);
+  auto parts = spans::map_spans<std::vector<uint32_t>>(count, 8, [&](int64_t lo, int64_t hi) {
+    std::vector<uint32_t> part =
+        prim::indices_at_least(spans::at(in, dtype, lo), dtype, hi - lo, thr);
+    for (uint32_t& i : part) i += uint32_t(lo);
+    return part;
+  });
+  if (parts.size() == 1) return std::move(parts[0]);
+  size_t total = 0;
+  for (const auto& part : parts) total += part.size();
+  std::vector<uint32_t> idx;
+  idx.reserve(total);
+  for (const auto& part : parts) idx.insert(idx.end(), part.begin(), part.end());
+  return idx;
 }
 
 // The sampled-threshold selection of dgc and graddrop (docs/FORMAT.md, "Sparse compressors"): about
@@ -166,13 +179,24 @@ inline std::vector<uint32_t> select_at_least(const void* in, DType dtype, int64_
 constexpr int64_t kMinSample = 1024;
 inline int64_t cap_for(int64_t k, int64_t count) { return std::min(count, 2 * k); }
 
+// prim::sampled_threshold, its sample drawn in spans on the codec's pool (the same value).
+inline float sampled_threshold(const void* in, DType dtype, int64_t count, int64_t k,
+                               int64_t sample, RngKey key) {
+  if (count == 0 || k <= 0) return INFINITY;
+  const int64_t s = prim::sample_size(count, sample);
+  std::vector<float> m(static_cast<size_t>(s));
+  spans::for_each_span(s, 1, [&](int64_t lo, int64_t hi) {
+    prim::sample_magnitudes(in, dtype, count, sample, key, lo, hi, m.data() + lo);
+  });
+  return prim::sample_quantile(m.data(), s, count, k);
+}
+
 inline std::vector<uint32_t> sampled_select(const void* in, DType dtype, int64_t count, int64_t k,
                                             double sample_rate, const EncodeContext& ctx,
                                             uint32_t* param1) {
   if (count == 0) return {};
   const int64_t sample = std::max(count_for(sample_rate, count), std::min(count, kMinSample));
-  const float thr =
-      prim::sampled_threshold(in, dtype, count, k, sample, rng_key(ctx.seed, ctx.stream));
+  const float thr = sampled_threshold(in, dtype, count, k, sample, rng_key(ctx.seed, ctx.stream));
   *param1 = float_bits(thr);
   std::vector<uint32_t> idx = select_at_least(in, dtype, count, thr);
   const int64_t cap = cap_for(k, count);

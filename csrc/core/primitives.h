@@ -216,6 +216,18 @@ std::vector<uint32_t> top_k(const void* in, DType t, int64_t n, int64_t k);
 // with `key` (DGC's sampled threshold); exact when sample >= n.
 float sampled_threshold(const void* in, DType t, int64_t n, int64_t k, int64_t sample, RngKey key);
 
+// sampled_threshold in its three steps (n > 0, k > 0), for a caller that draws parts of the
+// sample on several threads: the sample's size s; m[j - j0] = the magnitude (|x|, NaN as +Inf) of
+// sample value j for j in [j0, j1) of [0, s); and the sample's value of the rank that k has in n
+// (m is read only).
+int64_t sample_size(int64_t n, int64_t sample);
+void sample_magnitudes(const void* in, DType t, int64_t n, int64_t sample, RngKey key, int64_t j0,
+                       int64_t j1, float* m);
+float sample_quantile(const float* m, int64_t s, int64_t n, int64_t k);
+
+// The k-th largest (1 <= k <= s) of s magnitudes (non-negative, no NaN), exact.
+float kth_largest(const float* m, int64_t s, int64_t k);
+
 // k distinct indices of [0, n), ascending, a function of (key, n, k) only (Floyd's algorithm).
 std::vector<uint32_t> random_k(int64_t n, int64_t k, RngKey key);
 

@@ -82,33 +82,84 @@ std::vector<uint32_t> top_k(const void* in, DType t, int64_t n, int64_t k) {
   return select_keys(keys, k);
 }
 
-float sampled_threshold(const void* in, DType t, int64_t n, int64_t k, int64_t sample, RngKey key) {
-  if (n == 0 || k <= 0) return INFINITY;
-  std::vector<float> m;
-  if (sample >= n) {
-    m.resize(size_t(n));
-    for_each(in, t, 0, n, [&](int64_t i, float v) { m[size_t(i)] = magnitude(v); });
-  } else {
-    // The positions first, then the values: the loads, prefetched ahead, overlap their misses.
-    std::vector<uint32_t> at(size_t(std::max<int64_t>(sample, 1)));
-    for (size_t j = 0; j < at.size(); ++j) {
-      const uint64_t r = (uint64_t(rng_bits(key, 2 * j)) << 32) | rng_bits(key, 2 * j + 1);
-      at[j] = uint32_t(r % uint64_t(n));
+float kth_largest(const float* m, int64_t s, int64_t k) {
+  // Radix selection on the bits, 11 + 11 + 10 at a time from the top: the bits of non-negative
+  // floats order like their values, so the k-th largest bits are the k-th largest value (the
+  // value std::nth_element would put at k - 1; ties are equal values).
+  std::vector<uint32_t> cur;  // the values still in the running, after the first digit
+  uint32_t prefix = 0;
+  int64_t rank = k;  // within the values that share `prefix`
+  const int shifts[3] = {21, 10, 0};
+  for (int level = 0; level < 3; ++level) {
+    const int shift = shifts[level];
+    const uint32_t mask = level == 2 ? 0x3ffu : 0x7ffu;
+    int64_t count[2048] = {};
+    if (level == 0) {
+      for (int64_t j = 0; j < s; ++j) ++count[float_bits(m[j]) >> shift];
+    } else {
+      for (uint32_t v : cur) ++count[(v >> shift) & mask];
     }
-    const auto* bytes = static_cast<const char*>(in);
-    const size_t es = elem_size(t);
-    m.resize(at.size());
-    for (size_t j = 0; j < at.size(); ++j) {
-      if (j + 16 < at.size()) __builtin_prefetch(bytes + size_t(at[j + 16]) * es);
-      m[j] = magnitude(load_as_float(in, t, at[j]));
+    uint32_t b = mask;
+    for (; b > 0 && rank > count[b]; --b) rank -= count[b];
+    std::vector<uint32_t> next;
+    next.reserve(size_t(count[b]));
+    auto keep = [&](uint32_t v) {
+      if (((v >> shift) & mask) == b) next.push_back(v);
+    };
+    if (level == 0) {
+      for (int64_t j = 0; j < s; ++j) keep(float_bits(m[j]));
+    } else {
+      for (uint32_t v : cur) keep(v);
     }
+    cur.swap(next);
+    prefix |= b << shift;
   }
+  return bits_float(prefix);
+}
+
+int64_t sample_size(int64_t n, int64_t sample) {
+  return sample >= n ? n : std::max<int64_t>(sample, 1);
+}
+
+void sample_magnitudes(const void* in, DType t, int64_t n, int64_t sample, RngKey key, int64_t j0,
+                       int64_t j1, float* m) {
+  if (sample >= n) {
+    for_each(in, t, j0, j1, [&](int64_t i, float v) { m[i - j0] = magnitude(v); });
+    return;
+  }
+  // The positions first, then the values: the loads, prefetched ahead, overlap their misses.
+  constexpr int64_t kAhead = 16;
+  uint32_t at[kAhead];
+  auto position = [&](int64_t j) {
+    const uint64_t r = (uint64_t(rng_bits(key, 2 * j)) << 32) | rng_bits(key, 2 * j + 1);
+    return uint32_t(r % uint64_t(n));
+  };
+  const auto* bytes = static_cast<const char*>(in);
+  const size_t es = elem_size(t);
+  for (int64_t j = j0; j < std::min(j1, j0 + kAhead); ++j) at[j % kAhead] = position(j);
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint32_t i = at[j % kAhead];
+    if (j + kAhead < j1) {
+      at[(j + kAhead) % kAhead] = position(j + kAhead);
+      __builtin_prefetch(bytes + size_t(at[(j + kAhead) % kAhead]) * es);
+    }
+    m[j - j0] = magnitude(load_as_float(in, t, i));
+  }
+}
+
+float sample_quantile(const float* m, int64_t s, int64_t n, int64_t k) {
   // The sample's quantile of the same rank: the k-th largest of n becomes the
   // ceil(k * s / n)-th largest of s.
-  const int64_t s = int64_t(m.size());
-  int64_t ks = std::clamp<int64_t>((k * s + n - 1) / n, 1, s);
-  std::nth_element(m.begin(), m.begin() + (ks - 1), m.end(), std::greater<float>());
-  return m[size_t(ks - 1)];
+  const int64_t ks = std::clamp<int64_t>((k * s + n - 1) / n, 1, s);
+  return kth_largest(m, s, ks);
+}
+
+float sampled_threshold(const void* in, DType t, int64_t n, int64_t k, int64_t sample, RngKey key) {
+  if (n == 0 || k <= 0) return INFINITY;
+  const int64_t s = sample_size(n, sample);
+  std::vector<float> m(static_cast<size_t>(s));
+  sample_magnitudes(in, t, n, sample, key, 0, s, m.data());
+  return sample_quantile(m.data(), s, n, k);
 }
 
 }  // namespace cgx::prim

@@ -1,6 +1,7 @@
 // The primitives behind the faster encoders against what they replace, bit for bit, on both
-// instruction sets: per-bucket sq_sum / abs_max against prim::stats, random_k against its first
-// version (a plain Floyd loop).
+// instruction sets: per-bucket sq_sum / abs_max against prim::stats, kth_largest against
+// std::nth_element, sampled_threshold in pieces against its first version, random_k against its
+// first version (a plain Floyd loop).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -72,6 +73,61 @@ TEST_P(PrimitivesFast, BucketSumsAndMaximaAreStatsBitForBit) {
             ASSERT_EQ(std::isfinite(am[size_t(b)]), st.finite);
           }
         }
+      }
+    }
+  }
+}
+
+TEST_P(PrimitivesFast, KthLargestIsNthElement) {
+  std::mt19937 g(11);
+  for (int rep = 0; rep < 200; ++rep) {
+    const int64_t s = 1 + int64_t(g() % 5000);
+    std::vector<float> m = hostile(s, uint32_t(rep), true);
+    for (float& v : m) v = std::isnan(v) ? INFINITY : std::fabs(v);  // magnitudes
+    const int64_t k = 1 + int64_t(g() % uint32_t(s));
+    const float got = prim::kth_largest(m.data(), s, k);
+    std::nth_element(m.begin(), m.begin() + (k - 1), m.end(), std::greater<float>());
+    ASSERT_EQ(bits_of(got), bits_of(m[size_t(k - 1)]));
+  }
+}
+
+// sampled_threshold as first written: every position, then the loads, then nth_element.
+float sampled_threshold_v1(const void* in, DType t, int64_t n, int64_t k, int64_t sample,
+                           RngKey key) {
+  if (n == 0 || k <= 0) return INFINITY;
+  auto mag = [](float v) { return std::isnan(v) ? INFINITY : std::fabs(v); };
+  std::vector<float> m;
+  if (sample >= n) {
+    for (int64_t i = 0; i < n; ++i) m.push_back(mag(load_as_float(in, t, i)));
+  } else {
+    for (int64_t j = 0; j < std::max<int64_t>(sample, 1); ++j) {
+      const uint64_t r = (uint64_t(rng_bits(key, 2 * j)) << 32) | rng_bits(key, 2 * j + 1);
+      m.push_back(mag(load_as_float(in, t, int64_t(r % uint64_t(n)))));
+    }
+  }
+  const int64_t s = int64_t(m.size());
+  const int64_t ks = std::clamp<int64_t>((k * s + n - 1) / n, 1, s);
+  std::nth_element(m.begin(), m.begin() + (ks - 1), m.end(), std::greater<float>());
+  return m[size_t(ks - 1)];
+}
+
+TEST_P(PrimitivesFast, SampledThresholdInPiecesIsTheFirstVersion) {
+  for (int64_t n : {1, 100, 1024, 5000, 100003}) {
+    const auto x = as_dtype(hostile(n, uint32_t(n), true), DType::kBFloat16);
+    for (int64_t sample : {int64_t(1), int64_t(1024), n / 3, n, n + 5}) {
+      for (int64_t k : {int64_t(1), n / 100 + 1, n / 2 + 1}) {
+        const RngKey key = rng_key(uint64_t(n), uint64_t(sample));
+        const float want = sampled_threshold_v1(x.data(), DType::kBFloat16, n, k, sample, key);
+        // The whole, and the sample drawn in three parts as the compressors' spans do.
+        ASSERT_EQ(bits_of(prim::sampled_threshold(x.data(), DType::kBFloat16, n, k, sample, key)),
+                  bits_of(want));
+        const int64_t s = prim::sample_size(n, sample);
+        std::vector<float> m(static_cast<size_t>(s));
+        for (int64_t j0 = 0; j0 < s; j0 += s / 3 + 1) {
+          prim::sample_magnitudes(x.data(), DType::kBFloat16, n, sample, key, j0,
+                                  std::min(s, j0 + s / 3 + 1), m.data() + j0);
+        }
+        ASSERT_EQ(bits_of(prim::sample_quantile(m.data(), s, n, k)), bits_of(want));
       }
     }
   }
