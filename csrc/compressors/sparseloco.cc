@@ -7,10 +7,12 @@
 // NaN scalars, so they decode to NaN. Stateless: error feedback is the caller's. Deterministic.
 // Payload: docs/FORMAT.md, "sparseloco".
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <vector>
 
 #include "bucketed.h"
+#include "spans.h"
 #include "sparse_common.h"
 
 namespace cgx {
@@ -54,27 +56,11 @@ class SparseLoCo final : public EnvelopeCompressor {
     const Shape s = shape(count);
     uint8_t* body = begin_payload(in, dtype, count, capacity, s.body, 0, uint32_t(chunk_),
                                   uint32_t(bits_), out);
-    const auto* src = static_cast<const uint8_t*>(in);
-    const size_t es = elem_size(dtype);
-    prim::BitWriter w(body + s.codes_off, bits_);
-    uint8_t* idx_out = body + s.idx_off;
-    for (int64_t c = 0; c < s.chunks; ++c) {
-      const int64_t lo = c * chunk_, len = std::min(chunk_, count - lo);
-      const std::vector<uint32_t> idx =
-          prim::top_k(src + size_t(lo) * es, dtype, len, sparse::count_for(ratio_, len));
-      std::vector<float> v(idx.size());
-      for (size_t j = 0; j < idx.size(); ++j) v[j] = load_as_float(src, dtype, lo + idx[j]);
-      float a = 0, d = 0;
-      scalars(v, &a, &d);
-      bucketed::put_f32(body + 8 * c, a);
-      bucketed::put_f32(body + 8 * c + 4, d);
-      for (size_t j = 0; j < idx.size(); ++j) {
-        std::memcpy(idx_out, &idx[j], size_t(s.index_bytes));  // little-endian hosts
-        idx_out += s.index_bytes;
-        w.put(code(v[j], a, d));
-      }
-    }
-    w.finish();
+    // Spans of whole chunks on the codec's pool, eight chunks at a time (so that a span's codes
+    // start at a whole byte); every chunk before a span's first is full.
+    spans::for_each_span(count, 8 * chunk_, [&](int64_t lo, int64_t hi) {
+      encode_chunks(in, dtype, count, s, lo / chunk_, (hi + chunk_ - 1) / chunk_, body);
+    });
     return kEnvelopeBytes + s.body;
   }
 
@@ -126,38 +112,93 @@ class SparseLoCo final : public EnvelopeCompressor {
     return e;
   }
 
+  // Chunks [c0, c1) (c0 a multiple of 8): their scalars, indices and codes.
+  void encode_chunks(const void* in, DType dtype, int64_t count, const Shape& s, int64_t c0,
+                     int64_t c1, uint8_t* body) const {
+    const int64_t k_full = sparse::count_for(ratio_, chunk_);
+    const int64_t before = c0 * k_full;  // kept values of the chunks before c0
+    prim::BitWriter w(body + s.codes_off + size_t(before) * size_t(bits_) / 8, bits_);
+    uint8_t* idx_out = body + s.idx_off + size_t(before) * size_t(s.index_bytes);
+    prim::TopKScratch scratch;
+    std::vector<uint32_t> idx(size_t(std::min(k_full, count)));
+    std::vector<float> v(idx.size());
+    std::vector<uint8_t> codes(idx.size());
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t lo = c * chunk_, len = std::min(chunk_, count - lo);
+      const int64_t k = sparse::count_for(ratio_, len);
+      const void* chunk = spans::at(in, dtype, lo);
+      prim::top_k_into(chunk, dtype, len, k, scratch, idx.data());
+      gather(chunk, dtype, idx.data(), k, v.data());
+      float a = 0, d = 0;
+      scalars(v.data(), k, &a, &d);
+      bucketed::put_f32(body + 8 * c, a);
+      bucketed::put_f32(body + 8 * c + 4, d);
+      to_codes(v.data(), k, a, d, codes.data());
+      w.put_codes(codes.data(), k);
+      if (s.index_bytes == 2) {
+        for (int64_t j = 0; j < k; ++j) {
+          const uint16_t i = uint16_t(idx[size_t(j)]);
+          std::memcpy(idx_out + 2 * j, &i, 2);  // little-endian hosts
+        }
+      } else {
+        std::memcpy(idx_out, idx.data(), size_t(k) * 4);
+      }
+      idx_out += k * s.index_bytes;
+    }
+    w.finish();
+  }
+
+  // v[j] = x[idx[j]] as float, j < k.
+  static void gather(const void* x, DType t, const uint32_t* idx, int64_t k, float* v) {
+    if (t == DType::kFloat32) {
+      const auto* p = static_cast<const uint8_t*>(x);
+      for (int64_t j = 0; j < k; ++j) std::memcpy(v + j, p + 4 * size_t(idx[j]), 4);
+      return;
+    }
+    for (int64_t j = 0; j < k; ++j) v[j] = load_as_float(x, t, idx[j]);
+  }
+
   // Per chunk: magnitude a of level 0 and step d (bits = 1: a = mean |v|, d = 0); NaN for both
   // when a kept value is not finite.
-  void scalars(const std::vector<float>& v, float* a, float* d) const {
-    if (v.empty()) return;
+  void scalars(const float* v, int64_t n, float* a, float* d) const {
+    if (n == 0) return;
     float lo = INFINITY, hi = 0;
-    double sum = 0;
-    for (float x : v) {
-      const float m = std::fabs(x);
-      if (!std::isfinite(m)) {
-        *a = *d = NAN;
-        return;
-      }
-      lo = std::min(lo, m);
-      hi = std::max(hi, m);
-      sum += double(m);
+    bool finite = true;
+    for (int64_t j = 0; j < n; ++j) {  // no early exit: a loop the compiler vectorizes
+      const float m = std::fabs(v[j]);
+      finite &= m <= FLT_MAX;  // false for Inf and NaN
+      lo = m < lo ? m : lo;
+      hi = m > hi ? m : hi;
+    }
+    if (!finite) {
+      *a = *d = NAN;
+      return;
     }
     if (bits_ == 1) {
-      *a = float(sum / double(v.size()));
+      double sum = 0;
+      for (int64_t j = 0; j < n; ++j) sum += double(std::fabs(v[j]));
+      *a = float(sum / double(n));
       return;
     }
     *a = lo;
     *d = (hi - lo) / float((1 << (bits_ - 1)) - 1);
   }
 
-  // Sign (top bit, set for x < 0) and level min(floor((|x| - a) / d + 0.5), L) (0 when d is not
-  // a positive finite number), in fp32.
-  uint32_t code(float x, float a, float d) const {
-    const uint32_t sign = x < 0 ? 1u << (bits_ - 1) : 0u;
-    if (bits_ == 1 || !(d > 0) || !std::isfinite(d)) return sign;
-    const float levels = float((1 << (bits_ - 1)) - 1);
-    const float f = std::floor((std::fabs(x) - a) / d + 0.5f);
-    return sign | uint32_t(std::min(std::max(f, 0.0f), levels));
+  // The code of each kept value v[j], j < n: the sign (top bit, set for x < 0) and the level
+  // min(max(floor((|x| - a) / d + 0.5), 0), L) (0 when d is not a positive finite number), in
+  // fp32. a is the smallest kept |x|, so |x| - a >= 0.
+  void to_codes(const float* v, int64_t n, float a, float d, uint8_t* c) const {
+    const uint32_t sign = 1u << (bits_ - 1);
+    if (bits_ == 1 || !(d > 0) || !std::isfinite(d)) {
+      for (int64_t j = 0; j < n; ++j) c[j] = uint8_t(v[j] < 0 ? sign : 0u);
+      return;
+    }
+    // min(floor(y), L) for y = (|x| - a) / d + 0.5 >= 0.5 is the truncation of min(y, L).
+    const float levels = float(sign - 1);
+    for (int64_t j = 0; j < n; ++j) {
+      const float y = (std::fabs(v[j]) - a) / d + 0.5f;
+      c[j] = uint8_t((v[j] < 0 ? sign : 0u) | uint32_t(int32_t(y < levels ? y : levels)));
+    }
   }
 
   // fn(chunk, kept index j within the chunk, chunk length, index, previous index) for every

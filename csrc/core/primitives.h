@@ -212,6 +212,14 @@ std::vector<uint32_t> indices_at_least(const void* in, DType t, int64_t n, float
 // The k indices of the largest |x| (ties: lower index first; NaN counts as largest), ascending.
 std::vector<uint32_t> top_k(const void* in, DType t, int64_t n, int64_t k);
 
+// top_k's indices (the same) into out[0..min(k, n)), reusing `scratch` (no allocation once it
+// holds n values), and fast when k is small against n: for many small ranges (SparseLoCo's
+// chunks). primitives_topk.cc.
+struct TopKScratch {
+  std::vector<uint32_t> keys, cand, cand_keys, groups;
+};
+void top_k_into(const void* in, DType t, int64_t n, int64_t k, TopKScratch& scratch, uint32_t* out);
+
 // Estimate of the k-th largest |x| from a deterministic sample of about `sample` values drawn
 // with `key` (DGC's sampled threshold); exact when sample >= n.
 float sampled_threshold(const void* in, DType t, int64_t n, int64_t k, int64_t sample, RngKey key);

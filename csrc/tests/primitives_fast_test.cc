@@ -1,7 +1,7 @@
 // The primitives behind the faster encoders against what they replace, bit for bit, on both
-// instruction sets: per-bucket sq_sum / abs_max against prim::stats, kth_largest against
-// std::nth_element, sampled_threshold in pieces against its first version, random_k against its
-// first version (a plain Floyd loop).
+// instruction sets: per-bucket sq_sum / abs_max against prim::stats, top_k_into against top_k,
+// kth_largest against std::nth_element, sampled_threshold in pieces against its first version,
+// random_k against its first version (a plain Floyd loop).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -74,6 +74,24 @@ TEST_P(PrimitivesFast, BucketSumsAndMaximaAreStatsBitForBit) {
           }
         }
       }
+    }
+  }
+}
+
+TEST_P(PrimitivesFast, TopKIntoIsTopK) {
+  std::mt19937 g(7);
+  prim::TopKScratch scratch;  // reused across sizes, as a span reuses it across chunks
+  for (int rep = 0; rep < 400; ++rep) {
+    const int64_t n = 1 + int64_t(g() % 9000);
+    const int64_t k = rep % 3 == 0 ? int64_t(g() % (n + 2)) : 1 + int64_t(g() % (n / 20 + 1));
+    for (DType t : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      const auto x = as_dtype(hostile(n, uint32_t(rep), rep % 2 == 0), t);
+      const std::vector<uint32_t> want = prim::top_k(x.data(), t, n, k);
+      std::vector<uint32_t> got(want.size() + 1, 0xdeadbeef);
+      prim::top_k_into(x.data(), t, n, k, scratch, got.data());
+      ASSERT_EQ(got.back(), 0xdeadbeefu) << "wrote past min(k, n) indices";
+      got.pop_back();
+      ASSERT_EQ(got, want) << "n " << n << " k " << k;
     }
   }
 }
