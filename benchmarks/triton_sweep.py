@@ -18,12 +18,12 @@ import json
 import os
 import statistics
 import sys
-import time
 from typing import Callable, Dict, List
 
 import torch
 
 from benchmarks.compressors import parse_size
+from benchmarks.device import Timer
 
 SEED, STREAM = 1, 7
 
@@ -32,24 +32,12 @@ ITERS, ROUNDS = 20, 5
 
 
 def timed(fn: Callable[[], object]) -> float:
-    """Median seconds per call over ROUNDS rounds of ITERS calls (CUDA events; on a CPU, under
-    Triton's interpreter, the host clock: a check of this script, not a figure)."""
+    """Median seconds per call over ROUNDS rounds of ITERS calls (benchmarks.device.Timer: CUDA
+    events; on a CPU, under Triton's interpreter, the host clock: a check of this script)."""
+    timer = Timer(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     fn()
-    if not torch.cuda.is_available():
-        t = time.perf_counter()
-        fn()
-        return time.perf_counter() - t
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(ROUNDS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(ITERS):
-            fn()
-        end.record()
-        end.synchronize()
-        out.append(start.elapsed_time(end) / 1e3 / ITERS)
-    return statistics.median(out)
+    iters = ITERS if timer.cuda else 1
+    return statistics.median(timer(fn, iters) for _ in range(ROUNDS if timer.cuda else 1))
 
 
 def maxmin_rows(x: torch.Tensor, copy_s: float) -> List[Dict]:
