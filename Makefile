@@ -2,25 +2,37 @@
 PY ?= python3
 export MAX_JOBS ?= 2
 
+# An externally managed PY (PEP 668: Debian 12's /usr/bin/python3) gets a virtual environment,
+# .venv, that install-deps.sh creates from it: every target below then runs .venv/bin/python, and
+# .venv/bin (ruff, clang-format, torchrun) comes first on PATH. Any other PY is used as it is.
+PY_BASE := $(PY)
+override PY := $(or $(shell scripts/pick-python.sh '$(PY_BASE)'),$(PY_BASE))
+ifneq ($(PY),$(PY_BASE))
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
+DEPS_STAMP := .venv/.stamp-deps
+else
+DEPS_STAMP := .stamp-deps
+endif
+
 .PHONY: all deps build core-test py-test test demo bench lint format clean fuzz-build fuzz-short \
 	fuzz-long fuzz-corpus tsan settings-doc gpu-check gpu-check-cpu
 
 all: build
 
-.stamp-deps: scripts/install-deps.sh requirements-dev.txt constraints.txt
-	PY=$(PY) ./scripts/install-deps.sh
+$(DEPS_STAMP): scripts/install-deps.sh scripts/pick-python.sh requirements-dev.txt constraints.txt
+	PY=$(PY_BASE) ./scripts/install-deps.sh
 	touch $@
 
-deps: .stamp-deps
+deps: $(DEPS_STAMP)
 
 # Incremental (ninja): an edit to one .cc recompiles that file only.
-build: .stamp-deps
+build: $(DEPS_STAMP)
 	$(PY) setup.py -q build_ext --inplace
 	@cd / && $(PY) -c "import torch_cgx, sys; sys.exit(not torch_cgx.__file__.startswith('$(CURDIR)/'))" \
 	  2>/dev/null || \
 	  CGX_SKIP_EXT=1 $(PY) -m pip install -q --no-build-isolation --no-deps -e $(CURDIR)
 
-core-test: .stamp-deps
+core-test: $(DEPS_STAMP)
 	cmake -S . -B build/core -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
 	ninja -C build/core -j $(MAX_JOBS)
 	ctest --test-dir build/core --output-on-failure
@@ -36,7 +48,7 @@ test: lint core-test fuzz-short tsan py-test gpu-check-cpu
 # FUZZ_RUNS executions (FUZZ_JOBS cases at a time).
 FUZZ_RUNS ?= 10000000
 FUZZ_ALLREDUCE_RUNS ?= 1000000
-fuzz-build: .stamp-deps
+fuzz-build: $(DEPS_STAMP)
 	@command -v clang++ >/dev/null || { echo "clang++ missing (it fuzzes the decoders): run make deps" >&2; exit 1; }
 	cmake -S . -B build/fuzz -G Ninja -DCGX_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang > /dev/null
@@ -56,7 +68,7 @@ fuzz-corpus: fuzz-build
 
 # ThreadSanitizer over the C++ tests that run ranks and workers as threads (about 65 s with its
 # build on 2 cores: part of `make test`).
-tsan: .stamp-deps
+tsan: $(DEPS_STAMP)
 	cmake -S . -B build/tsan -G Ninja -DCGX_TSAN=ON > /dev/null
 	ninja -C build/tsan -j $(MAX_JOBS) cgx_core_tests
 	./scripts/tsan.sh
@@ -83,7 +95,7 @@ settings-doc:
 	$(PY) -c "from torch_cgx import settings; print(settings.markdown(), end='')" > docs/settings.md
 
 clean:
-	rm -rf build torch_cgx/*.so .stamp-deps
+	rm -rf build torch_cgx/*.so .stamp-deps .venv/.stamp-deps
 
 # The GPU check (docs/gpu.md, "The GPU check"): on a machine with a CUDA GPU, with only what is
 # there (no installer, no network): builds with every core, runs each step with its own timeout and
@@ -91,8 +103,9 @@ clean:
 # `scripts/gpu_check.sh $OUT`. gpu-check-cpu: the same steps on CPU tensors (part of `make test`),
 # offline (scripts/offline.sh: no network namespace, installers refused, packages unchanged).
 GPU_CHECK_OUT ?= build/gpu-check
+# (gpu-check installs nothing: without a .venv it runs PY itself.)
 gpu-check:
-	PY=$(PY) scripts/gpu_check.sh $(GPU_CHECK_OUT)
+	PY=$(if $(wildcard $(PY)),$(PY),$(PY_BASE)) scripts/gpu_check.sh $(GPU_CHECK_OUT)
 
 gpu-check-cpu: build
 	PY=$(PY) scripts/offline.sh scripts/gpu_check.sh --cpu build/gpu-check-cpu
