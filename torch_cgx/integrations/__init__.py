@@ -10,8 +10,9 @@
 accelerate (and so Trainer) creates the default process group itself unless one exists, and
 only with the backends it knows (``ddp_backend="cgx"`` is refused); it reuses an existing group
 whatever its backend. :func:`init_cgx` creates that group as a cgx group first.
-``torch_cgx.integrations.transformers`` holds the Trainer callbacks (imported on first use:
-``import torch_cgx`` does not import transformers).
+``torch_cgx.integrations.transformers`` holds the Trainer callbacks, ``.diloco_trainer`` /
+``.diloco_accelerate`` / ``.diloco_lightning`` DiLoCo for Trainer, accelerate and Lightning
+(imported on first use: ``import torch_cgx`` does not import transformers).
 """
 
 from __future__ import annotations
@@ -20,9 +21,22 @@ import os
 from datetime import timedelta
 from typing import Optional
 
-__all__ = ["CGXCallback", "CGXStatsCallback", "attach", "init_cgx"]  # noqa: F822 (lazy)
+__all__ = [
+    "AccelerateDiLoCo",
+    "CGXCallback",
+    "CGXStatsCallback",
+    "DiLoCoCallback",
+    "attach",
+    "attach_diloco",
+    "init_cgx",
+    "node_ddp",
+]  # (lazy)
 
-_LAZY = {"CGXCallback", "CGXStatsCallback", "attach"}
+_LAZY = {  # name -> the module of this package that holds it (imported on first use)
+    "CGXCallback": "transformers", "CGXStatsCallback": "transformers", "attach": "transformers",
+    "DiLoCoCallback": "diloco_trainer", "attach_diloco": "diloco_trainer",
+    "AccelerateDiLoCo": "diloco_accelerate", "node_ddp": "diloco_accelerate",
+}  # fmt: skip
 
 
 def init_cgx(options=None, *, timeout: Optional[timedelta] = None, **settings):
@@ -75,7 +89,7 @@ def init_cgx(options=None, *, timeout: Optional[timedelta] = None, **settings):
 
 def __getattr__(name: str):
     if name in _LAZY:
-        from torch_cgx.integrations import transformers
+        import importlib
 
-        return getattr(transformers, name)
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
