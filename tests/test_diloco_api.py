@@ -60,10 +60,13 @@ def test_bad_fragments_and_optimizers():
         DiLoCo([model, model[0]], opt, sync_every=4)  # a parameter in two fragments
     with pytest.raises(ValueError, match="inner_optimizer"):
         DiLoCo(model, None, sync_every=4)
-    with pytest.raises(ValueError, match="outer_optimizer"):  # one optimizer, two fragments
-        DiLoCo(list(model), opt, torch.optim.SGD(model.parameters(), lr=1), sync_every=4)
-    with pytest.raises(ValueError, match=r"outer_optimizer\[0\]"):  # not the fragment's params
+    with pytest.raises(ValueError, match="every fragment's"):  # one optimizer, a part of two
+        DiLoCo(list(model), opt, torch.optim.SGD(model[0].parameters(), lr=1), sync_every=4)
+    with pytest.raises(ValueError, match="its fragment's"):  # not the fragment's params
         DiLoCo(model, opt, torch.optim.SGD(model[0].parameters(), lr=1), sync_every=4)
+    with pytest.raises(ValueError, match=r"outer_optimizer\[1\]"):
+        outer = [torch.optim.SGD(m.parameters(), lr=1) for m in (model[0], model[0])]
+        DiLoCo([model[0], model[1]], opt, outer, sync_every=4)
     with pytest.raises(ValueError, match="init_process_group"):
         DiLoCo(model, opt, sync_every=4)  # valid, but no process group here
 

@@ -16,14 +16,15 @@ the schedule, the compressors, error feedback, checkpoints and the hierarchical 
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
 
+from torch_cgx.diloco import arguments
 from torch_cgx.diloco import state as _state
 from torch_cgx.diloco.fragment import Fragment
-from torch_cgx.diloco.reduce import Spec, start_average
+from torch_cgx.diloco.reduce import Pending, Spec, start_average
 from torch_cgx.diloco.streaming import Schedule
 
 __all__ = ["DiLoCo", "Schedule", "hierarchical_groups", "outer_sgd"]
@@ -36,54 +37,7 @@ def outer_sgd(params, lr: float = OUTER_LR, momentum: float = OUTER_MOMENTUM):
     return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=True)
 
 
-def _fragments(model_fragments) -> List[torch.nn.Module]:
-    if isinstance(model_fragments, torch.nn.Module):
-        model_fragments = [model_fragments]
-    if not isinstance(model_fragments, (list, tuple)) or not model_fragments:
-        raise ValueError("model_fragments must be a module or a non-empty list of modules")
-    seen = set()
-    for i, m in enumerate(model_fragments):
-        if not isinstance(m, torch.nn.Module):
-            raise ValueError(f"model_fragments[{i}] must be a torch.nn.Module, got {type(m)}")
-        ids = [id(p) for p in m.parameters()]
-        if not ids:
-            raise ValueError(f"model_fragments[{i}] has no parameters")
-        if seen.intersection(ids):
-            raise ValueError(f"model_fragments[{i}] shares parameters with an earlier fragment")
-        seen.update(ids)
-    return list(model_fragments)
-
-
-def _outer_optimizers(outer_optimizer, modules: Sequence[torch.nn.Module]) -> list:
-    """One optimizer per fragment, over exactly that fragment's parameters."""
-    k = len(modules)
-    if outer_optimizer is None:
-        return [outer_sgd(m.parameters()) for m in modules]
-    if callable(outer_optimizer) and not isinstance(outer_optimizer, torch.optim.Optimizer):
-        made = [outer_optimizer(m.parameters()) for m in modules]
-    elif isinstance(outer_optimizer, torch.optim.Optimizer):
-        if k != 1:
-            raise ValueError(
-                f"outer_optimizer: give a list of {k} optimizers (one per fragment) or a "
-                "factory params -> optimizer, not one optimizer for several fragments"
-            )
-        made = [outer_optimizer]
-    elif isinstance(outer_optimizer, (list, tuple)) and len(outer_optimizer) == k:
-        made = list(outer_optimizer)
-    else:
-        raise ValueError(
-            f"outer_optimizer must be None, an optimizer, a list of {k} optimizers or a "
-            f"factory params -> optimizer, got {outer_optimizer!r}"
-        )
-    for i, (opt, m) in enumerate(zip(made, modules)):
-        if not isinstance(opt, torch.optim.Optimizer):
-            raise ValueError(f"outer_optimizer[{i}] is not a torch.optim.Optimizer: {opt!r}")
-        has = {id(p) for group in opt.param_groups for p in group["params"]}
-        if has != {id(p) for p in m.parameters()}:
-            raise ValueError(
-                f"outer_optimizer[{i}] must hold exactly the parameters of model_fragments[{i}]"
-            )
-    return made
+_FAILED = Pending([], lambda: None)  # a managed reduction that could not start
 
 
 class DiLoCo:
@@ -94,9 +48,13 @@ class DiLoCo:
             synced in turn). Parameters may be DTensors (FSDP2): their local shards are used.
         inner_optimizer: the optimizer of the training loop; its ``step()`` counts.
         outer_optimizer: None (Nesterov SGD lr 0.7 momentum 0.9 per fragment), an optimizer
-            over the parameters of the single fragment, a list of one per fragment, or a
-            factory ``params -> optimizer`` called per fragment.
+            over the parameters of every fragment (each outer step steps only the syncing
+            fragment's), a list of one per fragment, or a factory ``params -> optimizer``
+            called per fragment.
         sync_every: inner steps between two syncs of a fragment (H; default 500).
+        manager: a torchft ``Manager`` (``use_async_quorum=False``): replicas that leave and
+            join (:mod:`.managed`); no default process group needed, and construction issues
+            no quorum and no collective. torchft's order, manager first, works too.
         group: the group the replicas average over (None: the default group); any backend.
         compressor: a name of ``torch_cgx.compressors.names()`` or None (exact fp32).
         compressor_params: its parameters (``compressors.params(name)``).
@@ -106,27 +64,42 @@ class DiLoCo:
             outer step (Streaming DiLoCo's tau; 0: blocking); < sync_every // fragments.
         fragment_update_alpha: the fragment becomes ``alpha * local + (1 - alpha) * global``
             after its outer step (torchft's meaning; 0: the global parameters).
+        backup_device, pin_memory: where the global copies live (None: the parameters'
+            device); torchft's names. torchft's ``should_quantize=True`` is max-min 8-bit;
+            its ``use_bucketization`` / ``bucket_cap_mb`` are accepted (one flat buffer per
+            fragment already).
 
-    The constructor broadcasts the group's rank 0 parameters (a collective): every replica
-    starts from the same point. After a fragment's outer step its global copies are bitwise
-    identical on every rank, and so are its parameters when ``fragment_update_alpha == 0``.
+    Without a manager the constructor broadcasts the group's rank 0 parameters (a
+    collective): every replica starts from the same point. After a fragment's outer step its
+    global copies are bitwise identical on every rank, and so are its parameters when
+    ``fragment_update_alpha == 0``.
     """
 
-    def __init__(
+    def __init__(self, *args, **kwargs) -> None:
+        """``DiLoCo(model_fragments, inner_optimizer, outer_optimizer=None, sync_every=500, *,
+        manager=None, group=None, compressor="maxmin", ...)`` or torchft's order
+        ``DiLoCo(manager, model_fragments, inner_optimizer, outer_optimizer, sync_every, ...)``
+        (:mod:`.arguments`)."""
+        self._setup(**arguments.torchft_order(args, kwargs))
+
+    def _setup(
         self,
         model_fragments: Union[torch.nn.Module, Sequence[torch.nn.Module]],
         inner_optimizer: torch.optim.Optimizer,
         outer_optimizer: Union[None, torch.optim.Optimizer, Sequence, Callable] = None,
         sync_every: int = 500,
         *,
+        manager=None,
         group: Optional[dist.ProcessGroup] = None,
         compressor: Optional[str] = "maxmin",
         compressor_params: Optional[dict] = None,
         error_feedback: Optional[bool] = None,
         fragment_sync_delay: int = 0,
         fragment_update_alpha: float = 0.0,
+        backup_device: Optional[torch.device] = None,
+        pin_memory: bool = True,
     ) -> None:
-        modules = _fragments(model_fragments)
+        modules = arguments.fragments(model_fragments)
         if not isinstance(inner_optimizer, torch.optim.Optimizer):
             got = type(inner_optimizer).__name__
             raise ValueError(f"inner_optimizer must be a torch.optim.Optimizer, got {got}")
@@ -143,15 +116,28 @@ class DiLoCo:
             error_feedback = bool(self.spec.traits["biased"])
         if group is not None and not isinstance(group, dist.ProcessGroup):
             raise ValueError(f"group must be a ProcessGroup or None, got {group!r}")
+        if manager is not None and not arguments.is_manager(manager):
+            raise ValueError(f"manager must be a torchft Manager or None, got {manager!r}")
+        if manager is not None and group is not None:
+            raise ValueError("give manager= or group=, not both (the manager has its group)")
+        backup = None if backup_device is None else (torch.device(backup_device), pin_memory)
         self.group = group
         self.error_feedback = error_feedback
         self.fragment_update_alpha = float(alpha)
         self.inner_optimizer = inner_optimizer
-        optimizers = _outer_optimizers(outer_optimizer, modules)
-        self._fragments = [Fragment(i, m, o) for i, (m, o) in enumerate(zip(modules, optimizers))]
+        optimizers = arguments.outer_optimizers(outer_optimizer, modules, outer_sgd)
+        self._fragments = [
+            Fragment(i, m, o, backup) for i, (m, o) in enumerate(zip(modules, optimizers))
+        ]
         self.step = 0  # inner steps taken
         self.payload_bytes = 0  # this rank's compressed pseudo-gradient bytes, all syncs
         self._hooks: list = []
+        self._managed = None
+        if manager is not None:  # no collective, no quorum: a replica may join mid-period
+            from torch_cgx.diloco.managed import Managed
+
+            self._managed = Managed(manager, self)
+            return
         if not dist.is_initialized():
             raise ValueError("DiLoCo needs torch.distributed initialized (init_process_group)")
         src = dist.get_global_rank(self._group(), 0) if group is not None else 0
@@ -198,30 +184,53 @@ class DiLoCo:
 
     def _after_step(self, _optimizer, _args, _kwargs) -> None:
         self.step += 1
-        for f in self.schedule.starts_at(self.step):
-            self._start(self._fragments[f])
+        starts = self.schedule.starts_at(self.step)
+        contributes = True
+        if starts and self._managed is not None:
+            contributes = self._managed.quorum()  # a heal replaces the step and the state
+            starts = self.schedule.starts_at(self.step)
+        for f in starts:
+            self._start(self._fragments[f], contributes)
         for f in self.schedule.applies_at(self.step):
             self._apply(self._fragments[f])
 
     # --- a sync ------------------------------------------------------------------------------
 
-    def _start(self, frag: Fragment) -> None:
+    def _start(self, frag: Fragment, contributes: bool = True) -> None:
         if frag.pending is not None:  # cannot happen with a valid schedule
             raise RuntimeError(f"fragment {frag.index}: a reduction is already in flight")
         flat = frag.pseudo_gradient(self.error_feedback)
         call = frag.syncs * self.num_fragments + frag.index  # the same on every rank
-        frag.pending = start_average(
-            self.group, flat, self.spec, residual=frag.new_residual, call=call
-        )
+        if self._managed is not None:
+            frag.pending = self._managed.start(
+                flat, self.spec, contributes, frag.new_residual, call
+            )
+            frag.pending = frag.pending or _FAILED
+        else:
+            frag.pending = start_average(
+                self.group, flat, self.spec, residual=frag.new_residual, call=call
+            )
         self.payload_bytes += frag.pending.payload_bytes
 
     def _apply(self, frag: Fragment) -> None:
         if frag.pending is None:  # cannot happen with a valid schedule
             raise RuntimeError(f"fragment {frag.index}: nothing to apply")
-        average = frag.pending.wait()
-        frag.pending = None
+        pending, frag.pending = frag.pending, None
+        if self._managed is None:
+            average = pending.wait()
+        else:  # None: not committed by every rank of this replica group; discarded
+            average = self._managed.finish(None if pending is _FAILED else pending)
+            if average is None:
+                frag.restore()
+                return
         frag.take_residuals()
         frag.outer_step(average, self.fragment_update_alpha)
+
+    @property
+    def syncs_discarded(self) -> int:
+        """Syncs this replica discarded (with a manager: a sync that failed or was not
+        committed; its fragment went back to the last committed global copies)."""
+        return 0 if self._managed is None else self._managed.discarded
 
     def sync_now(self) -> None:
         """Starts and applies every fragment's sync at once, outside the schedule (e.g. before
@@ -231,7 +240,8 @@ class DiLoCo:
             if frag.pending is not None:
                 self._apply(frag)
         for frag in self._fragments:
-            self._start(frag)
+            contributes = self._managed.quorum() if self._managed is not None else True
+            self._start(frag, contributes)
             self._apply(frag)
 
     # --- checkpoints -------------------------------------------------------------------------

@@ -45,10 +45,22 @@ def _as_param_grad(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     return grad
 
 
+def _backup(t: torch.Tensor, backup) -> torch.Tensor:
+    if backup is None:
+        return t.clone()
+    device, pin = backup
+    copy = torch.empty(t.shape, dtype=t.dtype, device=device)
+    if pin and copy.device.type == "cpu" and torch.cuda.is_available():
+        copy = copy.pin_memory()
+    return copy.copy_(t)
+
+
 class Fragment:
     """The parameters of one model fragment and DiLoCo's state for them."""
 
-    def __init__(self, index: int, module: torch.nn.Module, optimizer) -> None:
+    def __init__(self, index: int, module: torch.nn.Module, optimizer, backup=None) -> None:
+        """``backup``: None (global copies on the parameters' device) or ``(device,
+        pin_memory)`` (torchft's ``backup_device`` / ``pin_memory``)."""
         self.index, self.module, self.optimizer = index, module, optimizer
         named = [(n, p) for n, p in module.named_parameters()]
         self.names: List[str] = [n for n, _ in named]
@@ -58,7 +70,7 @@ class Fragment:
         if any(t.device != self.device for t in locals_):
             raise ValueError(f"model_fragments[{index}]: parameters on more than one device")
         self.numel = sum(t.numel() for t in locals_)
-        self.globals: List[torch.Tensor] = [t.clone() for t in locals_]
+        self.globals: List[torch.Tensor] = [_backup(t, backup) for t in locals_]
         self.residuals: Dict[str, torch.Tensor] = {}
         self.syncs = 0  # outer steps taken
         self.pending = None  # reduce.Pending of the reduction in flight
@@ -91,7 +103,7 @@ class Fragment:
         writes the new residuals to)."""
         with torch.no_grad():
             parts = [
-                (g.float() - local_tensor(p).float()).reshape(-1)
+                (g.to(self.device).float() - local_tensor(p).float()).reshape(-1)
                 for g, p in zip(self.globals, self.params)
             ]
             flat = torch.cat(parts) if len(parts) > 1 else parts[0].contiguous()
@@ -118,12 +130,27 @@ class Fragment:
 
     # --- the outer step ----------------------------------------------------------------------
 
+    def restore(self) -> None:
+        """The parameters back to the global copies (a sync that was not committed)."""
+        self.new_residual = None
+        with torch.no_grad():
+            for p, g in zip(self.params, self.globals):
+                local_tensor(p).copy_(g)
+
     def outer_step(self, average: torch.Tensor, alpha: float) -> None:
         """The outer optimizer steps from the global copies with ``average`` as the gradient;
         the results become the new global copies, and the parameters
-        ``alpha * local + (1 - alpha) * global``."""
+        ``alpha * local + (1 - alpha) * global``. An optimizer shared with other fragments
+        steps only this one's parameters (theirs have no gradient during the step)."""
         locals_ = [local_tensor(p) for p in self.params]
         saved_grads = [p.grad for p in self.params]
+        mine = {id(p) for p in self.params}
+        others = [
+            p for group in self.optimizer.param_groups for p in group["params"] if id(p) not in mine
+        ]
+        others_grads = [p.grad for p in others]
+        for p in others:
+            p.grad = None
         with torch.no_grad():
             kept = [t.clone() for t in locals_] if alpha > 0 else None
             offset = 0
@@ -139,4 +166,6 @@ class Fragment:
                 if kept is not None:
                     t.lerp_(kept[i], alpha)
                 p.grad = saved_grads[i]  # the inner gradients, as they were
+            for p, grad in zip(others, others_grads):
+                p.grad = grad
         self.syncs += 1

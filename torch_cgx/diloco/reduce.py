@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from torch_cgx import compressors
 
-__all__ = ["Pending", "Spec", "start_average"]
+__all__ = ["Pending", "Spec", "codec_for", "encode_payload", "start_average"]
 
 _MAXMIN_FLAGS = ("skip_incomplete_buckets", "stochastic")
 
@@ -179,16 +179,27 @@ class _Codec:
         self.codec.decode_add_(out, payload)
 
 
-def _by_payloads(group, flat, spec, residual, call) -> Pending:
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    codec = _Codec(spec, flat.device)
-    values = flat.cpu() if codec.host else flat
+def codec_for(spec: Spec, device: torch.device) -> _Codec:
+    return _Codec(spec, device)
+
+
+def encode_payload(codec: _Codec, values: torch.Tensor, rank: int, call: int, residual):
+    """``values`` encoded with this rank's random stream for reduction ``call``; ``residual``,
+    when given, receives ``values - decode(payload)``."""
     call = call & (2**40 - 1)
     payload = codec.encode(values, stream=(rank << 40) | call, shared=call)
     if residual is not None:  # e = x - decode(encode(x)): what this rank's payload left out
         lost = values.clone()
         codec.decode_add_(lost.neg_(), payload)
         residual.copy_(lost.neg_())
+    return payload
+
+
+def _by_payloads(group, flat, spec, residual, call) -> Pending:
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    codec = _Codec(spec, flat.device)
+    values = flat.cpu() if codec.host else flat
+    payload = encode_payload(codec, values, rank, call, residual)
     wire = payload.to(flat.device)
     if spec.traits["fixed_size"]:
         sizes = [wire.numel()] * world
