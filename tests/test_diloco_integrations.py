@@ -221,12 +221,36 @@ def accelerate_case(out):
         AccelerateDiLoCo(fake, model, sync_every=3)
     with pytest.raises(ValueError, match="sync_every must be an integer >= 1"):
         AccelerateDiLoCo(accelerator, model, sync_every=0)
+    with pytest.raises(ValueError, match="needs DDP on the node group"):
+        AccelerateDiLoCo(accelerator, model, sync_every=3, ranks_per_node=2)
+    accelerate_node_case(accelerator)
+
+
+def accelerate_node_case(accelerator):
+    """node_ddp before prepare: DDP on the node group (both ranks) averages every step."""
+    from torch_cgx.integrations import AccelerateDiLoCo, node_ddp
+
+    inner, _ = node_ddp(accelerator, 2)
+    net = torch.nn.Linear(16, 4)
+    model, opt = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    assert model.process_group is inner
+    seen = []
+    with AccelerateDiLoCo(accelerator, model, opt, sync_every=2, ranks_per_node=2) as dl:
+        for _ in range(6):  # 3 optimizer steps (accumulation over 2 batches)
+            with accelerator.accumulate(model):
+                accelerator.backward(model(torch.randn(4, 16)).square().mean())
+                opt.step()
+                opt.zero_grad()
+                dl.step()
+            if accelerator.sync_gradients:
+                seen.append((dl.session.step, replicas_equal(model)))
+    assert seen == [(1, True), (2, True), (3, True)], seen
 
 
 # --- Lightning ------------------------------------------------------------------------------------
 
 
-def lightning_fit(L, out, ckpt=None):
+def lightning_fit(L, out, ckpt=None, **options):
     """One batch per rank and epoch (a plain DataLoader resumed mid-epoch restarts its epoch in
     Lightning), a checkpoint after every epoch, DiLoCo every 3 steps."""
     from torch_cgx.integrations.diloco_lightning import DiLoCoStrategy
@@ -246,6 +270,9 @@ def lightning_fit(L, out, ckpt=None):
         def on_train_batch_end(self, *args):
             self.seen.append((self.trainer.global_step, replicas_equal(self)))
 
+        def on_train_start(self):  # DDP wraps the module during fit only
+            self.ddp_on_world = self.trainer.strategy.model.process_group is dist.group.WORLD
+
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=0.01)
 
@@ -263,7 +290,7 @@ def lightning_fit(L, out, ckpt=None):
     x = torch.randn(16, 16, generator=torch.Generator().manual_seed(1))
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, torch.tanh(x[:, :4])),
                                        batch_size=8)  # fmt: skip
-    strategy = DiLoCoStrategy(sync_every=3, compressor_params=BITS4)
+    strategy = DiLoCoStrategy(sync_every=3, compressor_params=BITS4, **options)
     keep = L.callbacks.ModelCheckpoint(dirpath=out, save_top_k=-1, every_n_epochs=1)
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=8,
                         logger=Memory(), log_every_n_steps=2, callbacks=[keep],
@@ -291,6 +318,9 @@ def lightning_case(out):
     _, resumed, _ = lightning_fit(L, out, ckpt)
     assert [s for s, _ in resumed.seen] == [5, 6, 7, 8]
     assert torch.equal(flat(resumed), flat(module)), "the resumed Lightning run differs"
+    _, node, _ = lightning_fit(L, os.path.join(out, "node"), ranks_per_node=2)
+    assert node.seen == [(s, True) for s in range(1, 9)], node.seen  # DDP inside the node
+    assert module.ddp_on_world and not node.ddp_on_world  # on the node group
     with pytest.raises(ValueError, match="sync_every must be an integer >= 1"):
         DiLoCoStrategy(sync_every=0)
     with pytest.raises(ValueError, match="ddp_comm_hook is not taken"):

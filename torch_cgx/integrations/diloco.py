@@ -236,15 +236,15 @@ class Session:
 
     # -- the end ------------------------------------------------------------------------------
 
-    def close(self, ok: bool = True) -> None:
-        """Ends the run: with ``final_sync`` and no exception, ``sync_now()`` unless the last
-        step synced the whole model; removes DiLoCo's step hook."""
+    def close(self, ok: bool = True, sync: bool = True) -> None:
+        """Ends the run: with ``final_sync``, ``sync`` and no exception, ``sync_now()`` unless
+        the last step synced the whole model; removes DiLoCo's step hook."""
         if self.closed:
             return
         self.closed = True
         step = self.diloco.step
         synced = self.diloco.num_fragments == 1 and step % self.options.sync_every == 0
-        if ok and self.options.final_sync and step > 0 and not synced:
+        if ok and sync and self.options.final_sync and step > 0 and not synced:
             t0 = time.perf_counter()
             self.diloco.sync_now()
             self.sync_seconds += time.perf_counter() - t0

@@ -155,12 +155,14 @@ class DiLoCoCallback(TrainerCallback):
             self.session.save(folder, self.trainer.optimizer)
 
     def on_train_end(self, args, state, control, **kwargs):
-        self._end(ok=True)
+        # load_best_model_at_end put rank 0's best replica on every rank: no final sync then
+        best = args.load_best_model_at_end and state.best_model_checkpoint is not None
+        self._end(ok=True, sync=not best)
         if self.summary and _rank() == 0:
             print(self.session.summary(), flush=True)
 
-    def _end(self, ok: bool) -> None:
-        self.session.close(ok=ok)
+    def _end(self, ok: bool, sync: bool = True) -> None:
+        self.session.close(ok=ok, sync=sync)
         if self._no_sync is not None:
             self._no_sync.__exit__(None, None, None)
             self._no_sync = None
