@@ -114,12 +114,12 @@ class DiLoCo:
             raise ValueError("error_feedback=True needs a compressor (compressor=None is exact)")
         if error_feedback is None:
             error_feedback = bool(self.spec.traits["biased"])
+        if manager is not None and group is not None:
+            raise ValueError("give manager= or group=, not both (the manager has its group)")
         if group is not None and not isinstance(group, dist.ProcessGroup):
             raise ValueError(f"group must be a ProcessGroup or None, got {group!r}")
         if manager is not None and not arguments.is_manager(manager):
             raise ValueError(f"manager must be a torchft Manager or None, got {manager!r}")
-        if manager is not None and group is not None:
-            raise ValueError("give manager= or group=, not both (the manager has its group)")
         backup = None if backup_device is None else (torch.device(backup_device), pin_memory)
         self.group = group
         self.error_feedback = error_feedback

@@ -56,11 +56,20 @@ def _gather(pg, tensor: torch.Tensor, world: int):
 
 
 def start_managed_average(
-    manager, flat: torch.Tensor, spec: Spec, *, contributes: bool, residual=None, call: int = 0
+    manager,
+    flat: torch.Tensor,
+    spec: Spec,
+    *,
+    contributes: bool,
+    residual=None,
+    call: int = 0,
+    report: Optional[dict] = None,
 ) -> Pending:
     """Starts averaging ``flat`` over the contributing replicas of ``manager``'s quorum.
     ``contributes=False``: this replica sends nothing (its residual becomes zeros) and still
-    receives the average. The result is bitwise the same on every replica of the quorum."""
+    receives the average. The result is bitwise the same on every replica of the quorum;
+    ``report["contributors"]`` is set to the divisor when it is known."""
+    report = {} if report is None else report
     pg = _process_group(manager)
     world, rank = pg.size(), _rank(pg)
     if spec.name is None:
@@ -71,7 +80,12 @@ def start_managed_average(
             buf[:-1] = flat
             buf[-1] = 1.0
         work = pg.allreduce([buf], AllreduceOptions())  # a sum
-        return Pending([work], lambda: _divide(buf[:-1], buf[-1]))
+
+        def exact() -> torch.Tensor:
+            report["contributors"] = int(buf[-1])
+            return _divide(buf[:-1], buf[-1])
+
+        return Pending([work], exact)
     codec = codec_for(spec, flat.device)
     values = flat.cpu() if codec.host else flat
     if contributes:
@@ -95,6 +109,7 @@ def start_managed_average(
             if gave:
                 codec.decode_add_(total, part[:size].cpu() if codec.host else part[:size])
                 count += 1
+        report["contributors"] = count
         return _divide(total.to(flat.device), count)
 
     return Pending([work], finish, payload.numel())
@@ -132,6 +147,7 @@ class Managed:
         self.manager = manager
         self.healed = False  # this sync's quorum healed this replica
         self.discarded = 0  # syncs this replica did not commit
+        self.last = {}  # the last sync's report: "contributors", the divisor of its average
         self._diloco = diloco
         try:
             manager.register_state_dict_fn(KEY, self._load, self._save)
@@ -158,8 +174,15 @@ class Managed:
 
     def start(self, flat, spec, contributes, residual, call) -> Optional[Pending]:
         try:
+            self.last = {}
             return start_managed_average(
-                self.manager, flat, spec, contributes=contributes, residual=residual, call=call
+                self.manager,
+                flat,
+                spec,
+                contributes=contributes,
+                residual=residual,
+                call=call,
+                report=self.last,
             )
         except Exception as e:  # a peer gone mid-sync: the manager refuses the commit
             _log.warning("DiLoCo sync failed to start (discarded): %s", e)

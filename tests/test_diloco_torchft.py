@@ -1,0 +1,179 @@
+"""DiLoCo on torchft: three replica groups (real processes, a Lighthouse on 127.0.0.1) keep
+training when one is SIGKILLed in the middle of a sync; the killed one is started again, heals
+from a live peer, and from its first sync on all three hold bitwise the same parameters, global
+copies and outer-optimizer state; a replica that stops answering (SIGSTOP) is dropped within the
+process group's timeout (tests/torchft_replica.py is the replica)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from dist_helpers import context_start_method
+
+torchft = pytest.importorskip("torchft")  # installed by scripts/install-deps.sh; pinned skip
+
+import torchft_replica  # noqa: E402
+
+TIMEOUT = 5.0  # the replicas' process-group and manager timeout (s)
+LIMIT = 120.0  # any wait here
+
+
+@pytest.fixture(scope="module")
+def lighthouse():
+    from torchft._torchft import LighthouseServer
+
+    server = LighthouseServer(
+        bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=3000, heartbeat_timeout_ms=1000
+    )
+    yield "http://127.0.0.1:" + server.address().rsplit(":", 1)[1]
+    server.shutdown()
+
+
+class Replicas:
+    def __init__(self, out, lighthouse, compressor, params):
+        self.out, self.args = str(out), (lighthouse, compressor, params)
+        self.ctx = mp.get_context(context_start_method())
+        self.procs = {}
+
+    def start(self, name: str, kill_at: int = 0):
+        target = torchft_replica.run
+        args = (self.out, self.args[0], name, self.args[1], self.args[2], kill_at, TIMEOUT)
+        self.procs[name] = self.ctx.Process(target=target, args=args, daemon=True)
+        self.procs[name].start()
+
+    def steps(self, name: str):
+        folder = os.path.join(self.out, name)
+        if not os.path.isdir(folder):
+            return []
+        return sorted(int(f[:-3]) for f in os.listdir(folder) if f.endswith(".pt"))
+
+    def load(self, name: str, step: int) -> dict:
+        return torch.load(os.path.join(self.out, name, f"{step}.pt"), weights_only=False)
+
+    def wait(self, what, condition):
+        deadline = time.monotonic() + LIMIT
+        while not condition():
+            for name, p in self.procs.items():
+                if p.exitcode not in (None, -signal.SIGKILL):
+                    raise AssertionError(f"replica {name} exited with {p.exitcode} waiting {what}")
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.05)
+
+    def stop_at(self, step: int, names) -> None:
+        with open(os.path.join(self.out, "stop.tmp"), "w") as f:
+            f.write(str(step))
+        os.replace(os.path.join(self.out, "stop.tmp"), os.path.join(self.out, "stop"))
+        for name in names:
+            self.procs[name].join(LIMIT)
+            assert self.procs[name].exitcode == 0, (name, self.procs[name].exitcode)
+
+    def kill_all(self):
+        for p in self.procs.values():
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+
+
+def _equal(a, b, what):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), what
+        for key in a:
+            _equal(a[key], b[key], f"{what}.{key}")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), what
+    elif isinstance(a, (list, tuple)):
+        for i, (x, y) in enumerate(zip(a, b)):
+            _equal(x, y, f"{what}[{i}]")
+    else:
+        assert a == b, what
+
+
+def _check_same_sync(replicas, names, step):
+    snaps = {n: replicas.load(n, step) for n in names}
+    first = snaps[names[0]]
+    for n in names[1:]:
+        for key in ("params", "globals", "outer", "step"):
+            _equal(snaps[n][key], first[key], f"{n} vs {names[0]} at sync {step}: {key}")
+    contributors = sum(not s["healed"] for s in snaps.values())
+    for n, s in snaps.items():
+        assert s["contributors"] == contributors, (n, step, s["contributors"], contributors)
+    return snaps
+
+
+def _start_and_kill(replicas):
+    """Three replicas; r2 SIGKILLs itself in its third sync. Returns the survivors' last
+    committed step before r2 is started again."""
+    for name, kill_at in (("r0", 0), ("r1", 0), ("r2", 3)):
+        replicas.start(name, kill_at)
+    ups = lambda: all(  # noqa: E731
+        os.path.isdir(os.path.join(replicas.out, n))
+        and any(f.startswith("up") for f in os.listdir(os.path.join(replicas.out, n)))
+        for n in ("r0", "r1", "r2")
+    )
+    replicas.wait("three replicas up", ups)
+    open(os.path.join(replicas.out, "go"), "w").close()
+    replicas.procs["r2"].join(LIMIT)
+    assert replicas.procs["r2"].exitcode == -signal.SIGKILL
+    killed = max(replicas.steps("r2"))
+    # The survivors keep committing without r2 (no restart of anything).
+    without = lambda: min(max(replicas.steps(n), default=0) for n in ("r0", "r1"))  # noqa: E731
+    replicas.wait("two syncs without r2", lambda: without() >= killed + 2)
+    os.rename(os.path.join(replicas.out, "r2"), os.path.join(replicas.out, "r2.killed"))
+    return killed
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "compressor, params, stop_one",
+    [("maxmin", {"bits": 4}, True), ("topk", {"ratio": 0.1}, False)],
+    ids=["maxmin4", "topk-ef"],
+)
+def test_replicas_leave_heal_and_agree(tmp_path, lighthouse, compressor, params, stop_one):
+    replicas = Replicas(tmp_path, lighthouse, compressor, params)
+    try:
+        killed = _start_and_kill(replicas)
+        replicas.start("r2")  # the same replica id again: it heals at its first sync
+        replicas.wait("r2's first sync after the restart", lambda: replicas.steps("r2"))
+        first = min(replicas.steps("r2"))
+        snap = replicas.load("r2", first)
+        assert snap["healed"] and first > killed + 1
+        assert all(float(r.abs().max()) == 0 for r in snap["residuals"].values())
+        common = lambda: sorted(  # noqa: E731
+            set(replicas.steps("r0")) & set(replicas.steps("r1")) & set(replicas.steps("r2"))
+        )
+        replicas.wait("two syncs of all three", lambda: len(common()) >= 2)
+        for step in common():
+            snaps = _check_same_sync(replicas, ["r0", "r1", "r2"], step)
+        # residuals are each replica's own: the survivors' are not the healed one's zeros
+        assert any(float(r.abs().max()) > 0 for r in snaps["r0"]["residuals"].values())
+        for n in ("r0", "r1"):
+            steps = replicas.steps(n)
+            early, late = replicas.load(n, steps[0]), replicas.load(n, steps[-1])
+            losses = [replicas.load(n, k)["loss"] for k in steps]
+            assert late["loss"] < 0.5 * early["loss"], (n, losses)
+        alive = ["r0", "r1", "r2"]
+        if stop_one:
+            alive = _stop_one(replicas)
+        replicas.stop_at(max(max(replicas.steps(n)) for n in alive) + 2, alive)
+    finally:
+        replicas.kill_all()
+
+
+def _stop_one(replicas):
+    """SIGSTOP r1: r0 and r2 commit again within the timeout and agree."""
+    before = max(replicas.steps("r0"))
+    os.kill(replicas.procs["r1"].pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    replicas.wait("a sync without r1", lambda: max(replicas.steps("r0")) >= before + 2)
+    took = time.monotonic() - stopped
+    assert took < 4 * TIMEOUT, f"the stopped replica held the others {took:.1f} s"
+    step = max(replicas.steps("r0"))
+    replicas.wait("r2 at the same sync", lambda: max(replicas.steps("r2")) >= step)
+    _check_same_sync(replicas, ["r0", "r2"], step)
+    replicas.procs["r1"].kill()
+    return ["r0", "r2"]

@@ -1,0 +1,152 @@
+"""One torchft replica group (one process) training with torch_cgx's DiLoCo on a Manager.
+
+Run by tests/test_diloco_torchft.py (a Lighthouse on 127.0.0.1 in the test process). Every
+replica starts from the same seeded model (``init_sync=False``) and trains on its own batches;
+after every committed sync it writes ``<out>/<replica>/<manager step>.pt`` (parameters, global
+copies, outer optimizer, residuals, loss, inner step, whether it healed in that sync).
+
+Controls, all files in ``out``: ``go`` (start training: every replica is up), ``stop`` (a
+manager step: exit once it is committed). ``kill_at`` (an argument): SIGKILL this process in
+the middle of that sync (after the payload sizes went round, before the payloads).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from datetime import timedelta
+
+import torch
+
+HOST = "127.0.0.1"
+
+
+def _wait_for(path: str, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {limit} s")
+        time.sleep(0.02)
+
+
+def _stop_step(out: str):
+    try:
+        with open(os.path.join(out, "stop")) as f:
+            return int(f.read().strip() or "0")
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _kill_in_the_middle_of(sync: int) -> None:
+    """SIGKILL on the payload gather of this replica's ``sync``-th sync (1-based)."""
+    from torch_cgx.diloco import managed
+
+    gather, calls = managed._gather, [0]
+
+    def gather_or_die(pg, tensor, world):
+        calls[0] += 1
+        if calls[0] == 2 * sync:  # the header gather is call 2 * sync - 1
+            os.kill(os.getpid(), signal.SIGKILL)
+        return gather(pg, tensor, world)
+
+    managed._gather = gather_or_die
+
+
+def _manager(lighthouse: str, replica: str, timeout: float):
+    from torchft.manager import Manager
+    from torchft.process_group import ProcessGroupGloo
+
+    store = torch.distributed.TCPStore(HOST, 0, is_master=True, wait_for_workers=False)
+    limit = timedelta(seconds=timeout)
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=limit),
+        load_state_dict=None,
+        state_dict=None,
+        min_replica_size=2,
+        use_async_quorum=False,
+        replica_id=replica,
+        store_addr=HOST,
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        lighthouse_addr=lighthouse,
+        hostname=HOST,
+        timeout=limit,
+        quorum_timeout=timedelta(seconds=60),
+        connect_timeout=limit,
+        init_sync=False,
+    )
+    return manager, store
+
+
+def _held_out_loss(model, target) -> float:
+    x = torch.randn(256, 16, generator=torch.Generator().manual_seed(12345))
+    with torch.no_grad():
+        return float(torch.nn.functional.mse_loss(model(x), target(x)))
+
+
+def _snapshot(diloco, model, target) -> dict:
+    frag = diloco._fragments[0]
+    return {
+        "step": diloco.step,
+        "loss": _held_out_loss(model, target),
+        "healed": diloco._managed.healed,
+        "contributors": diloco._managed.last.get("contributors"),
+        "params": {n: p.detach().clone() for n, p in model.named_parameters()},
+        "globals": diloco.global_parameters(0),
+        "outer": frag.optimizer.state_dict(),
+        "residuals": {n: r.clone() for n, r in frag.residuals.items()},
+    }
+
+
+def run(
+    out: str,
+    lighthouse: str,
+    replica: str,
+    compressor: str,
+    params: dict,
+    kill_at: int,
+    timeout: float = 5.0,
+) -> None:
+    socket.gethostname = lambda: HOST  # torchft's checkpoint server advertises the hostname
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    from torch_cgx.diloco import DiLoCo
+
+    if kill_at:
+        _kill_in_the_middle_of(kill_at)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    target = torch.nn.Linear(16, 1)  # the same teacher everywhere (seeded above)
+    data = torch.Generator().manual_seed(int(replica[1:]) * 7919 + kill_at)
+    inner = torch.optim.SGD(model.parameters(), lr=0.05)
+    manager, _store = _manager(lighthouse, replica, timeout)
+    diloco = DiLoCo(manager, model, inner, None, 4, compressor=compressor, compressor_params=params)
+    mine = os.path.join(out, replica)
+    os.makedirs(mine, exist_ok=True)
+    open(os.path.join(mine, f"up.{os.getpid()}"), "w").close()
+    _wait_for(os.path.join(out, "go"), 120)
+    committed, loss = manager.current_step(), 0.0
+    with diloco:
+        while True:
+            x = torch.randn(32, 16, generator=data)
+            with torch.no_grad():
+                y = target(x)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            loss = loss.item()
+            inner.step()
+            inner.zero_grad()
+            time.sleep(0.01)
+            if manager.current_step() != committed:
+                committed = manager.current_step()
+                snap = _snapshot(diloco, model, target)
+                torch.save(snap, os.path.join(mine, f"{committed}.pt.tmp"))
+                os.replace(
+                    os.path.join(mine, f"{committed}.pt.tmp"), os.path.join(mine, f"{committed}.pt")
+                )
+                stop = _stop_step(out)
+                if stop is not None and committed >= stop:
+                    break
+    manager.shutdown(wait=False)
