@@ -2,7 +2,8 @@
 training when one is SIGKILLed in the middle of a sync; the killed one is started again, heals
 from a live peer, and from its first sync on all three hold bitwise the same parameters, global
 copies and outer-optimizer state; a replica that stops answering (SIGSTOP) is dropped within the
-process group's timeout (tests/torchft_replica.py is the replica)."""
+process group's timeout. DiLoCo with 4-bit max-min; Streaming DiLoCo (two fragments, delay 1)
+with top-k and error feedback (tests/torchft_replica.py is the replica)."""
 
 from __future__ import annotations
 
@@ -35,14 +36,16 @@ def lighthouse():
 
 
 class Replicas:
-    def __init__(self, out, lighthouse, compressor, params):
+    def __init__(self, out, lighthouse, compressor, params, streaming):
         self.out, self.args = str(out), (lighthouse, compressor, params)
+        self.streaming = streaming
         self.ctx = mp.get_context(context_start_method())
         self.procs = {}
 
     def start(self, name: str, kill_at: int = 0):
         target = torchft_replica.run
-        args = (self.out, self.args[0], name, self.args[1], self.args[2], kill_at, TIMEOUT)
+        lighthouse, compressor, params = self.args
+        args = (self.out, lighthouse, name, compressor, params, kill_at, TIMEOUT, self.streaming)
         self.procs[name] = self.ctx.Process(target=target, args=args, daemon=True)
         self.procs[name].start()
 
@@ -97,7 +100,8 @@ def _check_same_sync(replicas, names, step):
     snaps = {n: replicas.load(n, step) for n in names}
     first = snaps[names[0]]
     for n in names[1:]:
-        for key in ("params", "globals", "outer", "step"):
+        assert first["applied"], f"sync {step}: no fragment applied at inner step {first['step']}"
+        for key in ("applied", "globals", "outer", "step"):
             _equal(snaps[n][key], first[key], f"{n} vs {names[0]} at sync {step}: {key}")
     contributors = sum(not s["healed"] for s in snaps.values())
     for n, s in snaps.items():
@@ -129,12 +133,14 @@ def _start_and_kill(replicas):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
-    "compressor, params, stop_one",
-    [("maxmin", {"bits": 4}, True), ("topk", {"ratio": 0.1}, False)],
-    ids=["maxmin4", "topk-ef"],
+    "compressor, params, stop_one, streaming",
+    [("maxmin", {"bits": 4}, True, False), ("topk", {"ratio": 0.1}, False, True)],
+    ids=["maxmin4", "topk-ef-streaming"],
 )
-def test_replicas_leave_heal_and_agree(tmp_path, lighthouse, compressor, params, stop_one):
-    replicas = Replicas(tmp_path, lighthouse, compressor, params)
+def test_replicas_leave_heal_and_agree(
+    tmp_path, lighthouse, compressor, params, stop_one, streaming
+):
+    replicas = Replicas(tmp_path, lighthouse, compressor, params, streaming)
     try:
         killed = _start_and_kill(replicas)
         replicas.start("r2")  # the same replica id again: it heals at its first sync

@@ -5,7 +5,8 @@ replica starts from the same seeded model (``init_sync=False``) and trains on it
 after every committed sync it writes ``<out>/<replica>/<manager step>.pt`` (parameters, global
 copies, outer optimizer, residuals, loss, inner step, whether it healed in that sync).
 
-Controls, all files in ``out``: ``go`` (start training: every replica is up), ``stop`` (a
+``streaming``: Streaming DiLoCo, the two Linear layers as fragments, delay 1. Controls, all
+files in ``out``: ``go`` (start training: every replica is up), ``stop`` (a
 manager step: exit once it is committed). ``kill_at`` (an argument): SIGKILL this process in
 the middle of that sync (after the payload sizes went round, before the payloads).
 """
@@ -88,16 +89,24 @@ def _held_out_loss(model, target) -> float:
 
 
 def _snapshot(diloco, model, target) -> dict:
-    frag = diloco._fragments[0]
     return {
         "step": diloco.step,
         "loss": _held_out_loss(model, target),
         "healed": diloco._managed.healed,
         "contributors": diloco._managed.last.get("contributors"),
         "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-        "globals": diloco.global_parameters(0),
-        "outer": frag.optimizer.state_dict(),
-        "residuals": {n: r.clone() for n, r in frag.residuals.items()},
+        # the parameters of the fragment(s) whose sync was just applied (alpha 0: the new
+        # global values; the others' are each replica's own between their syncs)
+        "applied": {
+            f"{f}.{n}": p.detach().clone()
+            for f in diloco.schedule.applies_at(diloco.step)
+            for n, p in zip(diloco._fragments[f].names, diloco._fragments[f].params)
+        },
+        "globals": [diloco.global_parameters(f) for f in range(diloco.num_fragments)],
+        "outer": [o.state_dict() for o in diloco.outer_optimizers],
+        "residuals": {
+            f"{f.index}.{n}": r.clone() for f in diloco._fragments for n, r in f.residuals.items()
+        },
     }
 
 
@@ -109,6 +118,7 @@ def run(
     params: dict,
     kill_at: int,
     timeout: float = 5.0,
+    streaming: bool = False,
 ) -> None:
     socket.gethostname = lambda: HOST  # torchft's checkpoint server advertises the hostname
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
@@ -122,7 +132,18 @@ def run(
     data = torch.Generator().manual_seed(int(replica[1:]) * 7919 + kill_at)
     inner = torch.optim.SGD(model.parameters(), lr=0.05)
     manager, _store = _manager(lighthouse, replica, timeout)
-    diloco = DiLoCo(manager, model, inner, None, 4, compressor=compressor, compressor_params=params)
+    # streaming: the two Linear layers as fragments, each reduction overlapping one inner step
+    fragments = [model[0], model[2]] if streaming else model
+    diloco = DiLoCo(
+        manager,
+        fragments,
+        inner,
+        None,
+        4,
+        compressor=compressor,
+        compressor_params=params,
+        fragment_sync_delay=int(streaming),
+    )
     mine = os.path.join(out, replica)
     os.makedirs(mine, exist_ok=True)
     open(os.path.join(mine, f"up.{os.getpid()}"), "w").close()
@@ -139,7 +160,8 @@ def run(
             inner.step()
             inner.zero_grad()
             time.sleep(0.01)
-            if manager.current_step() != committed:
+            applied = diloco.schedule.applies_at(diloco.step)  # (a heal moves the step too)
+            if manager.current_step() != committed and applied:
                 committed = manager.current_step()
                 snap = _snapshot(diloco, model, target)
                 torch.save(snap, os.path.join(mine, f"{committed}.pt.tmp"))
