@@ -175,11 +175,14 @@ class DiLoCo:
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
-        if exc_type is None:
+        if exc_type is None and self._managed is None:
             for frag in self._fragments:
                 if frag.pending is not None:
                     frag.pending.wait()
                     frag.take_residuals()
+        elif exc_type is None:  # with a manager the commit decides: applied or discarded later
+            for frag in self._fragments:
+                self._managed.settle(frag.pending)
         return False
 
     def _after_step(self, _optimizer, _args, _kwargs) -> None:

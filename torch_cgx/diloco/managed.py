@@ -189,6 +189,17 @@ class Managed:
             self.manager.report_error(e)
             return None
 
+    def settle(self, pending: Optional[Pending]) -> None:
+        """Waits for a reduction in flight without applying it; an error goes to the manager
+        (the sync is then discarded at its apply step)."""
+        if pending is None:
+            return
+        try:
+            pending.wait()
+        except Exception as e:
+            _log.warning("DiLoCo sync failed (discarded): %s", e)
+            self.manager.report_error(e)
+
     def finish(self, pending: Optional[Pending]) -> Optional[torch.Tensor]:
         """The average when every replica of the group commits this sync, else None (then
         every step of this sync is discarded on this replica)."""

@@ -27,8 +27,9 @@ def save(diloco) -> Dict:
     fragments = []
     for frag in diloco._fragments:
         pending = None
-        if frag.pending is not None:
-            pending = frag.pending.wait().detach().clone()
+        result = frag.pending.wait() if frag.pending is not None else None
+        if result is not None:  # (None: a managed reduction that failed; discarded at its step)
+            pending = result.detach().clone()
             frag.take_residuals()
         fragments.append(
             {
