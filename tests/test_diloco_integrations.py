@@ -223,7 +223,32 @@ def accelerate_case(out):
         AccelerateDiLoCo(accelerator, model, sync_every=0)
     with pytest.raises(ValueError, match="needs DDP on the node group"):
         AccelerateDiLoCo(accelerator, model, sync_every=3, ranks_per_node=2)
+    accelerate_fragments_case(accelerator)
     accelerate_node_case(accelerator)
+
+
+def accelerate_fragments_case(accelerator):
+    """Streaming DiLoCo through ``fragments``: two fragments, each synced every 4 steps at
+    staggered steps (2 and 4); every trainable parameter must be in one."""
+    from torch_cgx.integrations import AccelerateDiLoCo
+
+    net = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    model, opt = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="leaves out trainable parameters"):
+        AccelerateDiLoCo(accelerator, model, opt, sync_every=4, fragments=lambda m: [m[0]])
+    seen, g = [], torch.Generator().manual_seed(dist.get_rank())
+    two = lambda m: [m[0], m[2]]  # noqa: E731
+    with AccelerateDiLoCo(accelerator, model, opt, sync_every=4, fragments=two) as dl:
+        for _ in range(8):  # 4 optimizer steps
+            with accelerator.accumulate(model):
+                accelerator.backward(model(torch.randn(4, 16, generator=g)).square().mean())
+                opt.step()
+                opt.zero_grad()
+                dl.step()
+            if accelerator.sync_gradients:
+                seen.append([replicas_equal(model.module[i]) for i in (0, 2)])
+    assert seen == [[False, False], [True, False], [False, False], [False, True]], seen
+    assert dl.metrics()["diloco/syncs"] == 2 + 2  # two in the schedule, two at the end
 
 
 def accelerate_node_case(accelerator):
@@ -234,11 +259,11 @@ def accelerate_node_case(accelerator):
     net = torch.nn.Linear(16, 4)
     model, opt = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
     assert model.process_group is inner
-    seen = []
+    seen, g = [], torch.Generator().manual_seed(dist.get_rank())  # each rank its own data
     with AccelerateDiLoCo(accelerator, model, opt, sync_every=2, ranks_per_node=2) as dl:
         for _ in range(6):  # 3 optimizer steps (accumulation over 2 batches)
             with accelerator.accumulate(model):
-                accelerator.backward(model(torch.randn(4, 16)).square().mean())
+                accelerator.backward(model(torch.randn(4, 16, generator=g)).square().mean())
                 opt.step()
                 opt.zero_grad()
                 dl.step()
