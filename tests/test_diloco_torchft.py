@@ -183,3 +183,37 @@ def _stop_one(replicas):
     _check_same_sync(replicas, ["r0", "r2"], step)
     replicas.procs["r1"].kill()
     return ["r0", "r2"]
+
+
+@pytest.mark.timeout(300)
+def test_exact_average_is_torchfts_diloco_bitwise(tmp_path, lighthouse):
+    """compressor=None on a manager gives bitwise torchft's own DiLoCo: 2 replicas, 6 syncs,
+    DiLoCo, then Streaming DiLoCo (two fragments, delay 1): the same parameters at every sync."""
+    ctx = mp.get_context(context_start_method())
+    for streaming in (False, True):
+        runs = {}
+        for impl, prefix in (("torch_cgx", "a"), ("torchft", "b")):
+            out = tmp_path / f"{impl}-{int(streaming)}"
+            out.mkdir()
+            procs = [
+                ctx.Process(
+                    target=torchft_replica.run_parity,
+                    args=(str(out), lighthouse, f"{prefix}{r}", impl, streaming, 6),
+                    daemon=True,
+                )
+                for r in range(2)
+            ]
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join(LIMIT)
+                assert p.exitcode == 0, (impl, streaming, p.exitcode)
+            runs[impl] = [torch.load(out / f"{prefix}{r}.pt") for r in range(2)]
+        for r in range(2):
+            ours, theirs = runs["torch_cgx"][r], runs["torchft"][r]
+            assert sorted(ours) == sorted(theirs) == list(range(1, 7)), (
+                sorted(ours),
+                sorted(theirs),
+            )
+            for step in ours:
+                _equal(ours[step], theirs[step], f"replica {r}, streaming={streaming}, sync {step}")

@@ -110,6 +110,53 @@ def _snapshot(diloco, model, target) -> dict:
     }
 
 
+def _replica(replica: str, seed: int):
+    """The same seeded model and teacher everywhere; batches of this replica's own."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    target = torch.nn.Linear(16, 1)
+    data = torch.Generator().manual_seed(int(replica[1:]) * 7919 + seed)
+    return model, target, data, torch.optim.SGD(model.parameters(), lr=0.05)
+
+
+def _inner_step(model, target, data, inner) -> None:
+    x = torch.randn(32, 16, generator=data)
+    with torch.no_grad():
+        y = target(x)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    inner.step()
+    inner.zero_grad()
+    time.sleep(0.01)
+
+
+def run_parity(out: str, lighthouse: str, replica: str, impl: str, streaming: bool, syncs: int):
+    """Exact DiLoCo (``impl`` "torch_cgx" with compressor=None, or "torchft": torchft's own) for
+    ``syncs`` committed syncs; saves the model's parameters after each to ``<out>/<replica>.pt``."""
+    socket.gethostname = lambda: HOST
+    from torch_cgx.diloco import DiLoCo, outer_sgd
+
+    model, target, data, inner = _replica(replica, 0)
+    manager, _store = _manager(lighthouse, replica, 5.0)
+    fragments = [model[0], model[2]] if streaming else [model]
+    outer = [outer_sgd(m.parameters()) for m in fragments]
+    args = (manager, fragments, inner, outer, 4)
+    if impl == "torchft":
+        from torchft.local_sgd import DiLoCo as TorchftDiLoCo
+
+        diloco = TorchftDiLoCo(*args, fragment_sync_delay=int(streaming))
+    else:
+        diloco = DiLoCo(*args, compressor=None, fragment_sync_delay=int(streaming))
+    seen, committed = {}, 0
+    with diloco:
+        while committed < syncs:
+            _inner_step(model, target, data, inner)
+            if manager.current_step() != committed:
+                committed = manager.current_step()
+                seen[committed] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    torch.save(seen, os.path.join(out, f"{replica}.pt"))
+    manager.shutdown(wait=False)
+
+
 def run(
     out: str,
     lighthouse: str,
@@ -126,11 +173,7 @@ def run(
 
     if kill_at:
         _kill_in_the_middle_of(kill_at)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-    target = torch.nn.Linear(16, 1)  # the same teacher everywhere (seeded above)
-    data = torch.Generator().manual_seed(int(replica[1:]) * 7919 + kill_at)
-    inner = torch.optim.SGD(model.parameters(), lr=0.05)
+    model, target, data, inner = _replica(replica, kill_at)
     manager, _store = _manager(lighthouse, replica, timeout)
     # streaming: the two Linear layers as fragments, each reduction overlapping one inner step
     fragments = [model[0], model[2]] if streaming else model
@@ -148,18 +191,10 @@ def run(
     os.makedirs(mine, exist_ok=True)
     open(os.path.join(mine, f"up.{os.getpid()}"), "w").close()
     _wait_for(os.path.join(out, "go"), 120)
-    committed, loss = manager.current_step(), 0.0
+    committed = manager.current_step()
     with diloco:
         while True:
-            x = torch.randn(32, 16, generator=data)
-            with torch.no_grad():
-                y = target(x)
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            loss = loss.item()
-            inner.step()
-            inner.zero_grad()
-            time.sleep(0.01)
+            _inner_step(model, target, data, inner)
             applied = diloco.schedule.applies_at(diloco.step)  # (a heal moves the step too)
             if manager.current_step() != committed and applied:
                 committed = manager.current_step()
