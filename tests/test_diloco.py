@@ -31,7 +31,15 @@ def _flat(tensors) -> torch.Tensor:
 
 
 # One spawn of 2 ranks runs every section (a spawn costs seconds); each test reads its outcome.
-SECTIONS = ("exact_nesterov", "compressed", "streaming", "resume", "cgx", "sparseloco")
+SECTIONS = (
+    "exact_nesterov",
+    "compressed",
+    "streaming",
+    "resume",
+    "cgx",
+    "sparseloco",
+    "semi_async",
+)
 # SparseLoCo's wire format (top-k of each chunk, 2-bit values), where the registry has it.
 SPARSELOCO = ("sparseloco", {"ratio": 0.05, "chunk": 256, "bits": 2})
 
@@ -316,3 +324,59 @@ def section_cgx(rank, world, gloo):
 
 def test_cgx_group(outcomes):
     outcomes.check("cgx")
+
+
+# --- semi-asynchronous: each average applied one window late ----------------------------------
+
+
+def section_semi_async(rank, world, group):
+    model = make_model(seed=rank)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    h, data = 3, batches(rank, 12)
+    before = {}
+    opt.register_step_post_hook(lambda *_: before.update(local=snapshot([model])))
+    d = DiLoCo(model, opt, sgd1, h, group=group, compressor=None, semi_async=True)
+    g, late = snapshot([model]), None  # the global copies; the average in flight
+    with d:
+        for t, batch in enumerate(data, 1):
+            inner_step(model, opt, batch)
+            if t % h:
+                continue
+            # Hand: this window's average against the window's start g; the previous one
+            # (started a window ago) applied now; every window starts from the global copies.
+            avg = [
+                sum(gi - x for x in gather(li, group)) / world for gi, li in zip(g, before["local"])
+            ]
+            if late is not None:
+                g = [gi - a for gi, a in zip(g, late)]
+            late = avg
+            for want, got in zip(g, model.parameters()):
+                torch.testing.assert_close(got.detach(), want, rtol=1e-6, atol=1e-7)
+            assert_same_everywhere(snapshot([model]), group)
+            assert d._fragments[0].pending is not None  # in flight during the next window
+    assert d._fragments[0].syncs == 3  # four windows: three averages applied, one in flight
+    # Streaming, alpha 0.5, top-k with error feedback: the global copies agree everywhere
+    model = make_model(seed=rank)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    d = DiLoCo(
+        [model[0], model[1]],
+        opt,
+        None,
+        4,
+        group=group,
+        compressor="topk",
+        compressor_params={"ratio": 0.1},
+        fragment_update_alpha=0.5,
+        semi_async=True,
+    )
+    with d:
+        for batch in batches(rank, 12):
+            inner_step(model, opt, batch)
+    assert [f.syncs for f in d._fragments] == [2, 2] and d.error_feedback
+    for f in range(2):
+        assert_same_everywhere(list(d.global_parameters(f).values()), group)
+    assert any(r.abs().max() > 0 for r in d._fragments[0].residuals.values())
+
+
+def test_semi_async_applies_each_average_one_window_late(outcomes):
+    outcomes.check("semi_async")

@@ -28,6 +28,8 @@ def test_schedule_object_follows_the_documented_formula():
     "kwargs, match",
     [
         ({"sync_every": 0}, "sync_every"),
+        ({"semi_async": True, "fragment_sync_delay": 1}, "fragment_sync_delay must be 0"),
+        ({"semi_async": 1}, "semi_async"),
         ({"sync_every": 2.5}, "sync_every"),
         ({"sync_every": 1}, "sync_every"),  # fewer steps than the 2 fragments
         ({"fragment_sync_delay": 2}, "fragment_sync_delay"),  # >= 4 // 2

@@ -5,7 +5,8 @@ replica starts from the same seeded model (``init_sync=False``) and trains on it
 after every committed sync it writes ``<out>/<replica>/<manager step>.pt`` (parameters, global
 copies, outer optimizer, residuals, loss, inner step, whether it healed in that sync).
 
-``streaming``: Streaming DiLoCo, the two Linear layers as fragments, delay 1. Controls, all
+``streaming``: Streaming DiLoCo, the two Linear layers as fragments, delay 1 (``semi_async``:
+each reduction in flight for a whole window instead). Controls, all
 files in ``out``: ``go`` (start training: every replica is up), ``stop`` (a
 manager step: exit once it is committed). ``kill_at`` (an argument): SIGKILL this process in
 the middle of that sync (after the payload sizes went round, before the payloads).
@@ -166,10 +167,11 @@ def run(
     kill_at: int,
     timeout: float = 5.0,
     streaming: bool = False,
+    semi_async: bool = False,
 ) -> None:
     socket.gethostname = lambda: HOST  # torchft's checkpoint server advertises the hostname
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    from torch_cgx.diloco import DiLoCo
+    from torch_cgx.diloco import DiLoCo, outer_sgd
 
     if kill_at:
         _kill_in_the_middle_of(kill_at)
@@ -177,15 +179,18 @@ def run(
     manager, _store = _manager(lighthouse, replica, timeout)
     # streaming: the two Linear layers as fragments, each reduction overlapping one inner step
     fragments = [model[0], model[2]] if streaming else model
+    # one window late, DiLoCo's outer momentum 0.9 oscillates on this model; 0.5 converges
+    outer = (lambda p: outer_sgd(p, momentum=0.5)) if semi_async else None
     diloco = DiLoCo(
         manager,
         fragments,
         inner,
-        None,
+        outer,
         4,
         compressor=compressor,
         compressor_params=params,
-        fragment_sync_delay=int(streaming),
+        fragment_sync_delay=int(streaming and not semi_async),
+        semi_async=semi_async,
     )
     mine = os.path.join(out, replica)
     os.makedirs(mine, exist_ok=True)

@@ -64,6 +64,10 @@ class DiLoCo:
             outer step (Streaming DiLoCo's tau; 0: blocking); < sync_every // fragments.
         fragment_update_alpha: the fragment becomes ``alpha * local + (1 - alpha) * global``
             after its outer step (torchft's meaning; 0: the global parameters).
+        semi_async: each fragment's reduction stays in flight during its whole next window and
+            is applied at that window's end (torchft's ``SemiAsyncDiLoCo``'s schedule; the
+            pseudo-gradient is taken from the window's starting point, the average one
+            window late); ``fragment_sync_delay`` must be 0.
         backup_device, pin_memory: where the global copies live (None: the parameters'
             device); torchft's names. torchft's ``should_quantize=True`` is max-min 8-bit;
             its ``use_bucketization`` / ``bucket_cap_mb`` are accepted (one flat buffer per
@@ -98,8 +102,17 @@ class DiLoCo:
         fragment_update_alpha: float = 0.0,
         backup_device: Optional[torch.device] = None,
         pin_memory: bool = True,
+        semi_async: bool = False,
     ) -> None:
         modules = arguments.fragments(model_fragments)
+        if not isinstance(semi_async, bool):
+            raise ValueError(f"semi_async must be a bool, got {semi_async!r}")
+        if semi_async and fragment_sync_delay:
+            raise ValueError(
+                "semi_async=True overlaps each reduction with the whole next window: "
+                f"fragment_sync_delay must be 0, got {fragment_sync_delay!r}"
+            )
+        self.semi_async = semi_async
         if not isinstance(inner_optimizer, torch.optim.Optimizer):
             got = type(inner_optimizer).__name__
             raise ValueError(f"inner_optimizer must be a torch.optim.Optimizer, got {got}")
@@ -187,6 +200,10 @@ class DiLoCo:
 
     def _after_step(self, _optimizer, _args, _kwargs) -> None:
         self.step += 1
+        if self.semi_async:
+            for f in self.schedule.applies_at(self.step):
+                self._window_end(self._fragments[f])
+            return
         starts = self.schedule.starts_at(self.step)
         contributes = True
         if starts and self._managed is not None:
@@ -202,7 +219,9 @@ class DiLoCo:
     def _start(self, frag: Fragment, contributes: bool = True) -> None:
         if frag.pending is not None:  # cannot happen with a valid schedule
             raise RuntimeError(f"fragment {frag.index}: a reduction is already in flight")
-        flat = frag.pseudo_gradient(self.error_feedback)
+        self._issue(frag, frag.pseudo_gradient(self.error_feedback), contributes)
+
+    def _issue(self, frag: Fragment, flat: torch.Tensor, contributes: bool) -> None:
         call = frag.syncs * self.num_fragments + frag.index  # the same on every rank
         if self._managed is not None:
             frag.pending = self._managed.start(
@@ -219,15 +238,48 @@ class DiLoCo:
         if frag.pending is None:  # cannot happen with a valid schedule
             raise RuntimeError(f"fragment {frag.index}: nothing to apply")
         pending, frag.pending = frag.pending, None
+        average = self._finish(frag, pending)
+        if average is None:  # discarded: back to the last committed global copies
+            frag.restore()
+            return
+        frag.outer_step(average, self.fragment_update_alpha)
+
+    def _finish(self, frag: Fragment, pending) -> Optional[torch.Tensor]:
+        """The average of ``pending`` (its residual taken), or None when a manager's commit
+        refused it (the residual it would have given is dropped)."""
         if self._managed is None:
             average = pending.wait()
-        else:  # None: not committed by every rank of this replica group; discarded
+        else:
             average = self._managed.finish(None if pending is _FAILED else pending)
-            if average is None:
-                frag.restore()
-                return
-        frag.take_residuals()
-        frag.outer_step(average, self.fragment_update_alpha)
+        if average is None:
+            frag.new_residual = None
+        else:
+            frag.take_residuals()
+        return average
+
+    def _window_end(self, frag: Fragment) -> None:
+        """Semi-asynchronous DiLoCo at the end of one of ``frag``'s windows: the reduction
+        started at the end of the previous window (in flight during all of this one) is
+        finished; this window's pseudo-gradient is taken against the window's starting point
+        (the global copies, not yet moved); the previous average is applied (outer step and
+        mix; without one, the parameters are mixed with the unmoved global copies, so every
+        window starts from them); then this window's reduction starts (with a manager after the
+        quorum, so that a heal takes the state of a peer that already applied the previous
+        average)."""
+        pending, frag.pending = frag.pending, None
+        average = self._finish(frag, pending) if pending is not None else None
+        flat = frag.pseudo_gradient(self.error_feedback)
+        if average is not None:
+            frag.outer_step(average, self.fragment_update_alpha)
+        else:  # the first window, or a discarded one: the next starts from the global copies
+            frag.mix(self.fragment_update_alpha)
+        contributes = True
+        if self._managed is not None:
+            contributes = self._managed.quorum()
+            if self._managed.healed:  # a peer's step and state now: its fragment, not ours
+                frag = self._fragments[self.schedule.applies_at(self.step)[0]]
+                flat = frag.pseudo_gradient(self.error_feedback)  # not sent: sizes the call
+        self._issue(frag, flat, contributes)
 
     @property
     def syncs_discarded(self) -> int:

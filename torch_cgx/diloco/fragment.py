@@ -137,6 +137,14 @@ class Fragment:
             for p, g in zip(self.params, self.globals):
                 local_tensor(p).copy_(g)
 
+    def mix(self, alpha: float) -> None:
+        """The parameters become ``alpha * local + (1 - alpha) * global`` with the global
+        copies as they are (no outer step)."""
+        with torch.no_grad():
+            for p, g in zip(self.params, self.globals):
+                t = local_tensor(p)
+                t.copy_(g.to(t.device).lerp(t, alpha) if alpha > 0 else g)
+
     def outer_step(self, average: torch.Tensor, alpha: float) -> None:
         """The outer optimizer steps from the global copies with ``average`` as the gradient;
         the results become the new global copies, and the parameters

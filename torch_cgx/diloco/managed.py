@@ -147,7 +147,8 @@ class Managed:
         self.manager = manager
         self.healed = False  # this sync's quorum healed this replica
         self.discarded = 0  # syncs this replica did not commit
-        self.last = {}  # the last sync's report: "contributors", the divisor of its average
+        self.last = {}  # the last finished sync's report: "contributors", its divisor
+        self._reports = {}  # pending -> its report, until finished
         self._diloco = diloco
         try:
             manager.register_state_dict_fn(KEY, self._load, self._save)
@@ -157,11 +158,19 @@ class Managed:
             ) from None
 
     def _save(self) -> dict:
-        return self._diloco.state_dict()
+        state = self._diloco.state_dict()  # waits for reductions in flight: reports filled
+        frags = self._diloco._fragments
+        state["contributors"] = [
+            self._reports.get(f.pending, {}).get("contributors") for f in frags
+        ]
+        return state
 
     def _load(self, state: dict) -> None:
         heal(self._diloco, state)
         self.healed = True
+        for frag, count in zip(self._diloco._fragments, state.get("contributors", [])):
+            if frag.pending is not None and count is not None:  # a peer's finished reduction
+                self._reports[frag.pending] = {"contributors": count}
 
     def quorum(self) -> bool:
         """A new quorum for the sync about to start; True when this replica sends its
@@ -174,16 +183,18 @@ class Managed:
 
     def start(self, flat, spec, contributes, residual, call) -> Optional[Pending]:
         try:
-            self.last = {}
-            return start_managed_average(
+            report = {}
+            pending = start_managed_average(
                 self.manager,
                 flat,
                 spec,
                 contributes=contributes,
                 residual=residual,
                 call=call,
-                report=self.last,
+                report=report,
             )
+            self._reports[pending] = report
+            return pending
         except Exception as e:  # a peer gone mid-sync: the manager refuses the commit
             _log.warning("DiLoCo sync failed to start (discarded): %s", e)
             self.manager.report_error(e)
@@ -204,6 +215,7 @@ class Managed:
         """The average when every replica of the group commits this sync, else None (then
         every step of this sync is discarded on this replica)."""
         average = None
+        self.last = self._reports.pop(pending, {}) if pending is not None else {}
         if pending is not None:
             try:
                 average = pending.wait()
