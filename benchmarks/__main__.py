@@ -26,6 +26,7 @@ ENTRY_POINTS = {
     "soak": "many compressed allreduces and group cycles; fails on a leak",
     "hook_overhead": "each DDP hook's own time per gradient-bucket call, apart from the wire",
     "diloco": "DDP against DiLoCo / Streaming DiLoCo / SparseLoCo on emulated wide-area hosts",
+    "diloco_momentum": "DiLoCo by hand: outer momentum against an average applied at once or late",
     "diloco_wire": "low-communication wire formats: INTELLECT-1's int8 vs max-min, sparseloco",
     "hosts": "emulated hosts (network namespaces, shaped links): build, measure, clean up",
     "device": "every compressor's device codec (tensor ops, fused kernel) vs the device's copy",
