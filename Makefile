@@ -38,7 +38,7 @@ core-test: $(DEPS_STAMP)
 	ctest --test-dir build/core --output-on-failure
 
 py-test: build
-	CGX_TEST_EXPECTED_SKIPS=tests/expected_skips.txt $(PY) -m pytest tests -q -rs --timeout=600
+	CGX_TEST_EXPECTED_SKIPS=tests/expected_skips.txt $(PY) -m pytest tests -q -rs --timeout=600 --durations=15
 
 test: lint core-test fuzz-short tsan py-test gpu-check-cpu
 
