@@ -16,6 +16,12 @@ DDP wrapper stays, with its gradient synchronisation off for the whole run (as a
 ``ranks_per_node=n > 1``: DDP averages gradients inside each node of n consecutive ranks (the
 wrapper is built on the node group) and DiLoCo runs across nodes
 (:func:`torch_cgx.diloco.hierarchical_groups`).
+
+With a torchft ``Manager`` (``manager=``, docs/integrations.md "DiLoCo on torchft") every replica
+group is its own torch.distributed world: DiLoCo averages across replicas through the manager
+only, DDP (if the world has several ranks) averages inside the replica every step, and nothing
+here runs a collective across replicas. A heal moves DiLoCo's step to a live peer's; the loop's
+step stays the loop's own (:attr:`Session.loop_step`). Files are keyed by the replica id.
 """
 
 from __future__ import annotations
@@ -27,15 +33,27 @@ from typing import Callable, Dict, Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["Options", "Session", "StepCounter", "node_groups", "state_file", "stop_grad_sync"]
+__all__ = ["Options", "Session", "StepCounter", "file_tag", "node_groups", "state_file",
+           "stop_grad_sync"]  # fmt: skip
 
 VERSION = 1
 
 
-def state_file(folder: str, rank: int) -> str:
+def file_tag(rank: int, replica: Optional[str] = None) -> str:
+    """``rank<r>``, or ``<replica>-rank<r>`` with a manager (every replica group is its own world,
+    so ranks repeat across replicas; characters other than letters, digits, ``.``, ``_`` and
+    ``-`` in the replica id are written as ``%XX``)."""
+    if replica is None:
+        return f"rank{rank}"
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "._-")
+                   else "".join(f"%{b:02X}" for b in c.encode()) for c in replica)  # fmt: skip
+    return f"{safe}-rank{rank}"
+
+
+def state_file(folder: str, rank: int, replica: Optional[str] = None) -> str:
     """Where a rank's DiLoCo state goes in a checkpoint folder (each rank has its own: local
-    parameters, inner optimizer, residuals)."""
-    return os.path.join(folder, f"diloco-rank{rank}.pt")
+    parameters, inner optimizer, residuals): ``diloco-<file_tag>.pt``."""
+    return os.path.join(folder, f"diloco-{file_tag(rank, replica)}.pt")
 
 
 class StepCounter(torch.optim.Optimizer):
@@ -67,6 +85,9 @@ class Options:
             fragments); together they must hold every trainable parameter.
         final_sync: at the end of training ``sync_now()`` unless the last step synced the
             whole model; then (with ``fragment_update_alpha`` 0) every rank holds one model.
+        manager: a torchft ``Manager`` (its ``replica_id`` set) or None; with one, each replica
+            group is its own world, ``ranks_per_node`` must be 1 and files are keyed by the
+            replica id (module docstring).
         diloco_kwargs: DiLoCo's other keywords (``error_feedback``, ``fragment_sync_delay``,
             ``fragment_update_alpha``, ...), passed on unchanged.
     """
@@ -74,7 +95,7 @@ class Options:
     def __init__(self, sync_every: int = 500, *, compressor: Optional[str] = "maxmin",
                  compressor_params: Optional[dict] = None, outer_optimizer=None,
                  ranks_per_node: int = 1, fragments: Optional[Callable] = None,
-                 final_sync: bool = True, **diloco_kwargs) -> None:  # fmt: skip
+                 final_sync: bool = True, manager=None, **diloco_kwargs) -> None:  # fmt: skip
         from torch_cgx.diloco import Schedule
 
         self.sync_every = _count(sync_every, "sync_every", 1)
@@ -100,9 +121,35 @@ class Options:
             if name in diloco_kwargs:
                 raise ValueError(f"{name} is set by the integration, not a DiLoCo keyword here")
         self.fragments, self.final_sync = fragments, final_sync
+        self.manager, self.replica = manager, _replica_of(manager, self.ranks_per_node)
         self.diloco_kwargs = dict(diloco_kwargs, compressor=compressor,
                                   compressor_params=compressor_params,
                                   outer_optimizer=outer_optimizer)  # fmt: skip
+        if manager is not None:
+            self.diloco_kwargs["manager"] = manager
+
+
+def _replica_of(manager, ranks_per_node: int) -> Optional[str]:
+    """The replica id that keys this replica's files (None without a manager)."""
+    if manager is None:
+        return None
+    from torch_cgx.diloco.arguments import is_manager
+
+    if not is_manager(manager):
+        raise ValueError(f"manager must be a torchft Manager or None, got {manager!r}")
+    if ranks_per_node != 1:
+        raise ValueError(
+            f"ranks_per_node={ranks_per_node} with a manager: each replica group is its own "
+            "torch.distributed world and DDP averages inside it (its whole default group); "
+            "DiLoCo runs across replicas through the manager. Leave ranks_per_node at 1"
+        )
+    replica = getattr(manager, "_replica_id", None)
+    if not isinstance(replica, str) or not replica:
+        raise ValueError(
+            "manager: give it a replica_id (Manager(replica_id=...)): each replica's files are "
+            f"keyed by it (ranks repeat across replica groups), got {replica!r}"
+        )
+    return replica
 
 
 def node_groups(ranks_per_node: int):
@@ -139,8 +186,8 @@ def _modules(model: torch.nn.Module, fragments: Optional[Callable]):
 
 class Session:
     """One training run's DiLoCo: made at the start of training (a collective: the DiLoCo
-    constructor broadcasts rank 0's parameters over ``group``), stepped by the loop, saved and
-    restored per rank, closed at the end."""
+    constructor broadcasts rank 0's parameters over ``group``; none with a manager), stepped by
+    the loop, saved and restored per rank, closed at the end."""
 
     def __init__(self, model: torch.nn.Module, options: Options, group=None) -> None:
         from torch_cgx.diloco import DiLoCo, Schedule
@@ -153,6 +200,7 @@ class Session:
         delay = options.diloco_kwargs.get("fragment_sync_delay", 0)
         self.schedule = Schedule(options.sync_every, self.diloco.num_fragments, delay)
         self.diloco.__enter__()
+        self.loop_step = 0  # the loop's optimizer steps (DiLoCo's step but after a heal)
         self.syncs = self.started = 0  # fragment outer steps applied / reductions started
         self.bytes_before = 0  # payload bytes of the runs before a resume
         self.sync_seconds = 0.0  # wall time of the steps that started or applied a sync
@@ -163,10 +211,13 @@ class Session:
         return self.diloco.step
 
     def advance_to(self, step: int) -> None:
-        """Counts optimizer steps up to ``step`` (normally one); syncs happen in here."""
-        if step < self.diloco.step:
-            raise RuntimeError(f"DiLoCo is at step {self.diloco.step}, the loop at {step}")
-        while self.diloco.step < step:
+        """Counts the loop's optimizer steps up to ``step`` (normally one more); syncs happen in
+        here. Without a manager DiLoCo's step is the loop's; with one a heal moves DiLoCo's to
+        a peer's, and each loop step still counts one."""
+        if step < self.loop_step:
+            raise RuntimeError(f"DiLoCo counted {self.loop_step} loop steps, the loop at {step}")
+        while self.loop_step < step:
+            self.loop_step += 1
             t = self.diloco.step + 1
             starts, applies = self.schedule.starts_at(t), self.schedule.applies_at(t)
             t0 = time.perf_counter()
@@ -185,9 +236,12 @@ class Session:
         rank's compressed pseudo-gradient bytes), ``diloco/bytes_per_sync``,
         ``diloco/sync_seconds``."""
         per = self.bytes_sent / self.started if self.started else 0.0
-        return {"diloco/step": self.diloco.step, "diloco/syncs": self.syncs,
-                "diloco/bytes_sent": self.bytes_sent, "diloco/bytes_per_sync": per,
-                "diloco/sync_seconds": round(self.sync_seconds, 6)}  # fmt: skip
+        out = {"diloco/step": self.diloco.step, "diloco/syncs": self.syncs,
+               "diloco/bytes_sent": self.bytes_sent, "diloco/bytes_per_sync": per,
+               "diloco/sync_seconds": round(self.sync_seconds, 6)}  # fmt: skip
+        if self.options.manager is not None:  # this process's discarded syncs
+            out["diloco/syncs_discarded"] = self.diloco.syncs_discarded
+        return out
 
     def summary(self) -> str:
         m = self.metrics()
@@ -200,7 +254,8 @@ class Session:
     def state_dict(self, optimizer=None) -> dict:
         """This rank's state: its model replica (``state_dict()``), the inner optimizer's
         state, DiLoCo's ``state_dict()`` and the counters."""
-        return {"version": VERSION, "step": self.diloco.step, "syncs": self.syncs,
+        return {"version": VERSION, "step": self.diloco.step, "loop_step": self.loop_step,
+                "replica": self.options.replica, "syncs": self.syncs,
                 "started": self.started, "bytes_sent": self.bytes_sent,
                 "sync_seconds": self.sync_seconds, "model": self.model.state_dict(),
                 "optimizer": None if optimizer is None else optimizer.state_dict(),
@@ -211,24 +266,34 @@ class Session:
         ``step``: the loop's step, which must be the saved one."""
         if not isinstance(state, dict) or state.get("version") != VERSION:
             raise ValueError(f"not a DiLoCo integration state of version {VERSION}")
-        if step is not None and state["step"] != step:
-            raise ValueError(f"the DiLoCo state is of step {state['step']}, the loop at {step}")
+        loop_step = int(state.get("loop_step", state["step"]))
+        if step is not None and loop_step != step:
+            raise ValueError(f"the DiLoCo state is of loop step {loop_step}, the loop at {step}")
+        if state.get("replica") != self.options.replica:
+            raise ValueError(f"the DiLoCo state is replica {state.get('replica')!r}'s, this is "
+                             f"replica {self.options.replica!r}")  # fmt: skip
         self.model.load_state_dict(state["model"])
         if optimizer is not None and state["optimizer"] is not None:
             optimizer.load_state_dict(state["optimizer"])
         self.diloco.load_state_dict(state["diloco"])
+        self.loop_step = loop_step
         self.syncs, self.started = int(state["syncs"]), int(state["started"])
         self.bytes_before = int(state["bytes_sent"])
         self.sync_seconds = float(state["sync_seconds"])
 
+    @property
+    def tag(self) -> str:
+        """This rank's file tag (:func:`file_tag`)."""
+        return file_tag(_rank(), self.options.replica)
+
     def save(self, folder: str, optimizer=None) -> str:
         os.makedirs(folder, exist_ok=True)
-        path = state_file(folder, _rank())
+        path = state_file(folder, _rank(), self.options.replica)
         torch.save(self.state_dict(optimizer), path)
         return path
 
     def load(self, folder: str, optimizer=None, step: Optional[int] = None) -> None:
-        path = state_file(folder, _rank())
+        path = state_file(folder, _rank(), self.options.replica)
         if not os.path.isfile(path):
             raise ValueError(f"no DiLoCo state for this rank in {folder} ({path} is missing)")
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True),

@@ -13,6 +13,7 @@
 Where ``LocalSGD`` averages the parameters every K steps, DiLoCo averages compressed
 pseudo-gradients and takes an outer optimizer step (docs/diloco.md). DDP inside nodes of n ranks:
 ``node_ddp(accelerator, n)`` before ``accelerator.prepare`` and ``ranks_per_node=n`` here.
+On torchft (``manager=``): the accelerator's world is one replica group, DDP averages inside it.
 """
 
 from __future__ import annotations
@@ -106,11 +107,14 @@ class AccelerateDiLoCo:
         accelerator: the ``Accelerator``; DeepSpeed / FSDP / Megatron / XLA are refused.
         model: the prepared model (DDP or not); DiLoCo works on ``unwrap_model(model)``.
         optimizer: the prepared inner optimizer (saved and restored per rank), or None.
-        sync_every, ranks_per_node and the rest: :class:`torch_cgx.integrations.diloco.Options`.
+        sync_every, ranks_per_node, manager and the rest:
+            :class:`torch_cgx.integrations.diloco.Options`.
         enabled: False: nothing happens (DDP synchronises every step), as with LocalSGD.
 
-    The constructor is a collective (DiLoCo broadcasts rank 0's parameters). Inside the
-    context DDP's gradient synchronisation is off (one rank per node); ``step()`` after each
+    The constructor is a collective (DiLoCo broadcasts rank 0's parameters), except with a
+    torchft ``manager`` (no collective; the accelerator's world is this replica group alone,
+    its DDP, if any, keeps averaging inside it). Inside the context DDP's gradient
+    synchronisation is off (one rank per node, no manager); ``step()`` after each
     optimizer step counts one DiLoCo step when ``accelerator.sync_gradients`` (so with
     ``accelerator.accumulate`` one per accumulated batch). Leaving it without an exception
     syncs once more (``final_sync``).
@@ -129,6 +133,7 @@ class AccelerateDiLoCo:
         group, self._flat = groups_for(
             ddp, self.options.ranks_per_node, handler, "AccelerateDiLoCo"
         )
+        self._flat = self._flat and self.options.manager is None  # DDP: the replica's own
         self._ddp = ddp
         if self.enabled:
             self.session = Session(accelerator.unwrap_model(model), self.options, group)
@@ -154,7 +159,7 @@ class AccelerateDiLoCo:
     def step(self) -> None:
         """One DiLoCo step if this was an optimizer step (``accelerator.sync_gradients``)."""
         if self.session is not None and self.accelerator.sync_gradients:
-            self.session.advance_to(self.session.step + 1)
+            self.session.advance_to(self.session.loop_step + 1)
 
     def metrics(self) -> dict:
         """``diloco/syncs``, ``diloco/bytes_sent``, ``diloco/bytes_per_sync``, ... (for
@@ -163,8 +168,9 @@ class AccelerateDiLoCo:
 
     def save_state(self, folder: str) -> Optional[str]:
         """Writes this rank's state (model replica, inner optimizer, DiLoCo) to
-        ``folder/diloco-rank<r>.pt``, beside ``accelerator.save_state(folder)`` (which keeps
-        rank 0's model and optimizer only). Every rank calls it."""
+        ``folder/diloco-rank<r>.pt`` (with a manager ``diloco-<replica id>-rank<r>.pt``), beside
+        ``accelerator.save_state(folder)`` (which keeps rank 0's model and optimizer only).
+        Every rank calls it."""
         return None if self.session is None else self.session.save(folder, self.optimizer)
 
     def load_state(self, folder: str) -> None:

@@ -9,8 +9,10 @@ One DiLoCo step is one optimizer step (with ``accumulate_grad_batches``, one per
 batch); the LightningModule's single optimizer is the inner optimizer. With one rank per node
 DDP's gradient synchronisation is off for the run; ``ranks_per_node=n`` builds the DDP wrapper
 on the node group. Every checkpoint file ``X`` gets ``X.diloco-rank<r>.pt`` per rank, restored
-by ``fit(ckpt_path=X)``. ``strategy_class("pytorch_lightning")`` gives the other package's
-flavour (as :func:`torch_cgx.lightning.strategy_class`).
+by ``fit(ckpt_path=X)``. On torchft (``manager=``) the Trainer's world is one replica group: DDP
+stays on inside it, the files are ``X.diloco-<replica id>-rank<r>.pt``.
+``strategy_class("pytorch_lightning")`` gives the other package's flavour (as
+:func:`torch_cgx.lightning.strategy_class`).
 """
 
 from __future__ import annotations
@@ -23,16 +25,24 @@ from typing import Optional
 
 import torch
 
-from torch_cgx.integrations.diloco import Options, Session, _rank, node_groups, stop_grad_sync
+from torch_cgx.integrations.diloco import (
+    Options,
+    Session,
+    _rank,
+    file_tag,
+    node_groups,
+    stop_grad_sync,
+)
 
 __all__ = ["DiLoCoStrategy", "rank_file", "strategy_class"]  # noqa: F822 (DiLoCoStrategy: lazy)
 
 _PACKAGES = {"lightning": "lightning.pytorch", "pytorch_lightning": "pytorch_lightning"}
 
 
-def rank_file(checkpoint_path, rank: int) -> str:
-    """Where a rank's DiLoCo state goes beside a Lightning checkpoint file."""
-    return f"{os.fspath(checkpoint_path)}.diloco-rank{rank}.pt"
+def rank_file(checkpoint_path, rank: int, replica: Optional[str] = None) -> str:
+    """Where a rank's DiLoCo state goes beside a Lightning checkpoint file (``replica``: the
+    manager's replica id, :func:`torch_cgx.integrations.diloco.file_tag`)."""
+    return f"{os.fspath(checkpoint_path)}.diloco-{file_tag(rank, replica)}.pt"
 
 
 @functools.cache
@@ -54,7 +64,7 @@ class _DiLoCoMixin:
     """What DiLoCoStrategy adds to Lightning's DDPStrategy.
 
     Args: ``sync_every``, ``compressor``, ``compressor_params``, ``outer_optimizer``,
-    ``ranks_per_node``, ``fragments``, ``final_sync`` as in
+    ``ranks_per_node``, ``fragments``, ``final_sync``, ``manager`` (torchft) as in
     :class:`torch_cgx.integrations.diloco.Options`; ``diloco_kwargs``: DiLoCo's other keywords;
     the rest goes to DDPStrategy (``process_group_backend``, DDP's keywords, ...).
     ``strategy.session.diloco`` is the DiLoCo once training started; the loggers get
@@ -66,7 +76,8 @@ class _DiLoCoMixin:
     def __init__(self, sync_every: int = 500, *, compressor: Optional[str] = "maxmin",
                  compressor_params: Optional[dict] = None, outer_optimizer=None,
                  ranks_per_node: int = 1, fragments=None, final_sync: bool = True,
-                 diloco_kwargs: Optional[dict] = None, **kwargs) -> None:  # fmt: skip
+                 manager=None, diloco_kwargs: Optional[dict] = None,
+                 **kwargs) -> None:  # fmt: skip
         for name in ("ddp_comm_hook", "ddp_comm_state", "model_averaging_period", "process_group"):
             if kwargs.get(name) is not None:
                 raise ValueError(f"DiLoCoStrategy sets DDP up itself: {name} is not taken")
@@ -76,7 +87,8 @@ class _DiLoCoMixin:
                                       compressor_params=compressor_params,
                                       outer_optimizer=outer_optimizer,
                                       ranks_per_node=ranks_per_node, fragments=fragments,
-                                      final_sync=final_sync, **(diloco_kwargs or {}))  # fmt: skip
+                                      final_sync=final_sync, manager=manager,
+                                      **(diloco_kwargs or {}))  # fmt: skip
         super().__init__(**kwargs)
         self.session: Optional[Session] = None
         self._outer = None
@@ -96,7 +108,7 @@ class _DiLoCoMixin:
                 raise ValueError(
                     f"DiLoCoStrategy trains with one optimizer, got {len(self.optimizers)}"
                 )
-            if n == 1:
+            if n == 1 and self.diloco_options.manager is None:  # (with one: the replica's DDP)
                 self._no_sync = stop_grad_sync(self.model)
 
     def on_train_start(self) -> None:
@@ -105,12 +117,18 @@ class _DiLoCoMixin:
         if step > 0 and self._resume is None:
             raise ValueError(
                 f"resuming at step {step} without this rank's DiLoCo state (the checkpoint's "
-                f".diloco-rank{_rank()}.pt): replicas and DiLoCo's state cannot be restored"
+                f".diloco-{self._tag()}.pt): replicas and DiLoCo's state cannot be restored"
             )
         self.session = Session(self.lightning_module, self.diloco_options, self._outer)
         if self._resume is not None:
             self.session.load_state_dict(self._resume, self._inner(), step)
             self._resume = None
+
+    def _file(self, checkpoint_path) -> str:
+        return rank_file(checkpoint_path, _rank(), self.diloco_options.replica)
+
+    def _tag(self) -> str:
+        return file_tag(_rank(), self.diloco_options.replica)
 
     def _inner(self):
         return self.optimizers[0] if len(self.optimizers) == 1 else None
@@ -118,7 +136,7 @@ class _DiLoCoMixin:
     def optimizer_step(self, optimizer, closure, model=None, **kwargs):
         out = super().optimizer_step(optimizer, closure, model, **kwargs)
         if self.session is not None and not self.session.closed:
-            self.session.advance_to(self.session.step + 1)
+            self.session.advance_to(self.session.loop_step + 1)
             trainer = self.lightning_module.trainer
             if self.session.step % max(trainer.log_every_n_steps, 1) == 0:
                 for logger in trainer.loggers:
@@ -130,19 +148,19 @@ class _DiLoCoMixin:
     def save_checkpoint(self, checkpoint, filepath, storage_options=None) -> None:
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
         if self.session is not None and not self.session.closed:
-            path = rank_file(filepath, _rank())
+            path = self._file(filepath)
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)  # rank 0 may not have yet
             torch.save(self.session.state_dict(self._inner()), path)
 
     def remove_checkpoint(self, filepath) -> None:
         super().remove_checkpoint(filepath)
-        path = rank_file(filepath, _rank())
+        path = self._file(filepath)
         if os.path.isfile(path):
             os.remove(path)
 
     def load_checkpoint(self, checkpoint_path, *args, **kwargs):
         checkpoint = super().load_checkpoint(checkpoint_path, *args, **kwargs)
-        path = rank_file(checkpoint_path, _rank())
+        path = self._file(checkpoint_path)
         if os.path.isfile(path):
             self._resume = torch.load(path, map_location="cpu", weights_only=True)
         return checkpoint

@@ -9,7 +9,8 @@ Trainer's optimizer is DiLoCo's inner optimizer; one DiLoCo step is one Trainer 
 keeps its place; with one rank per node its gradient synchronisation is off for the run, with
 ``ranks_per_node=n`` it is built on the node group (:func:`.diloco_accelerate.node_ddp`).
 Every checkpoint gets ``diloco-rank<r>.pt`` per rank (Trainer saves rank 0's model and
-optimizer only, and DiLoCo's replicas differ between syncs).
+optimizer only, and DiLoCo's replicas differ between syncs). On torchft (``manager=``) Trainer's
+world is one replica group: its DDP stays on, the files are ``diloco-<replica id>-rank<r>.pt``.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ class DiLoCoCallback(TrainerCallback):
     """Trains a Trainer with DiLoCo (see the module). Arguments: those of
     :class:`torch_cgx.integrations.diloco.Options` (``sync_every``, ``compressor``,
     ``compressor_params``, ``outer_optimizer``, ``ranks_per_node``, ``fragments``,
-    ``final_sync`` and DiLoCo's other keywords). Bind it to its trainer (:func:`attach_diloco`
-    or ``bind``) before ``train()``; ``session.diloco`` is the DiLoCo once training started.
+    ``final_sync``, ``manager`` and DiLoCo's other keywords). Bind it to its trainer
+    (:func:`attach_diloco` or ``bind``) before ``train()``; ``session.diloco`` is the DiLoCo
+    once training started.
 
     Logs (every Trainer log): ``diloco/step``, ``diloco/syncs``, ``diloco/bytes_sent``,
     ``diloco/bytes_per_sync``, ``diloco/sync_seconds``; rank 0 prints a summary at the end.
@@ -79,8 +81,9 @@ class DiLoCoCallback(TrainerCallback):
                              "do not combine; attach(trainer) for the cgx stats does")  # fmt: skip
         if self.options.ranks_per_node > 1:
             node_ddp(trainer.accelerator, self.options.ranks_per_node)
-        # Trainer would gather every worker's token count each step and scale the loss by it.
-        args.average_tokens_across_devices = False
+        if self.options.manager is None:  # (with one, Trainer's world is one replica: DDP)
+            # Trainer would gather every worker's token count each step and scale the loss by it
+            args.average_tokens_across_devices = False
         self.trainer = trainer
         callbacks = trainer.callback_handler.callbacks
         if self in callbacks:
@@ -119,7 +122,7 @@ class DiLoCoCallback(TrainerCallback):
         ddp = _ddp_of(self.trainer.model_wrapped)
         handler = self.trainer.accelerator.ddp_handler
         group, flat = groups_for(ddp, self.options.ranks_per_node, handler, "attach_diloco")
-        if flat and ddp is not None:
+        if flat and ddp is not None and self.options.manager is None:
             self._no_sync = stop_grad_sync(ddp)
         self.session = Session(self.trainer.model, self.options, group)  # collective
         if state.global_step > 0:
@@ -128,13 +131,14 @@ class DiLoCoCallback(TrainerCallback):
 
     def _checkpoint_dir(self, args, state) -> str:
         step_dir = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        replica = self.options.replica
         for d in (self._resume_dir, args.resume_from_checkpoint, step_dir):
-            if isinstance(d, str) and os.path.isfile(state_file(d, _rank())):
+            if isinstance(d, str) and os.path.isfile(state_file(d, _rank(), replica)):
                 return d
         raise ValueError(
             f"resuming at step {state.global_step} without this rank's DiLoCo state "
-            f"(diloco-rank{_rank()}.pt in {self._resume_dir or step_dir}): the replicas, inner "
-            "optimizers and DiLoCo's global copies cannot be restored"
+            f"(diloco-{self.session.tag}.pt in {self._resume_dir or step_dir}): the replicas, "
+            "inner optimizers and DiLoCo's global copies cannot be restored"
         )
 
     def on_step_end(self, args, state, control, **kwargs):
