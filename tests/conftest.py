@@ -57,3 +57,15 @@ def pytest_sessionfinish(session, exitstatus):
         for line in lines:
             reporter.write_line("SKIP LIST: " + line, red=True)
         session.exitstatus = 1
+
+
+@pytest.fixture(scope="module")
+def lighthouse():
+    """A torchft Lighthouse on 127.0.0.1 for the tests of DiLoCo on torchft (its address)."""
+    from torchft._torchft import LighthouseServer
+
+    server = LighthouseServer(
+        bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=3000, heartbeat_timeout_ms=1000
+    )
+    yield "http://127.0.0.1:" + server.address().rsplit(":", 1)[1]
+    server.shutdown()

@@ -25,24 +25,13 @@ from dist_helpers import context_start_method
 torchft = pytest.importorskip("torchft")  # installed by scripts/install-deps.sh; pinned skip
 
 import diloco_integrations_ft_replica as worker  # noqa: E402
-from test_diloco_torchft import LIMIT, Replicas, _equal  # noqa: E402
+from torchft_testing import LIMIT, Replicas, _equal  # noqa: E402
 
 NEEDED = ("transformers", "accelerate")
 pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in NEEDED),
     reason="transformers and accelerate are needed (requirements-dev.txt)",
 )
-
-
-@pytest.fixture(scope="module")
-def lighthouse():
-    from torchft._torchft import LighthouseServer
-
-    server = LighthouseServer(
-        bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=3000, heartbeat_timeout_ms=1000
-    )
-    yield "http://127.0.0.1:" + server.address().rsplit(":", 1)[1]
-    server.shutdown()
 
 
 class AccelerateReplicas(Replicas):
