@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -33,7 +34,11 @@ from torch_cgx.device.triton import levels_kernels as K
 from torch_cgx.device.triton.levels import TritonLevels
 
 options = TritonLevels._options(torch.device("cuda"))  # what a CUDA launch passes
-def ptx(fn, sig, consts):
+def ptx(fn, sig, consts, wide=False):
+    # IDX64: the int32 index variant (GPUs' default) unless ``wide``; arguments fn lacks are
+    # dropped: an older copy of the module compiles too
+    consts = {k: v for k, v in dict(consts, IDX64=wide).items() if k in fn.arg_names}
+    sig = {k: v for k, v in sig.items() if k in fn.arg_names}
     sig = dict(sig, **{k: "constexpr" for k in consts})
     src = ASTSource(fn, sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
@@ -48,12 +53,19 @@ for kind, bits, levels in [(0, 3, 3), (1, 2, 1), (2, 1, 1), (3, 1, 1), (4, 1, 1)
     meta = dict(KIND=kind, BITS=bits, LEVELS=levels, NEG=levels + 1 if kind == 0 else 1)
     sig = {"x_ptr": "*fp32", "pay_ptr": "*u8", "scal_ptr": "*i32", "codes_ptr": "*u8",
            "flag_ptr": "*i32", "n": "i32", "size": "i32", "nbytes": "i32", "k0": "i32",
-           "k1": "i64"}
-    out[f"codes{kind}"] = ptx(K.codes_kernel, sig, dict(meta, BF16=False, G=128,
-                              BP=1 << (bits - 1).bit_length()))
-    sig = {"pay_ptr": "*u8", "out_ptr": "*fp16", "n": "i32", "size": "i32", "codes_at": "i32"}
+           "k1": "i64", "magic": "i64", "shift": "i32"}
+    codes = dict(meta, BF16=False, G=128, BP=1 << (bits - 1).bit_length())
+    out[f"codes{kind}"] = ptx(K.codes_kernel, sig, codes)
+    if kind == 0:  # the int64 variant, for tensors past 2^31 indices
+        out["codes0_64"] = ptx(K.codes_kernel, sig, codes, wide=True)
+    sig = {"pay_ptr": "*u8", "out_ptr": "*fp16", "n": "i32", "size": "i32", "codes_at": "i32",
+           "magic": "i64", "shift": "i32"}
     out[f"decode{kind}"] = ptx(K.decode_kernel, sig, dict(meta, BF16=False, BLOCK=1024))
-sig = {"pay_ptr": "*u8", "out_ptr": "*i16", "n": "i64", "size": "i64", "codes_at": "i64"}
+    if kind == 2:
+        out["decode2_64"] = ptx(K.decode_kernel, sig, dict(meta, BF16=False, BLOCK=1024),
+                                wide=True)
+sig = {"pay_ptr": "*u8", "out_ptr": "*i16", "n": "i64", "size": "i64", "codes_at": "i64",
+       "magic": "i64", "shift": "i32"}
 out["decode_bf16"] = ptx(K.decode_kernel, sig, dict(KIND=0, BITS=8, LEVELS=127, NEG=128,
                          BF16=True, BLOCK=1024))
 json.dump(out, sys.stdout)
@@ -72,7 +84,7 @@ def ptx(tmp_path_factory):
 
 
 def test_no_fused_flushed_or_approximate_arithmetic(ptx):
-    assert len(ptx) == 17
+    assert len(ptx) == 19
     for name, code in ptx.items():
         for bad in ("fma.", ".ftz", "div.full", "div.approx", ".approx.", "rcp."):
             assert bad not in code, (name, bad)
@@ -103,3 +115,18 @@ def test_negation_flag_and_conversions(ptx):
         assert "sub.rn.f32" not in decode, kind  # -v as a sign flip, never 0 - v
         assert "cvt.rn.f16.f32" in decode, kind  # one rounding to the output
     assert "bf16" not in ptx["decode_bf16"]  # rounded by integer arithmetic
+
+
+def test_the_int32_variants_never_divide(ptx):
+    """No integer division or remainder in the int32 index variants (a 64-bit one is a call to
+    an emulation routine on NVIDIA GPUs, with a 32-bit fast path ``div.u32`` where both
+    operands fit; a 32-bit one a dozen instructions): the bucket index of codes and decode is
+    a multiply-high (one per element held: 8, 1024 values over 128 threads). The int64
+    variants, for tensors past 2^31 indices, still divide."""
+    division = re.compile(r"\b(?:div|rem)\.[su](?:32|64)\b")
+    for name, code in ptx.items():
+        if not name.endswith("_64"):
+            assert not division.search(code), (name, division.findall(code)[:4])
+    for name in ("codes0", "codes1", "decode0", "decode1", "decode2", "decode3"):
+        assert ptx[name].count("mul.hi.u32") == 8, name  # the buckets' codecs
+    assert "div.s64" in ptx["codes0_64"] and "div.s64" in ptx["decode2_64"]

@@ -9,16 +9,17 @@ with a GPU the same tests run the compiled kernels on CUDA tensors (the GPU chec
 and the no-synchronisation test under ``torch.cuda.set_sync_debug_mode("error")`` too. Skipped
 where triton is not installed or the kernels cannot run.
 
-Sampled, to stay within about 40 s on a 2-core machine (the interpreter runs a program in about
-a millisecond): every bits, dtype and lever (raw tail, stochastic, clip) in 48 deterministic
-cases over bucket sizes 1, 3, 8, 512, 513 and sizes 1, 7, B - 1, B + 1, 3B + 5, half of them
-with small launch sizes (several programs, a masked last one, buckets longer than a program's
-tile); NaN / Inf / constant / denormal / huge-range buckets; buckets of 2^20 and 65537 values;
-every payload byte written (poisoned torch.empty). The clip's fp64 sums are compared with
-``lane_sum`` directly (the payload shows their order only by chance); planted defects (wrong
-lane orders, masks one element too long: copies of the kernels with one edit) are caught; the
-compiled code's rounding: tests/test_triton_maxmin_ptx.py. ``CGX_TRITON_SWEEP=1`` adds the
-exhaustive sweep (bits x dtype x size x bucket x levers, and a clipped 2^20 bucket; collected
+Sampled, to stay within about 40 s on a 2-core machine (the interpreter runs a program in about a
+millisecond): every bits, dtype and lever (raw tail, stochastic, clip) in 48 deterministic cases
+over bucket sizes 1, 3, 8, 512, 513 and sizes 1, 7, B - 1, B + 1, 3B + 5, half of them with small
+launch sizes (several programs, a masked last one, buckets longer than a program's tile), half
+(another split) on the kernels' int64 index variant (INDEX32_LIMIT lowered to 0; the others on the
+int32 one GPUs run below 2^31 indices); NaN / Inf / constant / denormal / huge-range buckets;
+buckets of 2^20 and 65537 values; every payload byte written (poisoned torch.empty). The clip's fp64
+sums are compared with ``lane_sum`` directly (the payload shows their order only by chance); planted
+defects (wrong lane orders, masks one element too long: copies of the kernels with one edit) are
+caught; the compiled code's rounding: tests/test_triton_maxmin_ptx.py. ``CGX_TRITON_SWEEP=1`` adds
+the exhaustive sweep (bits x dtype x size x bucket x levers, and a clipped 2^20 bucket; collected
 only then): about 11 minutes per bits here, 1.5 hours in all.
 """
 
@@ -36,6 +37,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from codec_testing import DTYPES, random_input, special_input  # noqa: E402
 from device_engine_reads import host_syncs  # noqa: E402
+from triton_testing import poison_empty, skip_overflow_shadow, wide_indices  # noqa: E402
 
 from torch_cgx import compressors  # noqa: E402
 from torch_cgx.device import codecs, kernels  # noqa: E402
@@ -56,6 +58,8 @@ if maxmin_kernels is None:
 if not RUNS:
     pytest.skip(f"Triton kernels cannot run on {DEVICE} here (TRITON_INTERPRET=1 runs them on "
                 "CPU tensors)", allow_module_level=True)  # fmt: skip
+if DEVICE.type == "cpu":
+    skip_overflow_shadow()
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -142,7 +146,10 @@ def _cases():
 
 
 @pytest.mark.parametrize("bits,d,bucket,n,lever,small,out", _cases())
-def test_sampled_configurations_match_the_native_codec(bits, d, bucket, n, lever, small, out):
+def test_sampled_configurations_match_the_native_codec(bits, d, bucket, n, lever, small, out,
+                                                       monkeypatch):  # fmt: skip
+    if (bits // 2 + d) % 2:  # half the cases, over every launch, lever and dtype
+        wide_indices(monkeypatch)
     g = np.random.default_rng([bits, d, bucket, n])
     x = random_input(n, DTYPES[d], g)
     seed, stream = int(g.integers(2**63)), int(g.integers(2**63))
@@ -174,13 +181,15 @@ def test_constant_buckets_signed_zeros_and_16_bit_extremes():
         check(DEFAULT, x, bits, 8, (0, 1, 1), out_dtype=torch.float32, what="16-bit extremes")
 
 
-def test_buckets_longer_than_a_program():
+def test_buckets_longer_than_a_program(monkeypatch):
     """Buckets of 2^20 and 65537 values (loops of 16 and 2 tiles of the interpreter's 65536),
     and clipped buckets of 513 and 1000 values over 64-value tiles (the min / max loop and the
-    row loop of the sums)."""
+    row loop of the sums); the 2^20 bucket on the int64 index variant."""
     g = np.random.default_rng(20)
     x = torch.from_numpy((g.standard_normal((1 << 20) + 3) * 2.0).astype(np.float32))
-    check(DEFAULT, x, 5, 1 << 20, (0, 1, 0), what="2^20")
+    with monkeypatch.context() as mp:
+        wide_indices(mp)
+        check(DEFAULT, x, 5, 1 << 20, (0, 1, 0), what="2^20")
     check(DEFAULT, x[: 2 * 65537 + 5].to(torch.bfloat16), 2, 65537, (1, 0, 0), what="65537")
     y = torch.from_numpy((g.standard_normal(3 * 1000 + 7) * 5.0).astype(np.float32))
     check(SMALL, y[:1541], 3, 513, (1, 1, 1), what="clipped 513")
@@ -269,11 +278,14 @@ def test_a_wrong_lane_order_is_caught(tmp_path, order):
     assert _sums_differ(mutant(tmp_path, *LANE_ORDERS[order]), 64, x) > 0
 
 
-def test_a_mask_off_by_one_is_caught(tmp_path):
+def test_a_mask_off_by_one_is_caught(tmp_path, monkeypatch):
     """A bucket's mask one element too long (``at < hi`` reaching the next bucket's first: where
     a tile is exactly a bucket wide, 8 or 512 values, its own bounds hide it), the code
     stream's store mask one byte too long (over the raw tail's first byte), and a program of
-    the one-launch encode stopping a group short of its buckets' end."""
+    the one-launch encode stopping a group short of its buckets' end (bytes left unwritten:
+    the payload comes poisoned, or torch.empty could hand back the right bytes of the
+    previous encode)."""
+    poison_empty(monkeypatch)
     x = torch.from_numpy(np.random.default_rng(5).standard_normal(203).astype(np.float32))
     span = mutant(tmp_path, ("return lo, tl.minimum(lo + size, nq)",
                              "return lo, tl.minimum(lo + size + 1, nq)"))  # fmt: skip
@@ -340,13 +352,7 @@ def test_passes_the_kernels_self_check_through_the_codec(monkeypatch):
 
 def test_every_payload_byte_is_written(monkeypatch):
     """The payload comes from torch.empty: poisoned here, the bytes are still the native ones."""
-    empty = torch.empty
-
-    def poisoned(*args, **kwargs):
-        t = empty(*args, **kwargs)
-        return t.fill_(0xA5) if t.dtype == torch.uint8 else t
-
-    monkeypatch.setattr(torch, "empty", poisoned)
+    poison_empty(monkeypatch)
     g = np.random.default_rng(8)
     for bits, bucket, lever in ((3, 13, (1, 1, 0)), (7, 5, (0, 0, 1)), (1, 512, (0, 1, 1))):
         x = random_input(203, DTYPES[bits % 3], g)

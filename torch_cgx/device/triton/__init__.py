@@ -12,7 +12,12 @@ import os
 
 import torch
 
-__all__ = ["available", "interpreted"]
+__all__ = ["available", "divisor", "index64", "interpreted"]
+
+# Kernels whose every index (element, byte, bucket, and the padding lanes past the end) stays
+# below this run the int32 variant (``IDX64=False``: no 64-bit integer arithmetic, the bucket
+# index by a multiply-high); the others the int64 one. Tests lower it to run the int64 variant.
+INDEX32_LIMIT = 2**31
 
 
 def interpreted() -> bool:
@@ -28,3 +33,23 @@ def available(device: torch.device) -> bool:
     if device.type == "cuda":
         return True
     return device.type == "cpu" and interpreted()
+
+
+def index64(*extents: int) -> bool:
+    """Whether a launch needs the int64 kernel variant: ``extents`` bound every index it forms
+    (each kernel's host code lists them), and one reaches :data:`INDEX32_LIMIT`."""
+    return max(extents) >= INDEX32_LIMIT
+
+
+def divisor(size: int) -> tuple:
+    """``(magic, shift)`` for the kernels' int32 bucket index, one multiply-high and a shift:
+    ``i // size == umulhi(2 i, magic) >> shift`` for every 0 <= i < 2^31 and 1 <= size < 2^31,
+    with ``shift = ceil(log2 size)`` and ``magic = ceil(2^(31 + shift) / size) < 2^32``
+    (Granlund and Montgomery: ``magic * size - 2^(31 + shift)`` is in [0, size), so
+    ``i * magic / 2^(31 + shift)`` exceeds ``i / size`` by less than ``i / 2^31 / size < 1 /
+    size``, never reaching the next integer). ``(0, 0)`` where size >= 2^31 (the int64 variant
+    runs there)."""
+    if not 1 <= size < 2**31:
+        return 0, 0
+    shift = (size - 1).bit_length()
+    return -(-(1 << (31 + shift)) // size), shift

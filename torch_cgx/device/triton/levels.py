@@ -8,7 +8,10 @@ f32 scalars, into the payload), and every codec ``codes_kernel`` (the code strea
 signum and tbq OR the envelope's non-finite flag in). decode_add: ``decode_kernel`` reads the
 scalars, tbq's tau and the flag from the payload. Sizes, grids and kernel variants come from
 element counts and the codec's parameters only: no host synchronisation, every launch on the
-caller's current stream (on the tensor's device).
+caller's current stream (on the tensor's device). Every kernel has an int32 index variant
+(``IDX64=False``: no 64-bit integer arithmetic, the bucket index a multiply-high by
+``divisor(size)``) where the extents the launch lists stay below ``INDEX32_LIMIT`` (2^31), the
+int64 one otherwise.
 
 Bucket sizes: every size the codecs allow, 0 (the whole tensor) included. A bucket is summed in
 prim::stats' lane order by one program, whose eight lanes each add the bucket's rows of eight
@@ -28,6 +31,7 @@ import torch
 from torch_cgx.device import constants
 from torch_cgx.device.codecs.base import DTYPE_CODES
 from torch_cgx.device.fused import FusedLevels
+from torch_cgx.device.triton import divisor, index64
 
 __all__ = ["TritonLevels"]
 
@@ -157,14 +161,18 @@ class TritonLevels(FusedLevels):
                 clip = codec.name == "terngrad" and codec.clip > 0
                 rows = (layout.width + 7) // 8
                 unroll = min(self.unroll, 1 << (rows - 1).bit_length())
+                # the tiles of every program (the last one's padding buckets), the scalars
+                wide = index64((nb + bb) * size + 16 * unroll + 64, 2 * (nb + bb) + 2)
                 k.scalars_kernel[(_cdiv(nb, bb),)](
                     xb, out, scal, n, size, nb, KIND=meta["KIND"], CLIP=clip, BF16=bf16, BB=bb,
-                    UNROLL=unroll, num_warps=max(1, min(4, bb // 4)), **opts)  # fmt: skip
+                    UNROLL=unroll, IDX64=wide, num_warps=max(1, min(4, bb // 4)),
+                    **opts)  # fmt: skip
             groups = self.block // 8
             k.codes_kernel[(_cdiv(n, self.block),)](
                 xb, out, scal, out[scal_end:], out[:8].view(torch.int32), n, size,
-                (n * codec.bits + 7) // 8, k0, k1, **meta, BF16=bf16, G=groups,
-                BP=1 << (codec.bits - 1).bit_length(), num_warps=4, **opts)  # fmt: skip
+                (n * codec.bits + 7) // 8, k0, k1, *divisor(size), **meta, BF16=bf16, G=groups,
+                BP=1 << (codec.bits - 1).bit_length(), IDX64=index64(n + self.block + 64, size),
+                num_warps=4, **opts)  # fmt: skip
         return out
 
     def decode_add_(self, codec, out: torch.Tensor, payload: torch.Tensor, dtype=None):
@@ -183,11 +191,16 @@ class TritonLevels(FusedLevels):
             return out
         layout = codec.layout(n) if codec.scalars else None
         codes_at = 32 + 4 * codec.scalars * (layout.count if layout else 0)
+        size = layout.size if layout else 1
+        # every index below 2^31 (elements, the payload's bytes, the scalars of the padding
+        # lanes' buckets): the int32 variant
+        scalars = 40 + 8 * ((n + self.block) // size) + 64 if layout else 0
+        wide = index64(n + self.block + 64, want + self.block + 64, size, scalars)
         with self._on(out.device):
             self._k.decode_kernel[(_cdiv(n, self.block),)](
-                payload, _bits_view(out), n, layout.size if layout else 1, codes_at,
-                **self._meta(codec), BF16=out.dtype == torch.bfloat16, BLOCK=self.block,
-                num_warps=4, **self._options(out.device))  # fmt: skip
+                payload, _bits_view(out), n, size, codes_at, *divisor(size), **self._meta(codec),
+                BF16=out.dtype == torch.bfloat16, BLOCK=self.block, IDX64=wide, num_warps=4,
+                **self._options(out.device))  # fmt: skip
         return out
 
 

@@ -20,8 +20,10 @@ divisions are ``tl.math.div_rn`` (Triton's ``/`` is an approximate division for 
 ``/`` and ``sqrt`` lower to the IEEE ``div.rn.f64`` / ``sqrt.rn.f64``; no multiply-add is fused
 (``enable_fp_fusion=False`` at every launch: ``out + s * r`` and ``sq + d * d`` stay two
 roundings), and on NVIDIA ``enable_reflect_ftz=False`` (libdevice keeps fp32 denormals); indices
-are int64 before any product; NaN scalars are written as the
-explicit bits 0x7fc00000; bf16 is converted by integer arithmetic (round to nearest even, NaN as
+are of the kernel's index type before any product (``IDX64``: int64, or int32 where the host
+found every index below 2^31, the bucket index then a multiply-high by ``divisor(size)``
+instead of an int64 division, which GPUs emulate); NaN scalars are written as the explicit bits
+0x7fc00000; bf16 is converted by integer arithmetic (round to nearest even, NaN as
 native's ``(u >> 16) | 0x40``), since the interpreter's bf16 cast truncates.
 """
 
@@ -109,9 +111,11 @@ def bucket_sums(x_ptr, lo, hi, rows, KIND: tl.constexpr, BF16: tl.constexpr, BB:
     s = tl.zeros([BB, 8], tl.float64)
     a = tl.zeros([BB, 8], tl.float64)
     sq = tl.zeros([BB, 8], tl.float64)
-    neg = tl.zeros([BB, 8], tl.int64)
+    neg = tl.zeros([BB, 8], lo.dtype)
     amax = tl.zeros([BB, 8], tl.float32)
-    q = rows * 0  # int64; a while loop: the interpreter cannot range() over a kernel argument
+    q = (
+        rows * 0
+    )  # the index type; a while loop: the interpreter cannot range() over a kernel argument
     while q < rows:
         for k in tl.static_range(UNROLL):
             at = base + (q + k) * 8
@@ -127,7 +131,7 @@ def bucket_sums(x_ptr, lo, hi, rows, KIND: tl.constexpr, BF16: tl.constexpr, BB:
             if SQ:
                 sq = sq + d * d
             if KIND == ONEBIT:
-                neg = neg + (v < 0.0).to(tl.int64)
+                neg = neg + (v < 0.0).to(neg.dtype)
             if KIND == TERNGRAD:
                 amax = tl.maximum(amax, tl.abs(v))
         q += UNROLL
@@ -143,12 +147,14 @@ def nan_or(finite, v):
 
 @triton.jit(do_not_specialize=["n", "size", "nb"])
 def scalars_kernel(x_ptr, pay_ptr, scal_ptr, n, size, nb, KIND: tl.constexpr, CLIP: tl.constexpr,
-                   BF16: tl.constexpr, BB: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
+                   BF16: tl.constexpr, BB: tl.constexpr, UNROLL: tl.constexpr,
+                   IDX64: tl.constexpr):  # fmt: skip
     """The f32 scalars (int32 bits at ``scal_ptr``) of buckets pid * BB .. pid * BB + BB - 1 of
     ``size`` values (the last one shorter); terngrad's clip from the envelope's param1."""
-    size = size.to(tl.int64)
-    lo0 = tl.program_id(0).to(tl.int64) * BB * size
-    b = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
+    IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
+    n, size = n.to(IT), size.to(IT)
+    lo0 = tl.program_id(0).to(IT) * BB * size
+    b = tl.program_id(0).to(IT) * BB + tl.arange(0, BB)
     valid = b < nb
     lo = b * size
     hi = tl.minimum(lo + size, n)
@@ -223,17 +229,19 @@ def pack_store(codes_ptr, code, g, nbytes, BITS: tl.constexpr, BP: tl.constexpr)
     tl.store(codes_ptr + at, byte.to(tl.uint8), mask=(m[None, :] < BITS) & (at < nbytes))
 
 
-@triton.jit(do_not_specialize=["n", "size", "nbytes", "k0", "k1"])
-def codes_kernel(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, n, size, nbytes, k0, k1,
-                 KIND: tl.constexpr, BITS: tl.constexpr, LEVELS: tl.constexpr, NEG: tl.constexpr,
-                 BF16: tl.constexpr, G: tl.constexpr, BP: tl.constexpr):  # fmt: skip
+@triton.jit(do_not_specialize=["n", "size", "nbytes", "k0", "k1", "magic", "shift"])
+def codes_kernel(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, n, size, nbytes, k0, k1, magic,
+                 shift, KIND: tl.constexpr, BITS: tl.constexpr, LEVELS: tl.constexpr,
+                 NEG: tl.constexpr, BF16: tl.constexpr, G: tl.constexpr, BP: tl.constexpr,
+                 IDX64: tl.constexpr):  # fmt: skip
     """The codes of elements 8 G pid .. 8 G (pid + 1) - 1: sign bits (onebit, efsignsgd,
     signsgd), or prim::Levels' codes with the bucket's scalar (qsgd, terngrad) or tbq's tau
-    (envelope param1); signsgd / tbq OR the non-finite flag into the envelope."""
-    size = size.to(tl.int64)
-    g = tl.program_id(0).to(tl.int64) * G + tl.arange(0, G)
+    (envelope param1); signsgd / tbq OR the non-finite flag into the envelope. ``magic``,
+    ``shift``: ``divisor(size)`` (the int32 variant's bucket index)."""
+    IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
+    g = tl.program_id(0).to(IT) * G + tl.arange(0, G)
     i = g[:, None] * 8 + tl.arange(0, 8)[None, :]
-    m = i < n
+    m = i < n.to(IT)
     v = widen(tl.load(x_ptr + i, mask=m, other=0), BF16)
     if (KIND == ONEBIT) or (KIND == EFSIGN) or (KIND == SIGNSGD):
         code = (v < 0.0).to(tl.int32)  # 1 = negative; NaN: 0
@@ -241,12 +249,17 @@ def codes_kernel(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, n, size, nbytes,
         tau = f32_at(pay_ptr, 28, True)
         code = level_code(v, tau, i, k0, k1, 1, 1, False, False)
     else:
-        s = tl.load(scal_ptr + i // size, mask=m, other=0).to(tl.float32, bitcast=True)
+        if IDX64:
+            k = i // size.to(IT)  # emulated on GPUs: int64 only
+        else:  # int32: a multiply-high by divisor(size) (triton/__init__.py)
+            q = tl.umulhi(i.to(tl.uint32) << 1, magic.to(tl.uint32))
+            k = (q >> shift.to(tl.uint32)).to(tl.int32)
+        s = tl.load(scal_ptr + k, mask=m, other=0).to(tl.float32, bitcast=True)
         if KIND == QSGD:
             code = level_code(v, s, i, k0, k1, LEVELS, NEG, False, True)
         else:
             code = level_code(v, s, i, k0, k1, 1, 1, True, True)
-    pack_store(codes_ptr, tl.where(m, code, 0), g, nbytes, BITS, BP)
+    pack_store(codes_ptr, tl.where(m, code, 0), g, nbytes.to(IT), BITS, BP)
     if (KIND == SIGNSGD) or (KIND == TBQ):
         bad = tl.max(tl.max(tl.where(m & ~(tl.abs(v) < float("inf")), 1, 0), axis=1), axis=0)
         tl.atomic_or(flag_ptr + 1, FLAG_WORD, mask=bad > 0)
@@ -256,8 +269,9 @@ def codes_kernel(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, n, size, nbytes,
 
 
 @triton.jit
-def value_of(pay_ptr, c, i, m, size, LEVELS: tl.constexpr, NEG: tl.constexpr, KIND: tl.constexpr):
-    """The fp32 value code ``c`` of element ``i`` decodes to (the native decoders' tables)."""
+def value_of(pay_ptr, c, k, m, LEVELS: tl.constexpr, NEG: tl.constexpr, KIND: tl.constexpr):
+    """The fp32 value code ``c`` of an element of bucket ``k`` decodes to (the native decoders'
+    tables)."""
     nan = float("nan")
     if KIND == SIGNSGD:
         flagged = (tl.load(pay_ptr + 7) & 1) != 0
@@ -268,9 +282,9 @@ def value_of(pay_ptr, c, i, m, size, LEVELS: tl.constexpr, NEG: tl.constexpr, KI
         val = tl.where(c == 0, 0.0, tl.where(c == 1, tau, tl.where(c == 2, neg(tau), nan)))
         val = tl.where(flagged, nan, val)
     elif KIND == ONEBIT:
-        val = f32_at(pay_ptr, 32 + 4 * (2 * (i // size) + 1 - c), m)  # (negatives, others)
+        val = f32_at(pay_ptr, 32 + 4 * (2 * k + 1 - c), m)  # (negatives, others)
     else:
-        s = f32_at(pay_ptr, 32 + 4 * (i // size), m)
+        s = f32_at(pay_ptr, 32 + 4 * k, m)
         if KIND == EFSIGN:
             val = tl.where(c != 0, neg(s), s)
         elif KIND == TERNGRAD:
@@ -283,23 +297,31 @@ def value_of(pay_ptr, c, i, m, size, LEVELS: tl.constexpr, NEG: tl.constexpr, KI
     return val
 
 
-@triton.jit(do_not_specialize=["n", "size", "codes_at"])
-def decode_kernel(pay_ptr, out_ptr, n, size, codes_at, KIND: tl.constexpr, BITS: tl.constexpr,
-                  LEVELS: tl.constexpr, NEG: tl.constexpr, BF16: tl.constexpr,
-                  BLOCK: tl.constexpr):  # fmt: skip
+@triton.jit(do_not_specialize=["n", "size", "codes_at", "magic", "shift"])
+def decode_kernel(pay_ptr, out_ptr, n, size, codes_at, magic, shift, KIND: tl.constexpr,
+                  BITS: tl.constexpr, LEVELS: tl.constexpr, NEG: tl.constexpr,
+                  BF16: tl.constexpr, BLOCK: tl.constexpr, IDX64: tl.constexpr):  # fmt: skip
     """out[i] += value(i) for i in BLOCK pid .. BLOCK (pid + 1) - 1, in fp32, rounded once to
-    out's dtype (bf16 ``out`` as its int16 bits). ``codes_at``: the stream's byte offset."""
-    size = size.to(tl.int64)
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = i < n
-    bit = i * BITS
-    byte = pay_ptr + codes_at + (bit >> 3)
-    shift = (bit & 7).to(tl.int32)
+    out's dtype (bf16 ``out`` as its int16 bits). ``codes_at``: the stream's byte offset;
+    ``magic``, ``shift``: ``divisor(size)`` (the int32 variant's bucket index)."""
+    IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
+    i = tl.program_id(0).to(IT) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n.to(IT)
+    rb = (i & 7).to(tl.int32) * BITS  # bit i * BITS: no product past the stream's bytes
+    byte = pay_ptr + codes_at.to(IT) + (i >> 3) * BITS + (rb >> 3)
+    shift8 = rb & 7
     two = tl.load(byte, mask=m, other=0).to(tl.int32)
     if (8 % BITS) != 0:  # a code may straddle two bytes (bits 3, 5, 6, 7)
-        two = two | (tl.load(byte + 1, mask=m & (shift + BITS > 8), other=0).to(tl.int32) << 8)
-    c = (two >> shift) & ((1 << BITS) - 1)
-    val = value_of(pay_ptr, c, i, m, size, LEVELS, NEG, KIND)
+        two = two | (tl.load(byte + 1, mask=m & (shift8 + BITS > 8), other=0).to(tl.int32) << 8)
+    c = (two >> shift8) & ((1 << BITS) - 1)
+    k = i  # the bucket: only where the value reads a bucket's scalar
+    if (KIND == QSGD) or (KIND == TERNGRAD) or (KIND == ONEBIT) or (KIND == EFSIGN):
+        if IDX64:
+            k = i // size.to(IT)  # emulated on GPUs: int64 only
+        else:  # int32: a multiply-high by divisor(size) (triton/__init__.py)
+            q = tl.umulhi(i.to(tl.uint32) << 1, magic.to(tl.uint32))
+            k = (q >> shift.to(tl.uint32)).to(tl.int32)
+    val = value_of(pay_ptr, c, k, m, LEVELS, NEG, KIND)
     o = tl.load(out_ptr + i, mask=m, other=0)
     r = widen(o, BF16) + val
     if BF16:

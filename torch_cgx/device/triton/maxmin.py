@@ -12,7 +12,10 @@ device-to-device copy of the input's bytes. Where a program holds whole buckets 
 bucket sizes) ``encode_kernel`` does both passes in one launch, reading the input from memory
 once. decode_add / values: ``decode_kernel``, one pass.
 Sizes, grids and kernel variants come from element counts and the codec's parameters only: no
-host synchronisation, every launch on the current stream of the tensor's device.
+host synchronisation, every launch on the current stream of the tensor's device. Every kernel
+has an int32 index variant (``IDX64=False``: no 64-bit integer arithmetic, the bucket index a
+multiply-high by ``divisor(bucket_size)``) where the extents the launch lists stay below
+``INDEX32_LIMIT`` (2^31; torch_cgx/device/triton/__init__.py), the int64 one otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 
 from torch_cgx.device.codecs.maxmin import CLIP_SIGMAS, HEADER_BYTES
 from torch_cgx.device.fused import FusedMaxMin
+from torch_cgx.device.triton import divisor, index64
 
 __all__ = ["TritonMaxMin"]
 
@@ -147,16 +151,17 @@ class TritonMaxMin(FusedMaxMin):
                      BP=_pow2_ceil(codec.bits))  # fmt: skip
         sp = self._scalars_plan(codec, nq, nb, plan, dev)
         nbytes = tail_at - codes_at
+        div = divisor(codec.bucket_size)  # bucket_of's (magic, shift) in the int32 variant
         with self._on(dev):
             if sp["fused"]:  # one launch: the input read once
                 self._k.encode_kernel[(sp["grid"],)](
                     xb, meta, inv, sel, out[codes_at:], nq, codec.bucket_size, sp["span"], nb,
-                    nbytes, k0, k1, **sp["meta"], **codes, **opts)  # fmt: skip
+                    nbytes, k0, k1, *div, **sp["meta"], **codes, **opts)  # fmt: skip
             else:
                 self._scalars(codec, xb, bf16, nq, nb, meta, inv, sel, None, plan)
                 self._k.codes_kernel[(_cdiv(nq, block),)](
                     xb, meta, inv, sel, out[codes_at:], nq, codec.bucket_size, nbytes, k0, k1,
-                    **codes, **opts)  # fmt: skip
+                    *div, **codes, IDX64=sp["meta"]["IDX64"], **opts)  # fmt: skip
         return out
 
     @staticmethod
@@ -164,7 +169,10 @@ class TritonMaxMin(FusedMaxMin):
         """The scalars pass's tile: ``BB`` buckets of ``CHUNK`` values per program (a longer
         bucket is a loop), its grid, and whether the codes can follow in the same launch
         (``fused``: a bucket fits the tile, and each program's buckets end on a group of eight
-        or there is one program)."""
+        or there is one program). ``IDX64``: the int64 variant of every encode kernel, where an
+        index may reach 2^31: the scalars' tiles (the padding buckets of the last program
+        included), the codes' elements (a program's groups past ``nq``), the metadata words
+        (of every lane's bucket, the padding lanes' too)."""
         size, span = codec.bucket_size, min(codec.bucket_size, nq)
         chunk = min(_pow2_ceil(span), _pow2_floor(plan["tile"]))
         bb = min(max(1, plan["tile"] // chunk), _pow2_ceil(nb))
@@ -173,8 +181,12 @@ class TritonMaxMin(FusedMaxMin):
         rows = (span + 7) // 8
         grid = _cdiv(nb, bb)
         fused = span <= chunk and ((bb * size) % 8 == 0 or grid == 1)
+        unroll = min(8, _pow2_ceil(rows))
+        block = max(8, plan["codes"])  # the metadata word 2 k of every lane's bucket k, too
+        wide = index64((nb + bb) * size + chunk + 16 * unroll + 64, nq + block + 64,
+                       2 * max(nb + bb, (nq + block) // size + 1) + 2)  # fmt: skip
         meta = dict(LEVELS=(1 << codec.bits) - 1, CLIP=codec.clip, C=CLIP_SIGMAS[codec.bits],
-                    BB=bb, CHUNK=chunk, UNROLL=min(8, _pow2_ceil(rows)))  # fmt: skip
+                    BB=bb, CHUNK=chunk, UNROLL=unroll, IDX64=wide)  # fmt: skip
         return {"grid": grid, "span": span, "fused": fused, "meta": meta}
 
     def _scalars(self, codec, xb, bf16, nq, nb, meta, inv, sel, sums, plan) -> None:
@@ -223,12 +235,18 @@ class TritonMaxMin(FusedMaxMin):
         tail_at = codes_at + (nq * codec.bits + 7) // 8
         plan = self.launch(codec, out.device)
         block = max(8, plan["decode"])
+        # every index below 2^31 (elements, the payload's bytes, the metadata of the padding
+        # lanes' buckets): the int32 variant
+        size = codec.bucket_size
+        wide = index64(n + block + 64, want + 4 * block + 64, size,
+                       24 + 8 * ((n + block) // size) + 64)  # fmt: skip
         with self._on(out.device):
             self._k.decode_kernel[(_cdiv(n, block),)](
-                payload.contiguous(), _bits_view(out), n, nq, codec.bucket_size, codes_at,
-                tail_at, BITS=codec.bits, TAIL_BYTES=dtype.itemsize if nq < n else 0,
-                TAIL_BF16=dtype == torch.bfloat16, ADD=add, OUT_BF16=out.dtype == torch.bfloat16,
-                BLOCK=block, **self._options(out.device, plan["num_warps"]))  # fmt: skip
+                payload.contiguous(), _bits_view(out), n, nq, size, codes_at, tail_at,
+                *divisor(size), BITS=codec.bits,
+                TAIL_BYTES=dtype.itemsize if nq < n else 0, TAIL_BF16=dtype == torch.bfloat16,
+                ADD=add, OUT_BF16=out.dtype == torch.bfloat16, BLOCK=block, IDX64=wide,
+                **self._options(out.device, plan["num_warps"]))  # fmt: skip
 
     def decode_add_(self, codec, out: torch.Tensor, payload: torch.Tensor, dtype=None):
         """``out += decode(payload)`` in fp32, rounded once to out's dtype (fp32, fp16, bf16);

@@ -24,14 +24,16 @@ Exactness on a GPU, by construction (the interpreter computes in numpy, which is
 every division of the reference is in fp64 (``range / L``, ``L / range``, ``S / n``), whose ``/``
 and ``tl.sqrt`` lower to the IEEE ``div.rn.f64`` / ``sqrt.rn.f64`` (an fp32 division would need
 ``tl.math.div_rn``: Triton's fp32 ``/`` is approximate; there is none here); no multiply-add is
-fused (``enable_fp_fusion=False`` at every launch: ``acc + e * e``, ``(x - mn) * inv + r`` and
-``mn + q * unit`` round twice, as the reference); the clip constant is made with ``tl.full(...,
-tl.float64)`` (fp64 from the Python float, never through an fp32 constant); indices are int64
-before any product; NaN metadata is the explicit bits 0x7fc00000; bf16 values travel as their
-int16 bits, widened by a shift and rounded by integer arithmetic (the interpreter's fp32 -> bf16
-cast truncates). Order-dependent reductions (the fp64 sums) never use ``tl.sum`` over more than
-one nonzero value: a lane is extracted as its value plus seven +0.0, exact in any order; min,
-max and the integer reductions do not depend on the order.
+fused (``enable_fp_fusion=False`` at every launch: ``acc + e * e``, ``(x - mn) * inv + r``
+and ``mn + q * unit`` round twice, as the reference); the clip constant is made with ``tl.full(...,
+tl.float64)`` (fp64 from the Python float, never through an fp32 constant); indices are of the
+kernel's index type (``IDX64``: int64, or int32 where the host found every index below 2^31, the
+bucket index then a multiply-high by ``divisor(size)`` instead of an int64 division, which GPUs
+emulate) before any product; NaN metadata is the explicit bits 0x7fc00000; bf16 values travel as
+their int16 bits, widened by a shift and rounded by integer arithmetic (the interpreter's fp32 ->
+bf16 cast truncates). Order-dependent reductions (the fp64 sums) never use ``tl.sum`` over more than
+one nonzero value: a lane is extracted as its value plus seven +0.0, exact in any order; min, max
+and the integer reductions do not depend on the order.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def le_bytes(ptr, off, mask, NBYTES: tl.constexpr):
 
 @triton.jit
 def bucket_span(b, size, nq):
-    """Elements ``[lo, hi)`` of buckets ``b`` (int64): the last one may be shorter."""
+    """Elements ``[lo, hi)`` of buckets ``b``: the last one may be shorter."""
     lo = b * size
     return lo, tl.minimum(lo + size, nq)
 
@@ -79,7 +81,9 @@ def bucket_range(x_ptr, lo, hi, span, BF16: tl.constexpr, BB: tl.constexpr, CHUN
     vmn = tl.full([BB], float("inf"), tl.float32)
     vmx = tl.full([BB], float("-inf"), tl.float32)
     bad = tl.zeros([BB], tl.int32)
-    off = span * 0  # int64; a while loop: the interpreter cannot range() over a kernel argument
+    off = (
+        span * 0
+    )  # the index type; a while loop: the interpreter cannot range() over a kernel argument
     while off < span:
         at = lo[:, None] + off + cols[None, :]
         m = at < hi[:, None]
@@ -148,23 +152,25 @@ def clipped(x_ptr, lo, hi, size, span, vmn, vmx, width, C: tl.constexpr, BF16: t
 def scalars_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, nb,
                    LEVELS: tl.constexpr, CLIP: tl.constexpr, C: tl.constexpr, BF16: tl.constexpr,
                    BB: tl.constexpr, CHUNK: tl.constexpr, UNROLL: tl.constexpr,
-                   SUMS: tl.constexpr):  # fmt: skip
+                   SUMS: tl.constexpr, IDX64: tl.constexpr):  # fmt: skip
     """Steps 1-3 of FORMAT.md for buckets pid * BB ... pid * BB + BB - 1 (:func:`scalars`)."""
-    scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size.to(tl.int64),
-            span.to(tl.int64), nb, LEVELS, CLIP, C, BF16, BB, CHUNK, UNROLL, SUMS)  # fmt: skip
+    scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, nb, LEVELS, CLIP, C,
+            BF16, BB, CHUNK, UNROLL, SUMS, IDX64)  # fmt: skip
 
 
 @triton.jit
 def scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, nb,
             LEVELS: tl.constexpr, CLIP: tl.constexpr, C: tl.constexpr, BF16: tl.constexpr,
-            BB: tl.constexpr, CHUNK: tl.constexpr, UNROLL: tl.constexpr,
-            SUMS: tl.constexpr):  # fmt: skip
+            BB: tl.constexpr, CHUNK: tl.constexpr, UNROLL: tl.constexpr, SUMS: tl.constexpr,
+            IDX64: tl.constexpr):  # fmt: skip
     """Steps 1-3 of FORMAT.md for buckets pid * BB ... pid * BB + BB - 1: metadata (mn, unit) as
     int32 bits at ``meta_ptr``, step 4's fp64 ``inv`` and fp32 ``sel`` at ``inv_ptr`` /
     ``sel_ptr``. ``span``: the longest bucket, min(size, nq), the loops' bound (``size`` and
-    ``span`` int64). With SUMS (a check of the clip's order, which the payload almost never
-    shows), the fp64 S(x) and S((x - mean)^2) of each bucket at ``sums_ptr`` too."""
-    b = tl.program_id(0).to(tl.int64) * BB + tl.arange(0, BB)
+    ``span`` in the index type). With SUMS (a check of the clip's order, which the payload almost
+    never shows), the fp64 S(x) and S((x - mean)^2) of each bucket at ``sums_ptr`` too."""
+    IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
+    nq, size, span = nq.to(IT), size.to(IT), span.to(IT)
+    b = tl.program_id(0).to(IT) * BB + tl.arange(0, BB)
     valid = b < nb
     lo, hi = bucket_span(b, size, nq)
     vmn, vmx, finite = bucket_range(x_ptr, lo, hi, span, BF16, BB, CHUNK)
@@ -244,14 +250,19 @@ def pack_store(codes_ptr, code, g, gm, nbytes, BITS: tl.constexpr, BP: tl.conste
 
 @triton.jit
 def code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, gm, nq, size, nbytes, k0, k1,
-                BITS: tl.constexpr, STOCH: tl.constexpr, BF16: tl.constexpr, BP: tl.constexpr,
-                CG: tl.constexpr):  # fmt: skip
+                magic, shift, BITS: tl.constexpr, STOCH: tl.constexpr, BF16: tl.constexpr,
+                BP: tl.constexpr, CG: tl.constexpr):  # fmt: skip
     """The code stream of groups ``g`` (eight elements each) where ``gm``, their buckets'
     scalars read back from ``meta_ptr`` / ``sel_ptr`` (CG: through L2, the ``.cg`` cache
-    modifier, for scalars this program has just written)."""
+    modifier, for scalars this program has just written). ``nq``, ``size``, ``nbytes`` in
+    ``g``'s index type; ``magic``, ``shift``: ``divisor(size)`` (int32 variant's bucket index)."""
     i = g[:, None] * 8 + tl.arange(0, 8)[None, :]
     m = gm[:, None] & (i < nq)
-    k = i // size
+    if i.dtype == tl.int64:
+        k = i // size  # emulated on GPUs: int64 only
+    else:  # int32: a multiply-high by divisor(size) (triton/__init__.py)
+        q = tl.umulhi(i.to(tl.uint32) << 1, magic.to(tl.uint32))
+        k = (q >> shift.to(tl.uint32)).to(tl.int32)
     v = widen(tl.load(x_ptr + i, mask=m, other=0), BF16)
     if CG:
         mn = tl.load(meta_ptr + 2 * k, mask=m, other=0, cache_modifier=".cg")
@@ -264,39 +275,42 @@ def code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, gm, nq, size, n
     pack_store(codes_ptr, tl.where(m, code, 0), g, gm, nbytes, BITS, BP)
 
 
-@triton.jit(do_not_specialize=["nq", "size", "nbytes", "k0", "k1"])
-def codes_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, nbytes, k0, k1,
-                 BITS: tl.constexpr, STOCH: tl.constexpr, BF16: tl.constexpr, G: tl.constexpr,
-                 BP: tl.constexpr):  # fmt: skip
+@triton.jit(do_not_specialize=["nq", "size", "nbytes", "k0", "k1", "magic", "shift"])
+def codes_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, nbytes, k0, k1, magic,
+                 shift, BITS: tl.constexpr, STOCH: tl.constexpr, BF16: tl.constexpr,
+                 G: tl.constexpr, BP: tl.constexpr, IDX64: tl.constexpr):  # fmt: skip
     """The code stream of elements 8 G pid ... 8 G (pid + 1) - 1 (groups of eight)."""
-    g = tl.program_id(0).to(tl.int64) * G + tl.arange(0, G)
-    code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, g >= 0, nq, size.to(tl.int64),
-                nbytes, k0, k1, BITS, STOCH, BF16, BP, False)  # fmt: skip
+    IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
+    g = tl.program_id(0).to(IT) * G + tl.arange(0, G)
+    code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, g >= 0, nq.to(IT),
+                size.to(IT), nbytes.to(IT), k0, k1, magic, shift, BITS,
+                STOCH, BF16, BP, False)  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["nq", "size", "span", "nb", "nbytes", "k0", "k1"])
+@triton.jit(do_not_specialize=["nq", "size", "span", "nb", "nbytes", "k0", "k1", "magic", "shift"])
 def encode_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, span, nb, nbytes, k0,
-                  k1, LEVELS: tl.constexpr, CLIP: tl.constexpr, C: tl.constexpr,
+                  k1, magic, shift, LEVELS: tl.constexpr, CLIP: tl.constexpr, C: tl.constexpr,
                   BF16: tl.constexpr, BB: tl.constexpr, CHUNK: tl.constexpr,
                   UNROLL: tl.constexpr, BITS: tl.constexpr, STOCH: tl.constexpr,
-                  G: tl.constexpr, BP: tl.constexpr):  # fmt: skip
+                  G: tl.constexpr, BP: tl.constexpr, IDX64: tl.constexpr):  # fmt: skip
     """Both passes in one launch, for buckets that fit a program (``BB`` of them, ``BB * size``
     a multiple of 8 or a single program): the scalars of buckets pid * BB ..., a barrier (the
     program's own global writes become visible to all its threads), then the codes of their
     elements, G groups of eight at a time. The input is read from memory once (the codes'
     second read hits the cache) and the scalars never leave the cache."""
-    size = size.to(tl.int64)
-    scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, inv_ptr, nq, size, span.to(tl.int64), nb, LEVELS,
-            CLIP, C, BF16, BB, CHUNK, UNROLL, False)  # fmt: skip
+    IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
+    nq, size, nbytes = nq.to(IT), size.to(IT), nbytes.to(IT)
+    scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, inv_ptr, nq, size, span, nb, LEVELS, CLIP, C,
+            BF16, BB, CHUNK, UNROLL, False, IDX64)  # fmt: skip
     tl.debug_barrier()
-    e0 = tl.program_id(0).to(tl.int64) * BB * size
+    e0 = tl.program_id(0).to(IT) * BB * size
     e1 = tl.minimum(e0 + BB * size, nq)
     g1 = (e1 + 7) // 8
     gg = e0 // 8
     while gg < g1:
         g = gg + tl.arange(0, G)
         code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, g < g1, nq, size, nbytes,
-                    k0, k1, BITS, STOCH, BF16, BP, True)  # fmt: skip
+                    k0, k1, magic, shift, BITS, STOCH, BF16, BP, True)  # fmt: skip
         gg += G
 
 
@@ -316,32 +330,40 @@ def dequantize(c, mn, unit, LEVELS: tl.constexpr):
     return v
 
 
-@triton.jit(do_not_specialize=["n", "nq", "size", "codes_at", "tail_at"])
-def decode_kernel(pay_ptr, out_ptr, n, nq, size, codes_at, tail_at, BITS: tl.constexpr,
-                  TAIL_BYTES: tl.constexpr, TAIL_BF16: tl.constexpr, ADD: tl.constexpr,
-                  OUT_BF16: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+@triton.jit(do_not_specialize=["n", "nq", "size", "codes_at", "tail_at", "magic", "shift"])
+def decode_kernel(pay_ptr, out_ptr, n, nq, size, codes_at, tail_at, magic, shift,
+                  BITS: tl.constexpr, TAIL_BYTES: tl.constexpr, TAIL_BF16: tl.constexpr,
+                  ADD: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK: tl.constexpr,
+                  IDX64: tl.constexpr):  # fmt: skip
     """Values of elements BLOCK pid ... BLOCK (pid + 1) - 1: ``out[i] += value`` in fp32 rounded
     once to out's dtype (bf16 ``out`` as its int16 bits) with ADD, else ``out[i] = value``
     (fp32). ``codes_at`` / ``tail_at``: byte offsets of the code stream and of the raw tail
     (TAIL_BYTES per value: 4 fp32, 2 fp16 or bf16; 0: no raw tail)."""
-    size = size.to(tl.int64)
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = i < n
+    IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
+    i = tl.program_id(0).to(IT) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n.to(IT)
+    nq = nq.to(IT)
     mq = i < nq
-    bit = i * BITS
-    byte = pay_ptr + codes_at + (bit >> 3)
-    shift = (bit & 7).to(tl.int32)
+    rb = (i & 7).to(tl.int32) * BITS  # bit i * BITS: no product past the stream's bytes
+    byte = pay_ptr + codes_at.to(IT) + (i >> 3) * BITS + (rb >> 3)
+    shift8 = rb & 7
     two = tl.load(byte, mask=mq, other=0).to(tl.int32)
     if (8 % BITS) != 0:  # a code may straddle two bytes (bits 3, 5, 6, 7)
-        two = two | (tl.load(byte + 1, mask=mq & (shift + BITS > 8), other=0).to(tl.int32) << 8)
-    c = (two >> shift) & ((1 << BITS) - 1)
-    meta = 24 + 8 * (i // size)
+        two = two | (tl.load(byte + 1, mask=mq & (shift8 + BITS > 8), other=0).to(tl.int32) << 8)
+    c = (two >> shift8) & ((1 << BITS) - 1)
+    if IDX64:
+        k = i // size.to(IT)  # emulated on GPUs: int64 only
+    else:  # int32: a multiply-high by divisor(size) (triton/__init__.py)
+        q = tl.umulhi(i.to(tl.uint32) << 1, magic.to(tl.uint32))
+        k = (q >> shift.to(tl.uint32)).to(tl.int32)
+    meta = 24 + 8 * k
     mn = le_bytes(pay_ptr, meta, mq, 4).to(tl.float32, bitcast=True)
     unit = le_bytes(pay_ptr, meta + 4, mq, 4).to(tl.float32, bitcast=True)
     val = dequantize(c, mn, unit, (1 << BITS) - 1)
     if TAIL_BYTES > 0:  # the raw tail (skip_incomplete_buckets with n % B != 0)
         mt = m & ~mq
-        raw = le_bytes(pay_ptr, tail_at + (i - nq) * TAIL_BYTES, mt, TAIL_BYTES)
+        at = tail_at.to(IT) + tl.maximum(i - nq, 0) * TAIL_BYTES  # no product below -2^31
+        raw = le_bytes(pay_ptr, at, mt, TAIL_BYTES)
         if TAIL_BYTES == 4:
             tail = raw.to(tl.float32, bitcast=True)
         elif TAIL_BF16:

@@ -1,0 +1,171 @@
+"""Static counts of the Triton kernels' compiled code for sm_90 (issue 36; docs/gpu.md), no GPU
+needed (triton's bundled ptxas and cuobjdump):
+
+    python -m benchmarks.triton_ptx [--kernels DIR] [--json PATH]
+
+For each kernel of max-min (scalars, codes, the one-launch encode, decode) and of the level and
+sign codecs (scalars, codes and decode per kind), in its int32 and int64 index variant
+(``IDX64``), the PTX's integer divisions and remainders (``div`` / ``rem``, 64- and 32-bit: a
+64-bit one is a call to an emulation routine on NVIDIA GPUs), its multiply-highs and 64-bit
+multiplies, and the SASS instruction and call counts. A count, not a time: the speed needs a GPU
+(``python -m benchmarks.triton_sweep``). ``--kernels DIR``: compile ``maxmin_kernels.py`` and
+``levels_kernels.py`` from DIR instead (an older copy, say ``git show REV:PATH``); arguments a
+kernel lacks are dropped, and a kernel without ``IDX64`` is compiled once ("-").
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from typing import Dict, List
+
+PTX_OPS = {
+    "div64": r"(?:div|rem)\.[su]64",
+    "div32": r"(?:div|rem)\.[su]32",
+    "mulhi": r"mul\.hi\.",
+    "mul64": r"mul\.lo\.[su]64",
+}
+
+
+def ints(names: str, **more) -> dict:
+    """Integer arguments as a launch types them: i32 below 2^31 (the sizes), i64 above (the
+    divisor's multiplier, 2^31 or more for most sizes)."""
+    return dict({name: "i32" for name in names.split()}, magic="i64", **more)
+
+
+MM_PTRS = dict(x_ptr="*fp32", meta_ptr="*i32", inv_ptr="*fp64", sel_ptr="*fp32")
+MM_SCALARS = dict(LEVELS=15, CLIP=False, C=2.0, BF16=False, BB=4, CHUNK=512, UNROLL=8)
+MM = {  # name -> (kernel, signature, constexprs)
+    "scalars": ("scalars_kernel", dict(MM_PTRS, sums_ptr="*fp64", **ints("nq size span nb")),
+                dict(MM_SCALARS, SUMS=False)),
+    "codes": ("codes_kernel", dict(MM_PTRS, codes_ptr="*u8", **ints("nq size nbytes k0 k1 shift")),
+              dict(BITS=4, STOCH=True, BF16=False, G=128, BP=4)),
+    "encode": ("encode_kernel",
+               dict(MM_PTRS, codes_ptr="*u8", **ints("nq size span nb nbytes k0 k1 shift")),
+               dict(MM_SCALARS, BITS=4, STOCH=True, G=128, BP=4)),
+    "decode": ("decode_kernel",
+               dict(pay_ptr="*u8", out_ptr="*fp32", **ints("n nq size codes_at tail_at shift")),
+               dict(BITS=4, TAIL_BYTES=0, TAIL_BF16=False, ADD=True, OUT_BF16=False,
+                    BLOCK=1024)),
+}  # fmt: skip
+LEVEL_KINDS = [("qsgd", 0, 4, 7), ("terngrad", 1, 2, 1), ("onebit", 2, 1, 1),
+               ("efsignsgd", 3, 1, 1), ("signsgd", 4, 1, 1), ("tbq", 5, 2, 1)]  # fmt: skip
+
+
+def level_kernels() -> Dict[str, tuple]:
+    out = {}
+    for name, kind, bits, levels in LEVEL_KINDS:
+        meta = dict(KIND=kind, BITS=bits, LEVELS=levels, NEG=levels + 1 if kind == 0 else 1)
+        if kind < 4:
+            sig = dict(x_ptr="*fp32", pay_ptr="*u8", scal_ptr="*i32", **ints("n size nb"))
+            out[f"scalars {name}"] = ("scalars_kernel", sig, dict(KIND=kind, CLIP=False,
+                                      BF16=False, BB=4, UNROLL=8))  # fmt: skip
+        ptrs = dict(x_ptr="*fp32", pay_ptr="*u8", scal_ptr="*i32", codes_ptr="*u8")
+        sig = dict(ptrs, flag_ptr="*i32", **ints("n size nbytes k0 k1 shift"))
+        bp = 1 << (bits - 1).bit_length()
+        out[f"codes {name}"] = ("codes_kernel", sig, dict(meta, BF16=False, G=128, BP=bp))
+        sig = dict(pay_ptr="*u8", out_ptr="*fp32", **ints("n size codes_at shift"))
+        out[f"decode {name}"] = ("decode_kernel", sig, dict(meta, BF16=False, BLOCK=1024))
+    return out
+
+
+def load(path: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compile_sm90(fn, sig: dict, consts: dict, options: dict) -> tuple:
+    """(PTX, cubin) of ``fn`` for sm_90; arguments ``fn`` does not take are dropped."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = set(fn.arg_names)
+    consts = {k: v for k, v in consts.items() if k in names}
+    sig = {k: v for k, v in sig.items() if k in names}
+    sig.update({k: "constexpr" for k in consts})
+    src = ASTSource(fn, sig, constexprs=consts)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return k.asm["ptx"], k.asm["cubin"]
+
+
+def sass_counts(cubin: bytes) -> dict:
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+    ins = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+    return {"sass": len(ins), "calls": sum(" CALL." in line for line in ins)}
+
+
+def count(ptx: str, cubin: bytes) -> dict:
+    out = {key: len(re.findall(pat, ptx)) for key, pat in PTX_OPS.items()}
+    out.update(sass_counts(cubin))
+    return out
+
+
+def rows(kernels_dir: str | None) -> List[dict]:
+    import torch
+
+    from torch_cgx.device.triton.levels import TritonLevels
+    from torch_cgx.device.triton.maxmin import TritonMaxMin
+
+    if kernels_dir:
+        mm = load(os.path.join(kernels_dir, "maxmin_kernels.py"), "maxmin_kernels_copy")
+        lv = load(os.path.join(kernels_dir, "levels_kernels.py"), "levels_kernels_copy")
+    else:
+        from torch_cgx.device.triton import levels_kernels as lv
+        from torch_cgx.device.triton import maxmin_kernels as mm
+    cuda = torch.device("cuda")
+    plans = [("maxmin", mm, MM, TritonMaxMin._options(cuda, 4)),
+             ("levels", lv, level_kernels(), TritonLevels._options(cuda))]  # fmt: skip
+    out = []
+    for family, module, table, options in plans:
+        for name, (kernel, sig, consts) in table.items():
+            fn = getattr(module, kernel)
+            variants = (False, True) if "IDX64" in fn.arg_names else (None,)
+            for wide in variants:
+                c = dict(consts) if wide is None else dict(consts, IDX64=wide)
+                row = {"family": family, "kernel": name, "index": {None: "-", False: "int32",
+                       True: "int64"}[wide]}  # fmt: skip
+                row.update(count(*compile_sm90(fn, dict(sig), c, options)))
+                out.append(row)
+    return out
+
+
+def table(found: List[dict]) -> str:
+    cols = ["family", "kernel", "index", *PTX_OPS, "sass", "calls"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
+    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in found]
+    return "\n".join(lines)
+
+
+def main(argv: List[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernels", help="a folder with maxmin_kernels.py and levels_kernels.py")
+    ap.add_argument("--json", help="also write the rows here")
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("triton_ptx: compiles; unset TRITON_INTERPRET", file=sys.stderr)
+        return 2
+    found = rows(args.kernels)
+    print(table(found))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(found, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
