@@ -7,7 +7,8 @@ For each kernel of max-min (scalars, codes, the one-launch encode, decode) and o
 sign codecs (scalars, codes and decode per kind), in its int32 and int64 index variant
 (``IDX64``), the PTX's integer divisions and remainders (``div`` / ``rem``, 64- and 32-bit: a
 64-bit one is a call to an emulation routine on NVIDIA GPUs), its multiply-highs and 64-bit
-multiplies, and the SASS instruction and call counts. A count, not a time: the speed needs a GPU
+multiplies, its global stores (bytes; 16 bits or more), and the SASS instruction and call
+counts. A count, not a time: the speed needs a GPU
 (``python -m benchmarks.triton_sweep``). ``--kernels DIR``: compile ``maxmin_kernels.py`` and
 ``levels_kernels.py`` from DIR instead (an older copy, say ``git show REV:PATH``); arguments a
 kernel lacks are dropped, and a kernel without ``IDX64`` is compiled once ("-").
@@ -30,6 +31,8 @@ PTX_OPS = {
     "div32": r"(?:div|rem)\.[su]32",
     "mulhi": r"mul\.hi\.",
     "mul64": r"mul\.lo\.[su]64",
+    "st8": r"st\.global(?:\.[a-z]+)*\.b8\b",  # a byte store (the code stream's byte-wise path)
+    "st16+": r"st\.global(?:\.[a-z0-9]+)*\.b(?:16|32|64)\b",  # a 16- to 64-bit store
 }
 
 

@@ -107,6 +107,15 @@ def test_the_level_rule_rounds_once_per_operation(ptx):
     assert "mul.rn.f32" in ptx["decode0"] and "div.rn.f32" in ptx["decode0"]  # s * (l / L)
 
 
+def test_the_code_stream_of_two_bits_is_stored_by_groups(ptx):
+    """2 bits (terngrad, tbq): a group's two bytes in one 16-bit store where the tile ends inside
+    the stream, byte stores in the one that reaches its end; 1 and 3 bits byte-wise only."""
+    for kind in (1, 5):
+        assert "st.global.b16" in ptx[f"codes{kind}"] and "st.global.b8" in ptx[f"codes{kind}"]
+    for kind in (0, 2, 3):
+        assert "st.global.b16" not in ptx[f"codes{kind}"], kind
+
+
 def test_negation_flag_and_conversions(ptx):
     for kind in range(6):
         atomic = "atom.global.gpu.acq_rel.or.b32" in ptx[f"codes{kind}"]

@@ -53,7 +53,8 @@ for wide in (False, True):  # the int32 index variant (GPUs' default) and the in
     at = "64" if wide else ""
     out["scalars" + at] = ptx(K.scalars_kernel, scalars, dict(LEVELS=7, CLIP=True, C=4.1024,
                               BF16=True, BB=4, CHUNK=512, UNROLL=8, SUMS=False, IDX64=wide))
-    out["codes" + at] = ptx(K.codes_kernel, codes, dict(BITS=3, STOCH=True, BF16=False, G=128,
+    bits = 4 if wide else 3  # 4 bits: a group is one 32-bit store
+    out["codes" + at] = ptx(K.codes_kernel, codes, dict(BITS=bits, STOCH=True, BF16=False, G=128,
                             BP=4, IDX64=wide))
     out["encode" + at] = ptx(K.encode_kernel, encode, dict(LEVELS=7, CLIP=True, C=4.1024,
                              BF16=False, BB=4, CHUNK=512, UNROLL=8, BITS=3, STOCH=True, G=128,
@@ -99,3 +100,7 @@ def test_the_cuda_code_rounds_like_the_reference(tmp_path):
         assert not DIVISION.search(ptx[name]), (name, DIVISION.findall(ptx[name])[:4])
     for name in ("codes", "encode", "decode"):
         assert "mul.hi.u32" in ptx[name] and "div.s64" in ptx[name + "64"], name
+    # the code stream: 4 bits as a 32-bit store per group (4 bytes, 4-aligned) besides the byte
+    # stores of the tile that reaches the stream's end; 3 bits byte-wise only
+    assert "st.global.b32" in ptx["codes64"] and "st.global.b8" in ptx["codes64"]
+    assert "st.global.b32" not in ptx["codes"] and "st.global.b8" in ptx["codes"]

@@ -1,6 +1,7 @@
 """Bit-level helpers the Triton kernels share (levels_kernels.py, maxmin_kernels.py): bf16 moves
 as its int16 bits, widened by a shift and rounded by integer arithmetic (the interpreter's
-fp32 -> bf16 conversion truncates). Importing this module imports triton."""
+fp32 -> bf16 conversion truncates); the code stream's groups of 2, 4 and 8 bits stored as whole
+16- / 32-bit words. Importing this module imports triton."""
 
 from __future__ import annotations
 
@@ -24,3 +25,19 @@ def bf16_bits(v):
     r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
     r = tl.where(v != v, (u >> 16) | 0x40, r)
     return r.to(tl.uint16).to(tl.int16, bitcast=True)
+
+
+@triton.jit
+def store_words(codes_ptr, word, g, gm, BITS: tl.constexpr):
+    """Groups ``g``'s BITS bytes (2, 4 or 8) of the code stream at ``codes_ptr`` where ``gm``, as
+    one 16- or 32-bit store per group (two for 8 bits) of the low bytes of its uint64 ``word``:
+    little-endian, the bytes g * BITS ... of the byte-wise stores. ``codes_ptr`` 4-aligned (both
+    formats' streams start 4-aligned in a fresh payload); no store spans two groups."""
+    if BITS == 2:
+        tl.store(codes_ptr.to(tl.pointer_type(tl.uint16)) + g, word.to(tl.uint16), mask=gm)
+    elif BITS == 4:
+        tl.store(codes_ptr.to(tl.pointer_type(tl.uint32)) + g, word.to(tl.uint32), mask=gm)
+    else:
+        w32 = codes_ptr.to(tl.pointer_type(tl.uint32)) + 2 * g
+        tl.store(w32, (word & 0xFFFFFFFF).to(tl.uint32), mask=gm)
+        tl.store(w32 + 1, (word >> 32).to(tl.uint32), mask=gm)

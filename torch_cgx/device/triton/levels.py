@@ -149,7 +149,7 @@ class TritonLevels(FusedLevels):
         meta = self._meta(codec)
         layout = codec.layout(n) if codec.scalars else None
         nb = layout.count if layout else 0
-        scal_end = 32 + 4 * codec.scalars * nb
+        scal_end = 32 + 4 * codec.scalars * nb  # 4-aligned: the codes' word stores
         scal = out[32:scal_end].view(torch.int32) if nb else out[:8].view(torch.int32)
         size = layout.size if layout else 1
         xb, bf16 = _bits_view(x), x.dtype == torch.bfloat16

@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from torch_cgx.device.triton.bits import bf16_bits, widen
+from torch_cgx.device.triton.bits import bf16_bits, store_words, widen
 from torch_cgx.device.triton.rng import uniform
 
 # Kinds (constexpr): signum is signsgd's kernel
@@ -217,12 +217,27 @@ def level_code(v, s, index, k0, k1, LEVELS: tl.constexpr, NEG: tl.constexpr,
 
 
 @triton.jit
-def pack_store(codes_ptr, code, g, nbytes, BITS: tl.constexpr, BP: tl.constexpr):
-    """Stores the (G, 8) codes of groups ``g`` as the bit stream: group g's eight codes are the
-    ``BITS`` bytes from g * BITS (code k at bits [k * BITS, (k + 1) * BITS)); bytes past
-    ``nbytes`` are not written (BP: a power of two >= BITS)."""
+def pack_store(codes_ptr, code, g, nbytes, g_end, BITS: tl.constexpr, BP: tl.constexpr):
+    """Stores the (G, 8) codes of groups ``g`` (``g_end``: one past the last) as the bit stream:
+    group g's eight codes are the ``BITS`` bytes from g * BITS (code k at bits [k * BITS, (k + 1)
+    * BITS)); bytes past ``nbytes`` are not written. 2, 4 and 8 bits: a group's bytes in one 16-
+    or 32-bit store (two for 8 bits; the stream starts at 32 + 4 s nb) where the tile ends inside
+    the stream; else (and for 1, 3, 5, 6, 7 bits) byte stores."""
     k = tl.arange(0, 8)
     word = tl.sum(code.to(tl.uint64) << (k * BITS).to(tl.uint64)[None, :], axis=1)  # disjoint bits
+    if (BITS == 2) or (BITS == 4) or (BITS == 8):
+        if g_end * BITS <= nbytes:  # the tile inside the stream
+            store_words(codes_ptr, word, g, g >= 0, BITS)
+        else:
+            store_bytes(codes_ptr, word, g, nbytes, BITS, BP)
+    else:
+        store_bytes(codes_ptr, word, g, nbytes, BITS, BP)
+
+
+@triton.jit
+def store_bytes(codes_ptr, word, g, nbytes, BITS: tl.constexpr, BP: tl.constexpr):
+    """The BITS low bytes of groups ``g``'s words as bytes g * BITS ..., none past ``nbytes`` (BP:
+    a power of two >= BITS)."""
     m = tl.arange(0, BP)
     at = g[:, None] * BITS + m[None, :]
     byte = (word[:, None] >> (m * 8).to(tl.uint64)[None, :]) & 0xFF
@@ -259,7 +274,8 @@ def codes_kernel(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, n, size, nbytes,
             code = level_code(v, s, i, k0, k1, LEVELS, NEG, False, True)
         else:
             code = level_code(v, s, i, k0, k1, 1, 1, True, True)
-    pack_store(codes_ptr, tl.where(m, code, 0), g, nbytes.to(IT), BITS, BP)
+    pack_store(codes_ptr, tl.where(m, code, 0), g, nbytes.to(IT), tl.program_id(0).to(IT) * G + G,
+               BITS, BP)  # fmt: skip
     if (KIND == SIGNSGD) or (KIND == TBQ):
         bad = tl.max(tl.max(tl.where(m & ~(tl.abs(v) < float("inf")), 1, 0), axis=1), axis=0)
         tl.atomic_or(flag_ptr + 1, FLAG_WORD, mask=bad > 0)

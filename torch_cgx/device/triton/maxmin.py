@@ -133,7 +133,7 @@ class TritonMaxMin(FusedMaxMin):
         nq, nb = codec.layout(n)
         out = torch.empty(codec.encoded_size(n, x.dtype), dtype=torch.uint8, device=dev)
         out[:HEADER_BYTES].copy_(codec.header(n, x.dtype, dev))
-        codes_at = HEADER_BYTES + 8 * nb
+        codes_at = HEADER_BYTES + 8 * nb  # 8-aligned in the fresh payload: the codes' word stores
         tail_at = codes_at + (nq * codec.bits + 7) // 8
         if nq < n:  # the raw tail: the input's own bytes
             out[tail_at:].copy_(x[nq:].view(torch.uint8))

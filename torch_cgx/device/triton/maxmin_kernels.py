@@ -41,7 +41,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from torch_cgx.device.triton.bits import bf16_bits, widen
+from torch_cgx.device.triton.bits import bf16_bits, store_words, widen
 from torch_cgx.device.triton.rng import uniform
 
 NAN_BITS = tl.constexpr(0x7FC00000)
@@ -235,12 +235,27 @@ def quantize(v, mn, sel, inv_ptr, k, m, index, k0, k1, LEVELS: tl.constexpr,
 
 
 @triton.jit
-def pack_store(codes_ptr, code, g, gm, nbytes, BITS: tl.constexpr, BP: tl.constexpr):
-    """Stores the (G, 8) codes of groups ``g`` where ``gm``: group g's eight codes are one 64-bit
-    word ``sum(code_k << k * BITS)`` whose BITS low bytes are the stream's bytes g * BITS ...;
-    bytes from ``nbytes`` on are not written (BP: a power of two >= BITS)."""
+def pack_store(codes_ptr, code, g, gm, nbytes, g_end, BITS: tl.constexpr, BP: tl.constexpr):
+    """Stores the (G, 8) codes of groups ``g`` (``g_end``: one past the last) where ``gm``: group
+    g's eight codes are one 64-bit word ``sum(code_k << k * BITS)`` whose BITS low bytes are the
+    stream's bytes g * BITS ...; bytes from ``nbytes`` on are not written. 2, 4 and 8 bits: a
+    group's bytes in one 16- or 32-bit store (two for 8 bits; the stream starts at 24 + 8 nb)
+    where the tile ends inside the stream; else (and for 1, 3, 5, 6, 7 bits) byte stores."""
     k = tl.arange(0, 8)
     word = tl.sum(code.to(tl.uint64) << (k * BITS).to(tl.uint64)[None, :], axis=1)  # disjoint
+    if (BITS == 2) or (BITS == 4) or (BITS == 8):
+        if g_end * BITS <= nbytes:  # the tile inside the stream
+            store_words(codes_ptr, word, g, gm, BITS)
+        else:
+            store_bytes(codes_ptr, word, g, gm, nbytes, BITS, BP)
+    else:
+        store_bytes(codes_ptr, word, g, gm, nbytes, BITS, BP)
+
+
+@triton.jit
+def store_bytes(codes_ptr, word, g, gm, nbytes, BITS: tl.constexpr, BP: tl.constexpr):
+    """The BITS low bytes of groups ``g``'s words where ``gm``, as bytes g * BITS ..., none from
+    ``nbytes`` on (BP: a power of two >= BITS)."""
     m = tl.arange(0, BP)
     at = g[:, None] * BITS + m[None, :]
     byte = (word[:, None] >> (m * 8).to(tl.uint64)[None, :]) & 0xFF
@@ -250,7 +265,7 @@ def pack_store(codes_ptr, code, g, gm, nbytes, BITS: tl.constexpr, BP: tl.conste
 
 @triton.jit
 def code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, gm, nq, size, nbytes, k0, k1,
-                magic, shift, BITS: tl.constexpr, STOCH: tl.constexpr, BF16: tl.constexpr,
+                magic, shift, g_end, BITS: tl.constexpr, STOCH: tl.constexpr, BF16: tl.constexpr,
                 BP: tl.constexpr, CG: tl.constexpr):  # fmt: skip
     """The code stream of groups ``g`` (eight elements each) where ``gm``, their buckets'
     scalars read back from ``meta_ptr`` / ``sel_ptr`` (CG: through L2, the ``.cg`` cache
@@ -272,7 +287,7 @@ def code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, gm, nq, size, n
         sel = tl.load(sel_ptr + k, mask=m, other=0.0)
     mn = mn.to(tl.float32, bitcast=True)
     code = quantize(v, mn, sel, inv_ptr, k, m, i, k0, k1, (1 << BITS) - 1, STOCH, CG)
-    pack_store(codes_ptr, tl.where(m, code, 0), g, gm, nbytes, BITS, BP)
+    pack_store(codes_ptr, tl.where(m, code, 0), g, gm, nbytes, g_end, BITS, BP)
 
 
 @triton.jit(do_not_specialize=["nq", "size", "nbytes", "k0", "k1", "magic", "shift"])
@@ -283,7 +298,8 @@ def codes_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, nbytes,
     IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
     g = tl.program_id(0).to(IT) * G + tl.arange(0, G)
     code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, g >= 0, nq.to(IT),
-                size.to(IT), nbytes.to(IT), k0, k1, magic, shift, BITS,
+                size.to(IT), nbytes.to(IT), k0, k1, magic, shift,
+                tl.program_id(0).to(IT) * G + G, BITS,
                 STOCH, BF16, BP, False)  # fmt: skip
 
 
@@ -310,7 +326,7 @@ def encode_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, span, 
     while gg < g1:
         g = gg + tl.arange(0, G)
         code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, g < g1, nq, size, nbytes,
-                    k0, k1, magic, shift, BITS, STOCH, BF16, BP, True)  # fmt: skip
+                    k0, k1, magic, shift, gg + G, BITS, STOCH, BF16, BP, True)  # fmt: skip
         gg += G
 
 
