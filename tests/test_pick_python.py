@@ -78,7 +78,8 @@ def test_every_make_target_runs_the_venv_python_for_a_managed_py(tmp_path):
     assert f"PY={venv_py} scripts/offline.sh scripts/gpu_check.sh --cpu" in out
     # and .venv/bin first on the recipes' PATH (ruff, clang-format, torchrun of the venv)
     env = dict(os.environ, PY=str(py))
-    path = subprocess.run(["make", "--eval", "show-path: ; @echo $$PATH", "show-path"], cwd=ROOT,
+    path = subprocess.run(["make", "--no-print-directory", "--eval", "show-path: ; @echo $$PATH",
+                           "show-path"], cwd=ROOT,
                           env=env, capture_output=True, text=True, check=True)  # fmt: skip
     assert path.stdout.split(":")[0] == f"{ROOT}/.venv/bin"
 
