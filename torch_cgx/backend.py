@@ -15,12 +15,20 @@ Store traffic ends together. Under env:// and tcp:// rank 0 hosts the TCPStore, 
 goes when rank 0 destroys the group; a rank still reading the store then fails ("Failed to recv,
 got 0 bytes"). So every exchange ends with :func:`_release`, which every rank passes and rank 0
 leaves last (it waits for the others' reports, then deletes the keys), creation ends with one,
-and destruction touches no store (docs/reliability.md).
+and destruction touches no store (docs/reliability.md) - but for one announcement.
+
+Leaving in step. When the default group is destroyed, the other ranks return from
+``destroy_process_group`` only once rank 0 has left and its store server has gone (bounded:
+:func:`_watch_store_host`), so that a group created next on the same port cannot meet the old
+server (torch's race across re-creations, which Gloo loses too: docs/reliability.md, section 7).
 """
 
 from __future__ import annotations
 
 import atexit
+import datetime
+import os
+import socket
 from typing import Optional
 
 import torch
@@ -76,6 +84,40 @@ def _generation(store, size: int) -> int:
     return (store.add("cgx/instances", 1) - 1) // size
 
 
+# A rank 0 that does not destroy the default group holds the others' destroy_process_group this
+# long at most (never longer than the group's timeout); a store server that outlives the group (a
+# TCPStore the script keeps) holds them this long at most after rank 0 has left.
+HOST_WAIT = datetime.timedelta(seconds=5)
+HOST_GRACE = datetime.timedelta(seconds=1)
+
+
+def _ms(t: datetime.timedelta) -> int:
+    return int(t.total_seconds() * 1000)
+
+
+def _watch_store_host(backend, store, rank: int, timeout: datetime.timedelta) -> None:
+    """Arms the default group's departure in step with rank 0 (csrc/torch/host_departure.h) when
+    rank 0 may host ``store``'s server and take it down with the group: a TCPStore (env://,
+    tcp://, or one the script passed) that is not torchrun's agent store (which outlives every
+    group). The other ranks open the watch now, while the server is certainly this group's (rank 0
+    is still in creation, waiting for their reports)."""
+    root = store
+    while isinstance(root, dist.PrefixStore):
+        root = root.underlying_store
+    if not isinstance(root, dist.TCPStore):
+        return
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+        return
+    fd = -1
+    if rank != 0:
+        try:
+            wait = min(timeout, HOST_WAIT).total_seconds()
+            fd = socket.create_connection((root.host, root.port), timeout=wait).detach()
+        except OSError:
+            fd = -1  # no watch: only rank 0's announcement is waited for
+    backend.watch_store_host(fd, _ms(min(timeout, HOST_WAIT)), _ms(min(timeout, HOST_GRACE)))
+
+
 def _create(opts, pg_options=None):
     """c10d's creator (``extended_api``): ``opts`` holds the store, rank, size and timeout;
     ``pg_options`` is what the script passed to ``init_process_group`` / ``new_group``: None
@@ -104,6 +146,8 @@ def _create(opts, pg_options=None):
         from torch_cgx.plan import auto
 
         auto.install(backend, config, "plan/0")
+    if not dist.is_initialized() and size > 1:  # the default group, being created
+        _watch_store_host(backend, store, rank, timeout)
     # The node layout and the plan end with reads that rank 0 does not wait for: creation's
     # last store operation is one every rank passes, rank 0 last.
     _release(group_store, rank, size, "created")

@@ -160,6 +160,11 @@ void bind_backend(pybind11::module& m) {
       .def("unlink_node_segment", &ProcessGroupCGX::unlink_node_segment)
       .def("store", &ProcessGroupCGX::store)
       .def("next_config_version", &ProcessGroupCGX::next_config_version)
+      .def("watch_store_host", &ProcessGroupCGX::watch_store_host, py::arg("watch_fd"),
+           py::arg("wait_for_host_ms"), py::arg("grace_ms"),
+           "Arms the default group's departure in step with rank 0, the store's host "
+           "(csrc/torch/host_departure.h); watch_fd (a socket to the store's server, or -1) is "
+           "owned by the group from now on.")
       .def("allreduce_with", &ProcessGroupCGX::allreduce_with, py::arg("tensor"), py::arg("config"),
            py::arg("average"), py::arg("residual") = std::nullopt,
            py::call_guard<py::gil_scoped_release>())

@@ -73,6 +73,17 @@ void ProcessGroupCGX::stop_threads() {
   }
 }
 
+void ProcessGroupCGX::shutdown() {
+  stop_threads();
+  if (!departure_.armed() || !store_) return;
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    pybind11::gil_scoped_release no_gil;  // the waits take up to seconds
+    departure_.leave(*store_);
+  } else {
+    departure_.leave(*store_);
+  }
+}
+
 void ProcessGroupCGX::shutdown_all() {
   std::vector<ProcessGroupCGX*> live;
   {

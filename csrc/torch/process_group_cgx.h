@@ -21,6 +21,7 @@
 #include "cgx_work.h"
 #include "device_plane.h"
 #include "engine.h"
+#include "host_departure.h"
 #include "settings_store.h"
 #include "worker.h"
 
@@ -55,6 +56,16 @@ class ProcessGroupCGX : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts) override;
+
+  // destroy_process_group's first step: stops the threads (as destruction would), then, for the
+  // default group on a store rank 0 may host, leaves it in step with rank 0 (host_departure.h).
+  void shutdown() override;
+  // Arms that departure (torch_cgx.backend, at creation): rank 0 announces; the others wait,
+  // watching `watch_fd` (owned from now on; -1: none). Bounds in milliseconds.
+  void watch_store_host(int watch_fd, int64_t wait_for_host_ms, int64_t grace_ms) {
+    departure_.arm(getRank(), watch_fd, std::chrono::milliseconds(wait_for_host_ms),
+                   std::chrono::milliseconds(grace_ms));
+  }
 
   // Stops the threads of every live cgx group (runs what they have queued first). Called at
   // interpreter exit, before Python finalizes: a background thread that needs the GIL then
@@ -186,6 +197,7 @@ class ProcessGroupCGX : public c10d::Backend {
   DevicePlane plane_;
 
   c10::intrusive_ptr<c10d::Store> store_;
+  StoreHostDeparture departure_;
   SettingsStore settings_;
 
   Engine engine_;  // the worker's: only jobs call it
