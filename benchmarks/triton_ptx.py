@@ -7,11 +7,13 @@ For each kernel of max-min (scalars, codes, the one-launch encode, decode) and o
 sign codecs (scalars, codes and decode per kind), in its int32 and int64 index variant
 (``IDX64``), the PTX's integer divisions and remainders (``div`` / ``rem``, 64- and 32-bit: a
 64-bit one is a call to an emulation routine on NVIDIA GPUs), its multiply-highs and 64-bit
-multiplies, its global stores (bytes; 16 bits or more), and the SASS instruction and call
-counts. A count, not a time: the speed needs a GPU
-(``python -m benchmarks.triton_sweep``). ``--kernels DIR``: compile ``maxmin_kernels.py`` and
-``levels_kernels.py`` from DIR instead (an older copy, say ``git show REV:PATH``); arguments a
-kernel lacks are dropped, and a kernel without ``IDX64`` is compiled once ("-").
+multiplies, its global loads (scalar, vector) and stores (bytes; 16 bits or more; vector), and
+the SASS instruction and call counts. Pointers are compiled as 16-byte aligned (as a launch
+from a fresh tensor specialises them), the code stream's as unaligned. A count, not a time: the
+speed needs a GPU (``python -m benchmarks.triton_sweep``). ``--kernels DIR``: compile
+``maxmin_kernels.py`` and ``levels_kernels.py`` from DIR instead (an older copy, say ``git show
+REV:PATH``); arguments a kernel lacks are dropped, and a kernel without ``IDX64`` is compiled
+once ("-").
 """
 
 from __future__ import annotations
@@ -31,9 +33,15 @@ PTX_OPS = {
     "div32": r"(?:div|rem)\.[su]32",
     "mulhi": r"mul\.hi\.",
     "mul64": r"mul\.lo\.[su]64",
+    "ld": r"ld\.global(?:\.[a-z0-9]+)*\.(?:b|u|s|f)(?:8|16|32|64)\b",  # a scalar load
+    "ldv": r"ld\.global(?:\.[a-z0-9]+)*\.v[248]\.",  # a vector load (2, 4 or 8 values)
     "st8": r"st\.global(?:\.[a-z]+)*\.b8\b",  # a byte store (the code stream's byte-wise path)
-    "st16+": r"st\.global(?:\.[a-z0-9]+)*\.b(?:16|32|64)\b",  # a 16- to 64-bit store
+    "st16+": r"st\.global(?:\.[a-z0-9]+)*\.b(?:16|32|64)\b",  # a 16- to 64-bit store (or vector)
+    "stv": r"st\.global(?:\.[a-z0-9]+)*\.v[248]\.",  # a vector store
 }
+
+
+UNALIGNED = {"codes_ptr"}
 
 
 def ints(names: str, **more) -> dict:
@@ -95,7 +103,11 @@ def compile_sm90(fn, sig: dict, consts: dict, options: dict) -> tuple:
     consts = {k: v for k, v in consts.items() if k in names}
     sig = {k: v for k, v in sig.items() if k in names}
     sig.update({k: "constexpr" for k in consts})
-    src = ASTSource(fn, sig, constexprs=consts)
+    # pointers 16-byte aligned, as a launch from a fresh torch tensor specialises them, but for
+    # the code stream's (at 24 + 8 nb bytes into the payload: 8-aligned only)
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items()
+             if t.startswith("*") and a not in UNALIGNED}  # fmt: skip
+    src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     return k.asm["ptx"], k.asm["cubin"]
 
