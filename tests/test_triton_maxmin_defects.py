@@ -1,0 +1,120 @@
+"""Planted defects in the Triton max-min kernels (torch_cgx/device/triton/maxmin_kernels.py): a
+copy of the kernels with one edit (a wrong lane order of the clip's fp64 sums, a mask one element
+too long, a program stopping a group short) must fail the checks of tests/test_triton_maxmin.py,
+whose helpers run here (payload bytes and decoded values against the native codec, the sums
+against ``lane_sum``). Moved out of that module to keep it readable; the same environment rules.
+
+Runs under Triton's interpreter on CPU tensors (TRITON_INTERPRET=1 is set below, before triton
+is imported, and only while this module's tests run); with ``TRITON_INTERPRET=0`` on a machine
+with a GPU the mutants are compiled and run on CUDA tensors. Skipped where triton is not
+installed or the kernels cannot run.
+"""
+
+import os
+
+_SET_HERE = "TRITON_INTERPRET" not in os.environ
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+
+import importlib.util  # noqa: E402
+import pathlib  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from test_triton_maxmin import DEFAULT, _mixed, _sums_differ, mismatch  # noqa: E402
+from triton_testing import poison_empty, skip_overflow_shadow  # noqa: E402
+
+from torch_cgx.device.triton import available, interpreted  # noqa: E402
+from torch_cgx.device.triton.maxmin import TritonMaxMin  # noqa: E402
+
+try:  # imports triton; the kernels are decorated now, under the interpreter unless told otherwise
+    from torch_cgx.device.triton import maxmin_kernels
+except ImportError:
+    maxmin_kernels = None
+DEVICE = torch.device("cpu" if interpreted() else "cuda")
+RUNS = available(DEVICE) and (DEVICE.type == "cpu" or torch.cuda.is_available())
+if _SET_HERE:  # the other test modules keep their environment (CPU tensors take the reference)
+    del os.environ["TRITON_INTERPRET"]
+if maxmin_kernels is None:
+    pytest.skip("triton is not installed (pip install triton==3.6.0)", allow_module_level=True)
+if not RUNS:
+    pytest.skip(f"Triton kernels cannot run on {DEVICE} here (TRITON_INTERPRET=1 runs them on "
+                "CPU tensors)", allow_module_level=True)  # fmt: skip
+if DEVICE.type == "cpu":
+    skip_overflow_shadow()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpreter():
+    """TRITON_INTERPRET=1 while this module's tests run, where this module set it (``available``
+    reads it; the planted mutants are decorated under it)."""
+    if _SET_HERE:
+        os.environ["TRITON_INTERPRET"] = "1"
+    yield
+    if _SET_HERE:
+        os.environ.pop("TRITON_INTERPRET", None)
+
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's overflow notes
+
+
+# ---- planted defects: a copy of the kernels with one edit ------------------------------------
+
+
+def mutant(tmp_path, *edits, **launch) -> TritonMaxMin:
+    """TritonMaxMin(**launch) running a copy of maxmin_kernels.py with each ``(old, new)`` edit
+    made once (a module of its own: compiled or interpreted like the original)."""
+    src = pathlib.Path(maxmin_kernels.__file__).read_text()
+    for old, new in edits:
+        assert src.count(old) == 1, old
+        src = src.replace(old, new)
+    path = tmp_path / f"maxmin_kernels_mutant_{len(list(tmp_path.iterdir()))}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    impl = TritonMaxMin(**launch)
+    impl._k = module
+    return impl
+
+
+LANE_REST = "total = total + tl.sum(tl.where(col[None, :] == j, acc, 0.0), axis=1)"
+LANE_ORDERS = {
+    "lane 0, then 7 down to 1": [(LANE_REST, LANE_REST.replace("== j", "== 8 - j"))],
+    "pairwise (prim::stats')": [
+        ("    for j in tl.static_range(1, 8):\n        " + LANE_REST,
+         "    total = total + tl.sum(tl.where(col[None, :] == 1, acc, 0.0), axis=1)\n"
+         "    l23 = tl.sum(tl.where((col[None, :] >> 1) == 1, acc, 0.0), axis=1)\n"
+         "    l45 = tl.sum(tl.where((col[None, :] >> 1) == 2, acc, 0.0), axis=1)\n"
+         "    l67 = tl.sum(tl.where((col[None, :] >> 1) == 3, acc, 0.0), axis=1)\n"
+         "    total = (total + l23) + (l45 + l67)"),
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("order", list(LANE_ORDERS))
+def test_a_wrong_lane_order_is_caught(tmp_path, order):
+    x = _mixed(64 * 16, 7)
+    assert _sums_differ(DEFAULT, 64, x) == 0
+    assert _sums_differ(mutant(tmp_path, *LANE_ORDERS[order]), 64, x) > 0
+
+
+def test_a_mask_off_by_one_is_caught(tmp_path, monkeypatch):
+    """A bucket's mask one element too long (``at < hi`` reaching the next bucket's first: where
+    a tile is exactly a bucket wide, 8 or 512 values, its own bounds hide it), the code
+    stream's store mask one byte too long (over the raw tail's first byte), and a program of
+    the one-launch encode stopping a group short of its buckets' end (bytes left unwritten:
+    the payload comes poisoned, or torch.empty could hand back the right bytes of the
+    previous encode)."""
+    poison_empty(monkeypatch)
+    x = torch.from_numpy(np.random.default_rng(5).standard_normal(203).astype(np.float32))
+    span = mutant(tmp_path, ("return lo, tl.minimum(lo + size, nq)",
+                             "return lo, tl.minimum(lo + size + 1, nq)"))  # fmt: skip
+    codes = mutant(tmp_path, ("& (at < nbytes))", "& (at <= nbytes))"))
+    short = mutant(tmp_path, ("e1 = tl.minimum(e0 + BB * size, nq)",
+                              "e1 = tl.minimum(e0 + BB * size - 8, nq)"), tile=64)  # fmt: skip
+    cases = ((span, 5, (0, 0, 0)), (span, 100, (0, 1, 1)), (codes, 13, (1, 0, 0)),
+             (short, 8, (0, 0, 0)))  # fmt: skip
+    for impl, bucket, lever in cases:
+        assert mismatch(TritonMaxMin(**impl.fixed), x, 3, bucket, lever) is None
+        assert mismatch(impl, x, 3, bucket, lever) is not None, (bucket, lever)
