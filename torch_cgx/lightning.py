@@ -118,21 +118,38 @@ def _needs_cgx(grad_compression) -> bool:
     return grad_compression is not None and not isinstance(grad_compression, PowerSGDState)
 
 
+def installed_package(package: str, what: str) -> str:
+    """``package`` checked ("lightning" or "pytorch_lightning"), or for "auto" the first of the
+    two that is installed."""
+    if package == "auto":
+        for name in _PACKAGES:
+            if importlib.util.find_spec(name) is not None:
+                return name
+        raise ImportError(f"{what} needs Lightning: pip install lightning")
+    if package not in _PACKAGES:
+        raise ValueError(f"package must be 'auto' or one of {list(_PACKAGES)}, got {package!r}")
+    return package
+
+
+def lightning_subclass(package: str, base: str, mixin: type, name: str, module: str) -> type:
+    """``name``: ``mixin`` over ``package``'s ``base`` ("strategies.DDPStrategy"), defined in
+    ``module`` as ``_<name>_<package>`` (the qualified name lets pickle find the class again:
+    Lightning's spawn launcher pickles it; the module's ``__getattr__`` answers it)."""
+    package = installed_package(package, name)
+    where, _, cls = base.rpartition(".")
+    parent = getattr(importlib.import_module(f"{_PACKAGES[package]}.{where}"), cls)
+    attrs = {"__module__": module, "__qualname__": f"_{name}_{package}"}
+    return type(name, (mixin, parent), attrs)
+
+
 @functools.cache
 def strategy_class(package: str = "auto") -> type:
     """``CGXStrategy`` for ``package``: "lightning" (``lightning.pytorch``),
     "pytorch_lightning", or "auto" (the first installed of the two)."""
     if package == "auto":
-        for name in _PACKAGES:
-            if importlib.util.find_spec(name) is not None:
-                return strategy_class(name)
-        raise ImportError("CGXStrategy needs Lightning: pip install lightning")
-    if package not in _PACKAGES:
-        raise ValueError(f"package must be 'auto' or one of {list(_PACKAGES)}, got {package!r}")
-    base = importlib.import_module(_PACKAGES[package] + ".strategies").DDPStrategy
-    # __qualname__ lets pickle find the class again (Lightning's spawn launcher pickles it).
-    attrs = {"__module__": __name__, "__qualname__": f"_CGXStrategy_{package}"}
-    return type("CGXStrategy", (_CGXMixin, base), attrs)
+        return strategy_class(installed_package(package, "CGXStrategy"))
+    return lightning_subclass(package, "strategies.DDPStrategy", _CGXMixin, "CGXStrategy",
+                              __name__)  # fmt: skip
 
 
 class _CGXMixin:
@@ -183,12 +200,9 @@ class _CGXMixin:
 def stats_callback_class(package: str = "auto") -> type:
     """``CGXStatsCallback`` for ``package`` (as :func:`strategy_class`)."""
     if package == "auto":
-        return stats_callback_class(strategy_class("auto").__qualname__[len("_CGXStrategy_") :])
-    if package not in _PACKAGES:
-        raise ValueError(f"package must be 'auto' or one of {list(_PACKAGES)}, got {package!r}")
-    base = importlib.import_module(_PACKAGES[package] + ".callbacks").Callback
-    attrs = {"__module__": __name__, "__qualname__": f"_CGXStatsCallback_{package}"}
-    return type("CGXStatsCallback", (_StatsMixin, base), attrs)
+        return stats_callback_class(installed_package(package, "CGXStatsCallback"))
+    return lightning_subclass(package, "callbacks.Callback", _StatsMixin, "CGXStatsCallback",
+                              __name__)  # fmt: skip
 
 
 class _StatsMixin:

@@ -18,8 +18,6 @@ stays on inside it, the files are ``X.diloco-<replica id>-rank<r>.pt``.
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 import os
 from typing import Optional
 
@@ -33,10 +31,9 @@ from torch_cgx.integrations.diloco import (
     node_groups,
     stop_grad_sync,
 )
+from torch_cgx.lightning import _PACKAGES, installed_package, lightning_subclass
 
 __all__ = ["DiLoCoStrategy", "rank_file", "strategy_class"]  # noqa: F822 (DiLoCoStrategy: lazy)
-
-_PACKAGES = {"lightning": "lightning.pytorch", "pytorch_lightning": "pytorch_lightning"}
 
 
 def rank_file(checkpoint_path, rank: int, replica: Optional[str] = None) -> str:
@@ -49,15 +46,9 @@ def rank_file(checkpoint_path, rank: int, replica: Optional[str] = None) -> str:
 def strategy_class(package: str = "auto") -> type:
     """``DiLoCoStrategy`` for ``package``: "lightning", "pytorch_lightning" or "auto"."""
     if package == "auto":
-        for name in _PACKAGES:
-            if importlib.util.find_spec(name) is not None:
-                return strategy_class(name)
-        raise ImportError("DiLoCoStrategy needs Lightning: pip install lightning")
-    if package not in _PACKAGES:
-        raise ValueError(f"package must be 'auto' or one of {list(_PACKAGES)}, got {package!r}")
-    base = importlib.import_module(_PACKAGES[package] + ".strategies").DDPStrategy
-    attrs = {"__module__": __name__, "__qualname__": f"_DiLoCoStrategy_{package}"}
-    return type("DiLoCoStrategy", (_DiLoCoMixin, base), attrs)
+        return strategy_class(installed_package(package, "DiLoCoStrategy"))
+    return lightning_subclass(package, "strategies.DDPStrategy", _DiLoCoMixin, "DiLoCoStrategy",
+                              __name__)  # fmt: skip
 
 
 class _DiLoCoMixin:

@@ -15,13 +15,12 @@ world is one replica group: its DDP stays on, the files are ``diloco-<replica id
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Optional
 
 import torch
 from transformers import TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from torch_cgx.integrations.diloco import Options, Session, _rank, state_file, stop_grad_sync
 from torch_cgx.integrations.diloco_accelerate import check_distributed_type, groups_for, node_ddp
@@ -73,7 +72,7 @@ class DiLoCoCallback(TrainerCallback):
         check_distributed_type(trainer.accelerator, "attach_diloco")
         if args.n_gpu > 1:
             raise ValueError("attach_diloco: one process per device (torchrun), not DataParallel")
-        from torch_cgx.integrations.transformers import CGXCallback
+        from torch_cgx.integrations.transformers import CGXCallback, note_resume_dir
 
         if any(isinstance(c, CGXCallback) and c.hook is not None
                for c in trainer.callback_handler.callbacks):  # fmt: skip
@@ -89,25 +88,8 @@ class DiLoCoCallback(TrainerCallback):
         if self in callbacks:
             callbacks.remove(self)
         callbacks.insert(0, self)
-        self._wrap_train(trainer)
+        note_resume_dir(trainer, self)
         return self
-
-    def _wrap_train(self, trainer) -> None:
-        """Notes which checkpoint ``trainer.train(resume_from_checkpoint=...)`` resumes from."""
-        train = trainer.train
-        if getattr(train, "__cgx_diloco__", None) is self:
-            return
-
-        @functools.wraps(train)
-        def bound_train(resume_from_checkpoint=None, *args, **kwargs):
-            path = resume_from_checkpoint
-            if isinstance(path, bool):
-                path = get_last_checkpoint(trainer.args.output_dir) if path else None
-            self._resume_dir = path
-            return train(resume_from_checkpoint, *args, **kwargs)
-
-        bound_train.__cgx_diloco__ = self
-        trainer.train = bound_train
 
     # -- training -----------------------------------------------------------------------------
 

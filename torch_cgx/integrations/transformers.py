@@ -114,6 +114,26 @@ def _make_state(hook, module: torch.nn.Module, bits: Optional[int], params: Opti
     return state, fn, not isinstance(state, hooks.PowerSGDState) or state.quantize_bits is not None
 
 
+def note_resume_dir(trainer, owner) -> None:
+    """Wraps ``trainer.train`` so that ``owner._resume_dir`` is the checkpoint directory that
+    ``train(resume_from_checkpoint=...)`` resumes from (``True``: the last one; None: none).
+    Once per owner."""
+    train = trainer.train
+    if getattr(train, "__cgx_owner__", None) is owner:
+        return
+
+    @functools.wraps(train)
+    def bound_train(resume_from_checkpoint=None, *args, **kwargs):
+        path = resume_from_checkpoint
+        if isinstance(path, bool):
+            path = get_last_checkpoint(trainer.args.output_dir) if path else None
+        owner._resume_dir = path
+        return train(resume_from_checkpoint, *args, **kwargs)
+
+    bound_train.__cgx_owner__ = owner
+    trainer.train = bound_train
+
+
 class CGXCallback(CGXStatsCallback):
     """Registers a torch_cgx DDP hook on the model Trainer wraps (at ``on_train_begin``), saves
     its state in every Trainer checkpoint (``on_save``: one file per rank, :func:`hook_file`)
@@ -154,20 +174,7 @@ class CGXCallback(CGXStatsCallback):
         """Binds the trainer (first among its callbacks) and notes which checkpoint
         ``trainer.train(resume_from_checkpoint=...)`` resumes from."""
         super().bind(trainer)
-        train = trainer.train
-        if getattr(train, "__cgx_bound__", None) is self:
-            return self
-
-        @functools.wraps(train)
-        def bound_train(resume_from_checkpoint=None, *args, **kwargs):
-            path = resume_from_checkpoint
-            if isinstance(path, bool):
-                path = get_last_checkpoint(trainer.args.output_dir) if path else None
-            self._resume_dir = path
-            return train(resume_from_checkpoint, *args, **kwargs)
-
-        bound_train.__cgx_bound__ = self
-        trainer.train = bound_train
+        note_resume_dir(trainer, self)
         return self
 
     # -- registration and resume ------------------------------------------------------------
