@@ -51,19 +51,21 @@ def ints(names: str, **more) -> dict:
 
 
 MM_PTRS = dict(x_ptr="*fp32", meta_ptr="*i32", inv_ptr="*fp64", sel_ptr="*fp32")
-MM_SCALARS = dict(LEVELS=15, CLIP=False, C=2.0, BF16=False, BB=4, CHUNK=512, UNROLL=8)
+# the default bucket size (512) of an fp32 tensor: buckets 16-byte aligned (ALIGN), a group of
+# eight never across two buckets (GROUP_META), a fresh payload 8-aligned (decode's WORD)
+MM_SCALARS = dict(LEVELS=15, CLIP=False, C=2.0, BF16=False, BB=4, CHUNK=512, UNROLL=8, ALIGN=4)
 MM = {  # name -> (kernel, signature, constexprs)
     "scalars": ("scalars_kernel", dict(MM_PTRS, sums_ptr="*fp64", **ints("nq size span nb")),
                 dict(MM_SCALARS, SUMS=False)),
     "codes": ("codes_kernel", dict(MM_PTRS, codes_ptr="*u8", **ints("nq size nbytes k0 k1 shift")),
-              dict(BITS=4, STOCH=True, BF16=False, G=128, BP=4)),
+              dict(BITS=4, STOCH=True, BF16=False, G=128, BP=4, GROUP_META=True)),
     "encode": ("encode_kernel",
                dict(MM_PTRS, codes_ptr="*u8", **ints("nq size span nb nbytes k0 k1 shift")),
-               dict(MM_SCALARS, BITS=4, STOCH=True, G=128, BP=4)),
+               dict(MM_SCALARS, BITS=4, STOCH=True, G=128, BP=4, GROUP_META=True)),
     "decode": ("decode_kernel",
                dict(pay_ptr="*u8", out_ptr="*fp32", **ints("n nq size codes_at tail_at shift")),
                dict(BITS=4, TAIL_BYTES=0, TAIL_BF16=False, ADD=True, OUT_BF16=False,
-                    BLOCK=1024)),
+                    BLOCK=1024, WORD=8, GROUP_META=True)),
 }  # fmt: skip
 LEVEL_KINDS = [("qsgd", 0, 4, 7), ("terngrad", 1, 2, 1), ("onebit", 2, 1, 1),
                ("efsignsgd", 3, 1, 1), ("signsgd", 4, 1, 1), ("tbq", 5, 2, 1)]  # fmt: skip

@@ -108,8 +108,8 @@ def test_a_mask_off_by_one_is_caught(tmp_path, monkeypatch):
     previous encode)."""
     poison_empty(monkeypatch)
     x = torch.from_numpy(np.random.default_rng(5).standard_normal(203).astype(np.float32))
-    span = mutant(tmp_path, ("return lo, tl.minimum(lo + size, nq)",
-                             "return lo, tl.minimum(lo + size + 1, nq)"))  # fmt: skip
+    span = mutant(tmp_path, ("hi = tl.minimum(lo + size, nq)",
+                             "hi = tl.minimum(lo + size + 1, nq)"))  # fmt: skip
     codes = mutant(tmp_path, ("& (at < nbytes))", "& (at <= nbytes))"))
     short = mutant(tmp_path, ("e1 = tl.minimum(e0 + BB * size, nq)",
                               "e1 = tl.minimum(e0 + BB * size - 8, nq)"), tile=64)  # fmt: skip

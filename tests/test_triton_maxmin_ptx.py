@@ -52,15 +52,17 @@ out = {}
 for wide in (False, True):  # the int32 index variant (GPUs' default) and the int64 one
     at = "64" if wide else ""
     out["scalars" + at] = ptx(K.scalars_kernel, scalars, dict(LEVELS=7, CLIP=True, C=4.1024,
-                              BF16=True, BB=4, CHUNK=512, UNROLL=8, SUMS=False, IDX64=wide))
+                              BF16=True, BB=4, CHUNK=512, UNROLL=8, SUMS=False, IDX64=wide,
+                              ALIGN=8))
     bits = 4 if wide else 3  # 4 bits: a group is one 32-bit store
     out["codes" + at] = ptx(K.codes_kernel, codes, dict(BITS=bits, STOCH=True, BF16=False, G=128,
-                            BP=4, IDX64=wide))
+                            BP=4, IDX64=wide, GROUP_META=wide))
     out["encode" + at] = ptx(K.encode_kernel, encode, dict(LEVELS=7, CLIP=True, C=4.1024,
                              BF16=False, BB=4, CHUNK=512, UNROLL=8, BITS=3, STOCH=True, G=128,
-                             BP=4, IDX64=wide))
+                             BP=4, IDX64=wide, ALIGN=8, GROUP_META=not wide))
     out["decode" + at] = ptx(K.decode_kernel, decode, dict(BITS=5, TAIL_BYTES=2,
-                             TAIL_BF16=False, ADD=True, OUT_BF16=False, BLOCK=1024, IDX64=wide))
+                             TAIL_BF16=False, ADD=True, OUT_BF16=False, BLOCK=1024, IDX64=wide,
+                             WORD=8 if wide else 4, GROUP_META=wide))
 json.dump(out, sys.stdout)
 """
 # an integer division or remainder: a 64-bit one is a call to an emulation routine on NVIDIA

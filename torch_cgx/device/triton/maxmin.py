@@ -10,7 +10,10 @@ Encode: the 24 header bytes are copied from the codec's cached device constant
 step 4's fp64 ``inv`` and its path), ``codes_kernel`` the code stream, and the raw tail is a
 device-to-device copy of the input's bytes. Where a program holds whole buckets (the default
 bucket sizes) ``encode_kernel`` does both passes in one launch, reading the input from memory
-once. decode_add / values: ``decode_kernel``, one pass.
+once. decode_add / values: ``decode_kernel``, one pass (the metadata and codes read as words
+where the payload's address is 8- or 4-aligned, byte by byte otherwise). A tile inside the
+tensor loads and stores unmasked (vector accesses); a bucket size that is a multiple of 8 has
+the buckets' scalars read once per group of eight (``GROUP_META``).
 Sizes, grids and kernel variants come from element counts and the codec's parameters only: no
 host synchronisation, every launch on the current stream of the tensor's device. Every kernel
 has an int32 index variant (``IDX64=False``: no 64-bit integer arithmetic, the bucket index a
@@ -21,6 +24,7 @@ multiply-high by ``divisor(bucket_size)``) where the extents the launch lists st
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -148,8 +152,8 @@ class TritonMaxMin(FusedMaxMin):
         k0, k1 = rng_key(seed, stream) if codec.stochastic else (0, 0)
         block = max(8, plan["codes"])
         codes = dict(BITS=codec.bits, STOCH=codec.stochastic, BF16=bf16, G=block // 8,
-                     BP=_pow2_ceil(codec.bits))  # fmt: skip
-        sp = self._scalars_plan(codec, nq, nb, plan, dev)
+                     BP=_pow2_ceil(codec.bits), GROUP_META=codec.bucket_size % 8 == 0)  # fmt: skip
+        sp = self._scalars_plan(codec, nq, nb, plan, dev, x.element_size())
         nbytes = tail_at - codes_at
         div = divisor(codec.bucket_size)  # bucket_of's (magic, shift) in the int32 variant
         with self._on(dev):
@@ -165,14 +169,18 @@ class TritonMaxMin(FusedMaxMin):
         return out
 
     @staticmethod
-    def _scalars_plan(codec, nq: int, nb: int, plan: dict, device: torch.device) -> dict:
+    def _scalars_plan(
+        codec, nq: int, nb: int, plan: dict, device: torch.device, itemsize: int
+    ) -> dict:
         """The scalars pass's tile: ``BB`` buckets of ``CHUNK`` values per program (a longer
         bucket is a loop), its grid, and whether the codes can follow in the same launch
         (``fused``: a bucket fits the tile, and each program's buckets end on a group of eight
         or there is one program). ``IDX64``: the int64 variant of every encode kernel, where an
         index may reach 2^31: the scalars' tiles (the padding buckets of the last program
         included), the codes' elements (a program's groups past ``nq``), the metadata words
-        (of every lane's bucket, the padding lanes' too)."""
+        (of every lane's bucket, the padding lanes' too). ``ALIGN``: the largest power of two
+        dividing the bucket size, up to 16 bytes of input (the buckets' starts: the alignment
+        hint of the unmasked vector loads)."""
         size, span = codec.bucket_size, min(codec.bucket_size, nq)
         chunk = min(_pow2_ceil(span), _pow2_floor(plan["tile"]))
         bb = min(max(1, plan["tile"] // chunk), _pow2_ceil(nb))
@@ -186,12 +194,13 @@ class TritonMaxMin(FusedMaxMin):
         wide = index64((nb + bb) * size + chunk + 16 * unroll + 64, nq + block + 64,
                        2 * max(nb + bb, (nq + block) // size + 1) + 2)  # fmt: skip
         meta = dict(LEVELS=(1 << codec.bits) - 1, CLIP=codec.clip, C=CLIP_SIGMAS[codec.bits],
-                    BB=bb, CHUNK=chunk, UNROLL=unroll, IDX64=wide)  # fmt: skip
+                    BB=bb, CHUNK=chunk, UNROLL=unroll, IDX64=wide,
+                    ALIGN=math.gcd(size, 16 // itemsize))  # fmt: skip
         return {"grid": grid, "span": span, "fused": fused, "meta": meta}
 
     def _scalars(self, codec, xb, bf16, nq, nb, meta, inv, sel, sums, plan) -> None:
         """Launches ``scalars_kernel`` (``sums``: an (nb, 2) fp64 tensor for :meth:`clip_sums`)."""
-        sp = self._scalars_plan(codec, nq, nb, plan, xb.device)
+        sp = self._scalars_plan(codec, nq, nb, plan, xb.device, xb.element_size())
         self._k.scalars_kernel[(sp["grid"],)](
             xb, meta, inv, sel, inv if sums is None else sums, nq, codec.bucket_size, sp["span"],
             nb, **sp["meta"], BF16=bf16, SUMS=sums is not None,
@@ -240,12 +249,16 @@ class TritonMaxMin(FusedMaxMin):
         size = codec.bucket_size
         wide = index64(n + block + 64, want + 4 * block + 64, size,
                        24 + 8 * ((n + block) // size) + 64)  # fmt: skip
+        payload = payload.contiguous()
+        at = payload.data_ptr()  # the metadata and codes as words where it is 4- or 8-aligned
+        word = 8 if at % 8 == 0 else 4 if at % 4 == 0 else 1
         with self._on(out.device):
             self._k.decode_kernel[(_cdiv(n, block),)](
-                payload.contiguous(), _bits_view(out), n, nq, size, codes_at, tail_at,
+                payload, _bits_view(out), n, nq, size, codes_at, tail_at,
                 *divisor(size), BITS=codec.bits,
                 TAIL_BYTES=dtype.itemsize if nq < n else 0, TAIL_BF16=dtype == torch.bfloat16,
                 ADD=add, OUT_BF16=out.dtype == torch.bfloat16, BLOCK=block, IDX64=wide,
+                WORD=word, GROUP_META=size % 8 == 0,
                 **self._options(out.device, plan["num_warps"]))  # fmt: skip
 
     def decode_add_(self, codec, out: torch.Tensor, payload: torch.Tensor, dtype=None):

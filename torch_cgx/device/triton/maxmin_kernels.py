@@ -3,22 +3,28 @@
 operations of torch_cgx/device/codecs/maxmin.py. Importing this module imports triton.
 
 Four kernels, all launched with ``enable_fp_fusion=False`` on the caller's current stream
-(``encode_kernel``: both encode passes in one launch where a program holds whole buckets):
+(``encode_kernel``: both encode passes in one launch where a program holds whole buckets;
+``decode_kernel`` lives in ``maxmin_decode.py``, re-exported here). A tile inside the tensor
+(and its buckets) loads the input unmasked, so the compiler emits vector loads (16 bytes a
+thread, a warp's threads on consecutive pieces), the tail tile masked ones:
 
 - ``scalars_kernel`` (encode, pass 1): a program takes ``BB`` buckets as a (BB, CHUNK) tile and
   loops over them CHUNK values at a time (any bucket size: 2^20 and more is a loop of
-  B / CHUNK iterations): finite check, min, max (order-free reductions), then with ``CLIP`` the
+  B / CHUNK iterations; ``ALIGN``, a power of two dividing B, the alignment hint of the buckets'
+  starts): finite check, min, max (order-free reductions), then with ``CLIP`` the
   lane-ordered fp64 sums of FORMAT.md over a (BB, 8) tile, row after row (column j is lane j),
   and FORMAT.md's steps 2-3: metadata (mn, unit) as int32 bits, and per bucket into scratch
   buffers step 4's fp64 ``inv`` and its fp32 selector ``sel``: ``(f32)inv`` for the fp32 path,
   -1 for the fp64 path, 0 where every code is 0.
 - ``codes_kernel`` (encode, pass 2): a program codes ``G`` groups of eight values (a group is
-  ``BITS`` bytes of the stream) with the bucket's mn and sel (and inv in a program that holds a
-  bucket of the fp64 path), nearest or stochastic rounding,
+  ``BITS`` bytes of the stream, a row of a (G, 8) tile) with the bucket's mn and sel (and inv
+  in a program that holds a bucket of the fp64 path; once per group with ``GROUP_META``, B a
+  multiple of 8, else per element), nearest or stochastic rounding,
   and stores the packed bytes; elements past ``nq`` code 0 (the stream's unused high bits).
-- ``decode_kernel``: ``BLOCK`` values per program, the code read from its one or two bytes,
-  FORMAT.md's fp32 or fp64 formula per bucket, the raw tail read from its bytes in the source
-  dtype; ``out += value`` in fp32 rounded once to out's dtype (``ADD``), or the fp32 values.
+- ``decode_kernel``: ``BLOCK`` values per program, the codes from 32-bit words or bytes and the
+  metadata from 64- / 32-bit words or bytes (the payload's address decides), FORMAT.md's fp32
+  or fp64 formula per bucket, the raw tail read from its bytes in the source dtype; ``out +=
+  value`` in fp32 rounded once to out's dtype (``ADD``), or the fp32 values.
 
 Exactness on a GPU, by construction (the interpreter computes in numpy, which is IEEE already):
 every division of the reference is in fp64 (``range / L``, ``L / range``, ``S / n``), whose ``/``
@@ -41,58 +47,65 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from torch_cgx.device.triton.bits import bf16_bits, store_words, widen
+from torch_cgx.device.triton.bits import store_words, widen
+from torch_cgx.device.triton.maxmin_decode import bucket_of, decode_kernel  # noqa: F401
 from torch_cgx.device.triton.rng import uniform
 
 NAN_BITS = tl.constexpr(0x7FC00000)
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 
 
-# ---- shared helpers --------------------------------------------------------------------------
-
-
-@triton.jit
-def le_bytes(ptr, off, mask, NBYTES: tl.constexpr):
-    """The little-endian unsigned integer (uint32) of ``NBYTES`` bytes at byte offsets ``off``
-    of a uint8 pointer (any alignment)."""
-    w = tl.load(ptr + off, mask=mask, other=0).to(tl.uint32)
-    for k in tl.static_range(1, NBYTES):
-        w = w | (tl.load(ptr + off + k, mask=mask, other=0).to(tl.uint32) << (8 * k))
-    return w
-
-
 # ---- pass 1: the bucket scalars --------------------------------------------------------------
 
 
 @triton.jit
-def bucket_span(b, size, nq):
-    """Elements ``[lo, hi)`` of buckets ``b``: the last one may be shorter."""
-    lo = b * size
-    return lo, tl.minimum(lo + size, nq)
+def bucket_span(b, size, nq, ALIGN: tl.constexpr):
+    """Elements ``[lo, hi)`` of buckets ``b`` (the last one may be shorter), and the shortest
+    ``hi - lo`` of the tile (<= 0 where it has a padding bucket): the chunks and rows below it
+    are in every bucket. ``lo``: a multiple of ALIGN (a power of two dividing the size), the
+    hint that lets the compiler vectorise the unmasked loads."""
+    lo = tl.multiple_of(b * size, ALIGN)
+    hi = tl.minimum(lo + size, nq)
+    return lo, hi, tl.min(hi - lo)
 
 
 @triton.jit
-def bucket_range(x_ptr, lo, hi, span, BF16: tl.constexpr, BB: tl.constexpr, CHUNK: tl.constexpr):
-    """(min, max, finite) of the buckets ``[lo, hi)``, CHUNK values per iteration. min and max
-    are taken over the finite values only (a non-finite bucket's are never used); their order
-    and the signs of zeros do not matter (the range, the +0.0 minimum and the clip are the same
-    for -0.0 and +0.0)."""
+def chunk_range(x_ptr, at, hi, full, BF16: tl.constexpr):
+    """(values, finite and in its bucket, non-finite and in its bucket) of the tile ``at``:
+    unmasked loads where ``full`` (every element in its bucket), else masked by ``hi``."""
+    if full:
+        v = widen(tl.load(x_ptr + at), BF16)
+        use = tl.abs(v) < float("inf")  # False for NaN and +-Inf
+        bad = ~use
+    else:
+        m = at < hi[:, None]
+        v = widen(tl.load(x_ptr + at, mask=m, other=0), BF16)
+        fin = tl.abs(v) < float("inf")
+        use = m & fin
+        bad = m & ~fin
+    return v, use, bad
+
+
+@triton.jit
+def bucket_range(x_ptr, lo, hi, span, run, BF16: tl.constexpr, BB: tl.constexpr,
+                 CHUNK: tl.constexpr):  # fmt: skip
+    """(min, max, finite) of the buckets ``[lo, hi)``, CHUNK values per iteration (unmasked
+    below ``run``). min and max are taken over the finite values only (a non-finite bucket's
+    are never used); their order and the signs of zeros do not matter (the range, the +0.0
+    minimum and the clip are the same for -0.0 and +0.0)."""
     cols = tl.arange(0, CHUNK)
     vmn = tl.full([BB], float("inf"), tl.float32)
     vmx = tl.full([BB], float("-inf"), tl.float32)
     bad = tl.zeros([BB], tl.int32)
-    off = (
-        span * 0
-    )  # the index type; a while loop: the interpreter cannot range() over a kernel argument
-    while off < span:
-        at = lo[:, None] + off + cols[None, :]
-        m = at < hi[:, None]
-        v = widen(tl.load(x_ptr + at, mask=m, other=0), BF16)
-        fin = tl.abs(v) < float("inf")  # False for NaN and +-Inf
-        bad = bad | tl.max(tl.where(m & ~fin, 1, 0), axis=1)
-        vmn = tl.minimum(vmn, tl.min(tl.where(m & fin, v, float("inf")), axis=1))
-        vmx = tl.maximum(vmx, tl.max(tl.where(m & fin, v, float("-inf")), axis=1))
-        off += CHUNK
+    it = span * 0  # the index type; a while loop: the interpreter cannot range() over an argument
+    while it * CHUNK < span:
+        off = it * CHUNK  # a multiple of CHUNK the compiler sees (a loop-carried offset is not)
+        v, use, nf = chunk_range(x_ptr, lo[:, None] + off + cols[None, :], hi, off + CHUNK <= run,
+                                 BF16)  # fmt: skip
+        bad = bad | tl.max(tl.where(nf, 1, 0), axis=1)
+        vmn = tl.minimum(vmn, tl.min(tl.where(use, v, float("inf")), axis=1))
+        vmx = tl.maximum(vmx, tl.max(tl.where(use, v, float("-inf")), axis=1))
+        it += 1
     return vmn, vmx, bad == 0
 
 
@@ -107,31 +120,49 @@ def lane_total(acc, col):
 
 
 @triton.jit
-def lane_sum(x_ptr, lo, hi, rows, mean, SQUARES: tl.constexpr, BF16: tl.constexpr,
-             BB: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
-    """FORMAT.md's ``S`` over the buckets ``[lo, hi)`` in fp64: of ``x`` or, with SQUARES, of
-    ``(x - mean)^2``. Lane j (column j) adds the elements lo + 8q + j for q = 0, 1, ... in order
-    from +0.0, UNROLL rows per iteration (their loads do not depend on the sums). Past a bucket
-    the tile adds +0.0, which leaves a lane as it is (a lane that starts at +0.0 is never
-    -0.0), as the reference's padding."""
+def lane_rows(x_ptr, lo, hi, q, mean, acc, FULL: tl.constexpr, SQUARES: tl.constexpr,
+              BF16: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
+    """``acc`` plus rows q ... q + UNROLL - 1 of :func:`lane_sum`, in order (their loads do
+    not depend on the sums); FULL: the rows are in every bucket (unmasked loads)."""
     col = tl.arange(0, 8)
-    acc = tl.zeros([BB, 8], tl.float64)
-    q = rows * 0
-    while q < rows:
-        for k in tl.static_range(UNROLL):
-            at = lo[:, None] + (q + k) * 8 + col[None, :]
+    for k in tl.static_range(UNROLL):
+        at = lo[:, None] + (q + k) * 8 + col[None, :]
+        if FULL:
+            d = widen(tl.load(x_ptr + at), BF16).to(tl.float64)
+            if SQUARES:
+                e = d - mean[:, None]
+                d = e * e  # two roundings: no fused multiply-add
+        else:
             m = at < hi[:, None]
             d = widen(tl.load(x_ptr + at, mask=m, other=0), BF16).to(tl.float64)
             if SQUARES:
                 e = d - mean[:, None]
-                d = tl.where(m, e * e, 0.0)  # two roundings: no fused multiply-add
-            acc = acc + d
-        q += UNROLL
-    return lane_total(acc, col)
+                d = tl.where(m, e * e, 0.0)
+        acc = acc + d
+    return acc
 
 
 @triton.jit
-def clipped(x_ptr, lo, hi, size, span, vmn, vmx, width, C: tl.constexpr, BF16: tl.constexpr,
+def lane_sum(x_ptr, lo, hi, rows, run, mean, SQUARES: tl.constexpr, BF16: tl.constexpr,
+             BB: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
+    """FORMAT.md's ``S`` over the buckets ``[lo, hi)`` in fp64: of ``x`` or, with SQUARES, of
+    ``(x - mean)^2``. Lane j (column j) adds the elements lo + 8q + j for q = 0, 1, ... in order
+    from +0.0, UNROLL rows per iteration (unmasked where the rows end below ``run``). Past a
+    bucket the tile adds +0.0, which leaves a lane as it is (a lane that starts at +0.0 is never
+    -0.0), as the reference's padding."""
+    acc = tl.zeros([BB, 8], tl.float64)
+    q = rows * 0
+    while q < rows:
+        if (q + UNROLL) * 8 <= run:
+            acc = lane_rows(x_ptr, lo, hi, q, mean, acc, True, SQUARES, BF16, UNROLL)
+        else:
+            acc = lane_rows(x_ptr, lo, hi, q, mean, acc, False, SQUARES, BF16, UNROLL)
+        q += UNROLL
+    return lane_total(acc, tl.arange(0, 8))
+
+
+@triton.jit
+def clipped(x_ptr, lo, hi, size, span, run, vmn, vmx, width, C: tl.constexpr, BF16: tl.constexpr,
             BB: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
     """FORMAT.md "Clipped range" for the buckets ``[lo, hi)``: (ok, want, lo) in fp64, ok only
     for a full bucket with 0 < want < range (the caller adds finiteness), and the two sums
@@ -139,9 +170,9 @@ def clipped(x_ptr, lo, hi, size, span, vmn, vmx, width, C: tl.constexpr, BF16: t
     rows = (span + 7) // 8
     n = size.to(tl.float64)
     zero = tl.zeros([BB], tl.float64)
-    total = lane_sum(x_ptr, lo, hi, rows, zero, False, BF16, BB, UNROLL)
+    total = lane_sum(x_ptr, lo, hi, rows, run, zero, False, BF16, BB, UNROLL)
     mean = total / n
-    var = lane_sum(x_ptr, lo, hi, rows, mean, True, BF16, BB, UNROLL)
+    var = lane_sum(x_ptr, lo, hi, rows, run, mean, True, BF16, BB, UNROLL)
     want = tl.full([BB], C, tl.float64) * tl.sqrt(var / n)  # C made in fp64, never via fp32
     ok = ((hi - lo) == size) & (width > 0) & (want > 0) & (want < width)
     lo_c = tl.maximum(vmn, tl.minimum(mean - want / 2.0, vmx - want))
@@ -152,35 +183,36 @@ def clipped(x_ptr, lo, hi, size, span, vmn, vmx, width, C: tl.constexpr, BF16: t
 def scalars_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, nb,
                    LEVELS: tl.constexpr, CLIP: tl.constexpr, C: tl.constexpr, BF16: tl.constexpr,
                    BB: tl.constexpr, CHUNK: tl.constexpr, UNROLL: tl.constexpr,
-                   SUMS: tl.constexpr, IDX64: tl.constexpr):  # fmt: skip
+                   SUMS: tl.constexpr, IDX64: tl.constexpr, ALIGN: tl.constexpr = 1):  # fmt: skip
     """Steps 1-3 of FORMAT.md for buckets pid * BB ... pid * BB + BB - 1 (:func:`scalars`)."""
     scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, nb, LEVELS, CLIP, C,
-            BF16, BB, CHUNK, UNROLL, SUMS, IDX64)  # fmt: skip
+            BF16, BB, CHUNK, UNROLL, SUMS, IDX64, ALIGN)  # fmt: skip
 
 
 @triton.jit
 def scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, nb,
             LEVELS: tl.constexpr, CLIP: tl.constexpr, C: tl.constexpr, BF16: tl.constexpr,
             BB: tl.constexpr, CHUNK: tl.constexpr, UNROLL: tl.constexpr, SUMS: tl.constexpr,
-            IDX64: tl.constexpr):  # fmt: skip
+            IDX64: tl.constexpr, ALIGN: tl.constexpr):  # fmt: skip
     """Steps 1-3 of FORMAT.md for buckets pid * BB ... pid * BB + BB - 1: metadata (mn, unit) as
     int32 bits at ``meta_ptr``, step 4's fp64 ``inv`` and fp32 ``sel`` at ``inv_ptr`` /
     ``sel_ptr``. ``span``: the longest bucket, min(size, nq), the loops' bound (``size`` and
     ``span`` in the index type). With SUMS (a check of the clip's order, which the payload almost
-    never shows), the fp64 S(x) and S((x - mean)^2) of each bucket at ``sums_ptr`` too."""
+    never shows), the fp64 S(x) and S((x - mean)^2) of each bucket at ``sums_ptr`` too. ALIGN: a
+    power of two dividing ``size`` (the buckets' starts: vector loads of whole chunks and rows)."""
     IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
     nq, size, span = nq.to(IT), size.to(IT), span.to(IT)
     b = tl.program_id(0).to(IT) * BB + tl.arange(0, BB)
     valid = b < nb
-    lo, hi = bucket_span(b, size, nq)
-    vmn, vmx, finite = bucket_range(x_ptr, lo, hi, span, BF16, BB, CHUNK)
+    lo, hi, run = bucket_span(b, size, nq, ALIGN)
+    vmn, vmx, finite = bucket_range(x_ptr, lo, hi, span, run, BF16, BB, CHUNK)
     mn64, mx64 = vmn.to(tl.float64), vmx.to(tl.float64)
     width = mx64 - mn64  # unclipped: chooses the path of step 4
     rng = width
     low = mn64
     if CLIP:
-        ok, want, lo_c, total, var = clipped(x_ptr, lo, hi, size, span, mn64, mx64, width, C,
-                                             BF16, BB, UNROLL)  # fmt: skip
+        ok, want, lo_c, total, var = clipped(x_ptr, lo, hi, size, span, run, mn64, mx64, width,
+                                             C, BF16, BB, UNROLL)  # fmt: skip
         if SUMS:
             tl.store(sums_ptr + 2 * b, total, mask=valid)
             tl.store(sums_ptr + 2 * b + 1, var, mask=valid)
@@ -209,12 +241,13 @@ def scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, nb,
 
 
 @triton.jit
-def quantize(v, mn, sel, inv_ptr, k, m, index, k0, k1, LEVELS: tl.constexpr,
+def quantize(v, mn, sel, inv_ptr, k, km, index, k0, k1, LEVELS: tl.constexpr,
              STOCH: tl.constexpr, CG: tl.constexpr):  # fmt: skip
     """Step 4: q = clamp(floor(t + r), 0, L) as int32: the fp32 path with ``sel`` = (f32)inv
     where ``sel > 0``, the fp64 one with bucket ``k``'s fp64 inv where ``sel < 0``, 0 where
     ``sel == 0``. The fp64 path runs only in a program that holds such a bucket (a branch on a
-    reduction: no host involved)."""
+    reduction: no host involved). ``k``, ``sel``, ``mn``: per element or per group (a column),
+    ``km``: where ``k`` is a bucket of the stream."""
     top = LEVELS * 1.0
     if STOCH:
         r = uniform(k0, k1, index)
@@ -225,9 +258,9 @@ def quantize(v, mn, sel, inv_ptr, k, m, index, k0, k1, LEVELS: tl.constexpr,
     q = tl.where(sel > 0, q, 0.0)
     if tl.min(sel) < 0:
         if CG:  # written by this program: through L2
-            inv = tl.load(inv_ptr + k, mask=m & (sel < 0), other=0.0, cache_modifier=".cg")
+            inv = tl.load(inv_ptr + k, mask=km & (sel < 0), other=0.0, cache_modifier=".cg")
         else:
-            inv = tl.load(inv_ptr + k, mask=m & (sel < 0), other=0.0)
+            inv = tl.load(inv_ptr + k, mask=km & (sel < 0), other=0.0)
         t64 = (v.to(tl.float64) - mn.to(tl.float64)) * inv
         q64 = tl.minimum(tl.maximum(tl.floor(t64 + r.to(tl.float64)), 0.0), top)
         q = tl.where(sel < 0, q64.to(tl.float32), q)
@@ -264,43 +297,60 @@ def store_bytes(codes_ptr, word, g, gm, nbytes, BITS: tl.constexpr, BP: tl.const
 
 
 @triton.jit
-def code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, gm, nq, size, nbytes, k0, k1,
-                magic, shift, g_end, BITS: tl.constexpr, STOCH: tl.constexpr, BF16: tl.constexpr,
-                BP: tl.constexpr, CG: tl.constexpr):  # fmt: skip
-    """The code stream of groups ``g`` (eight elements each) where ``gm``, their buckets'
-    scalars read back from ``meta_ptr`` / ``sel_ptr`` (CG: through L2, the ``.cg`` cache
-    modifier, for scalars this program has just written). ``nq``, ``size``, ``nbytes`` in
-    ``g``'s index type; ``magic``, ``shift``: ``divisor(size)`` (int32 variant's bucket index)."""
-    i = g[:, None] * 8 + tl.arange(0, 8)[None, :]
-    m = gm[:, None] & (i < nq)
-    if i.dtype == tl.int64:
-        k = i // size  # emulated on GPUs: int64 only
-    else:  # int32: a multiply-high by divisor(size) (triton/__init__.py)
-        q = tl.umulhi(i.to(tl.uint32) << 1, magic.to(tl.uint32))
-        k = (q >> shift.to(tl.uint32)).to(tl.int32)
-    v = widen(tl.load(x_ptr + i, mask=m, other=0), BF16)
+def scalars_of(meta_ptr, sel_ptr, k, m, CG: tl.constexpr):
+    """Buckets ``k``'s fp32 mn and sel where ``m`` (CG: through L2, the ``.cg`` cache modifier,
+    for scalars this program has just written)."""
     if CG:
         mn = tl.load(meta_ptr + 2 * k, mask=m, other=0, cache_modifier=".cg")
         sel = tl.load(sel_ptr + k, mask=m, other=0.0, cache_modifier=".cg")
     else:
         mn = tl.load(meta_ptr + 2 * k, mask=m, other=0)
         sel = tl.load(sel_ptr + k, mask=m, other=0.0)
-    mn = mn.to(tl.float32, bitcast=True)
-    code = quantize(v, mn, sel, inv_ptr, k, m, i, k0, k1, (1 << BITS) - 1, STOCH, CG)
+    return mn.to(tl.float32, bitcast=True), sel
+
+
+@triton.jit
+def code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, gm, full, nq, size, nbytes, k0,
+                k1, magic, shift, g_end, BITS: tl.constexpr, STOCH: tl.constexpr,
+                BF16: tl.constexpr, BP: tl.constexpr, CG: tl.constexpr,
+                GROUP_META: tl.constexpr):  # fmt: skip
+    """The code stream of groups ``g`` (eight elements each, a row of the (G, 8) tile: a warp's
+    threads read consecutive 16-byte pieces) where ``gm``; ``full``: every element of the tile
+    is coded (unmasked loads: vector loads). The buckets' scalars once per group with
+    GROUP_META (the bucket size a multiple of 8), else per element. ``nq``, ``size``,
+    ``nbytes`` in ``g``'s index type; ``magic``, ``shift``: ``divisor(size)`` (int32
+    variant's bucket index)."""
+    i = g[:, None] * 8 + tl.arange(0, 8)[None, :]
+    m = gm[:, None] & (i < nq)
+    if full:
+        v = widen(tl.load(x_ptr + i), BF16)
+    else:
+        v = widen(tl.load(x_ptr + i, mask=m, other=0), BF16)
+    if GROUP_META:  # a group never straddles a bucket
+        k = bucket_of(g * 8, size, magic, shift)
+        km = gm & (g * 8 < nq)
+        mn, sel = scalars_of(meta_ptr, sel_ptr, k, km, CG)
+        k, km, mn, sel = k[:, None], km[:, None], mn[:, None], sel[:, None]
+    else:
+        k = bucket_of(i, size, magic, shift)
+        km = m
+        mn, sel = scalars_of(meta_ptr, sel_ptr, k, m, CG)
+    code = quantize(v, mn, sel, inv_ptr, k, km, i, k0, k1, (1 << BITS) - 1, STOCH, CG)
     pack_store(codes_ptr, tl.where(m, code, 0), g, gm, nbytes, g_end, BITS, BP)
 
 
 @triton.jit(do_not_specialize=["nq", "size", "nbytes", "k0", "k1", "magic", "shift"])
 def codes_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, nbytes, k0, k1, magic,
                  shift, BITS: tl.constexpr, STOCH: tl.constexpr, BF16: tl.constexpr,
-                 G: tl.constexpr, BP: tl.constexpr, IDX64: tl.constexpr):  # fmt: skip
+                 G: tl.constexpr, BP: tl.constexpr, IDX64: tl.constexpr,
+                 GROUP_META: tl.constexpr = False):  # fmt: skip
     """The code stream of elements 8 G pid ... 8 G (pid + 1) - 1 (groups of eight)."""
     IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
     g = tl.program_id(0).to(IT) * G + tl.arange(0, G)
-    code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, g >= 0, nq.to(IT),
-                size.to(IT), nbytes.to(IT), k0, k1, magic, shift,
-                tl.program_id(0).to(IT) * G + G, BITS,
-                STOCH, BF16, BP, False)  # fmt: skip
+    g_end = tl.program_id(0).to(IT) * G + G
+    code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, g >= 0, g_end * 8 <= nq.to(IT),
+                nq.to(IT), size.to(IT), nbytes.to(IT), k0, k1, magic, shift, g_end, BITS, STOCH,
+                BF16, BP, False, GROUP_META)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["nq", "size", "span", "nb", "nbytes", "k0", "k1", "magic", "shift"])
@@ -308,16 +358,18 @@ def encode_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, span, 
                   k1, magic, shift, LEVELS: tl.constexpr, CLIP: tl.constexpr, C: tl.constexpr,
                   BF16: tl.constexpr, BB: tl.constexpr, CHUNK: tl.constexpr,
                   UNROLL: tl.constexpr, BITS: tl.constexpr, STOCH: tl.constexpr,
-                  G: tl.constexpr, BP: tl.constexpr, IDX64: tl.constexpr):  # fmt: skip
+                  G: tl.constexpr, BP: tl.constexpr, IDX64: tl.constexpr, ALIGN: tl.constexpr = 1,
+                  GROUP_META: tl.constexpr = False):  # fmt: skip
     """Both passes in one launch, for buckets that fit a program (``BB`` of them, ``BB * size``
     a multiple of 8 or a single program): the scalars of buckets pid * BB ..., a barrier (the
     program's own global writes become visible to all its threads), then the codes of their
-    elements, G groups of eight at a time. The input is read from memory once (the codes'
-    second read hits the cache) and the scalars never leave the cache."""
+    elements, G groups of eight at a time (unmasked loads for a tile inside the program's
+    elements). The input is read from memory once (the codes' second read hits the cache)
+    and the scalars never leave the cache."""
     IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
     nq, size, nbytes = nq.to(IT), size.to(IT), nbytes.to(IT)
     scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, inv_ptr, nq, size, span, nb, LEVELS, CLIP, C,
-            BF16, BB, CHUNK, UNROLL, False, IDX64)  # fmt: skip
+            BF16, BB, CHUNK, UNROLL, False, IDX64, ALIGN)  # fmt: skip
     tl.debug_barrier()
     e0 = tl.program_id(0).to(IT) * BB * size
     e1 = tl.minimum(e0 + BB * size, nq)
@@ -325,74 +377,7 @@ def encode_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, span, 
     gg = e0 // 8
     while gg < g1:
         g = gg + tl.arange(0, G)
-        code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, g < g1, nq, size, nbytes,
-                    k0, k1, magic, shift, gg + G, BITS, STOCH, BF16, BP, True)  # fmt: skip
+        code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, g < g1, (gg + G) * 8 <= e1,
+                    nq, size, nbytes, k0, k1, magic, shift, gg + G, BITS, STOCH, BF16, BP, True,
+                    GROUP_META)  # fmt: skip
         gg += G
-
-
-# ---- decode ----------------------------------------------------------------------------------
-
-
-@triton.jit
-def dequantize(c, mn, unit, LEVELS: tl.constexpr):
-    """FORMAT.md "Decoding one element": ``mn + q * unit`` in fp32 where ``|mn| + L |unit| <=
-    FLT_MAX`` (fp64), else in fp64 then rounded (NaN metadata: either gives NaN)."""
-    q = c.to(tl.float32)
-    v = mn + q * unit  # product rounded, then the sum: no fused multiply-add
-    mn64, unit64 = mn.to(tl.float64), unit.to(tl.float64)
-    fast = tl.abs(mn64) + LEVELS * tl.abs(unit64) <= FLT_MAX
-    if tl.min(fast.to(tl.int32)) == 0:
-        v = tl.where(fast, v, (mn64 + q.to(tl.float64) * unit64).to(tl.float32))
-    return v
-
-
-@triton.jit(do_not_specialize=["n", "nq", "size", "codes_at", "tail_at", "magic", "shift"])
-def decode_kernel(pay_ptr, out_ptr, n, nq, size, codes_at, tail_at, magic, shift,
-                  BITS: tl.constexpr, TAIL_BYTES: tl.constexpr, TAIL_BF16: tl.constexpr,
-                  ADD: tl.constexpr, OUT_BF16: tl.constexpr, BLOCK: tl.constexpr,
-                  IDX64: tl.constexpr):  # fmt: skip
-    """Values of elements BLOCK pid ... BLOCK (pid + 1) - 1: ``out[i] += value`` in fp32 rounded
-    once to out's dtype (bf16 ``out`` as its int16 bits) with ADD, else ``out[i] = value``
-    (fp32). ``codes_at`` / ``tail_at``: byte offsets of the code stream and of the raw tail
-    (TAIL_BYTES per value: 4 fp32, 2 fp16 or bf16; 0: no raw tail)."""
-    IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
-    i = tl.program_id(0).to(IT) * BLOCK + tl.arange(0, BLOCK)
-    m = i < n.to(IT)
-    nq = nq.to(IT)
-    mq = i < nq
-    rb = (i & 7).to(tl.int32) * BITS  # bit i * BITS: no product past the stream's bytes
-    byte = pay_ptr + codes_at.to(IT) + (i >> 3) * BITS + (rb >> 3)
-    shift8 = rb & 7
-    two = tl.load(byte, mask=mq, other=0).to(tl.int32)
-    if (8 % BITS) != 0:  # a code may straddle two bytes (bits 3, 5, 6, 7)
-        two = two | (tl.load(byte + 1, mask=mq & (shift8 + BITS > 8), other=0).to(tl.int32) << 8)
-    c = (two >> shift8) & ((1 << BITS) - 1)
-    if IDX64:
-        k = i // size.to(IT)  # emulated on GPUs: int64 only
-    else:  # int32: a multiply-high by divisor(size) (triton/__init__.py)
-        q = tl.umulhi(i.to(tl.uint32) << 1, magic.to(tl.uint32))
-        k = (q >> shift.to(tl.uint32)).to(tl.int32)
-    meta = 24 + 8 * k
-    mn = le_bytes(pay_ptr, meta, mq, 4).to(tl.float32, bitcast=True)
-    unit = le_bytes(pay_ptr, meta + 4, mq, 4).to(tl.float32, bitcast=True)
-    val = dequantize(c, mn, unit, (1 << BITS) - 1)
-    if TAIL_BYTES > 0:  # the raw tail (skip_incomplete_buckets with n % B != 0)
-        mt = m & ~mq
-        at = tail_at.to(IT) + tl.maximum(i - nq, 0) * TAIL_BYTES  # no product below -2^31
-        raw = le_bytes(pay_ptr, at, mt, TAIL_BYTES)
-        if TAIL_BYTES == 4:
-            tail = raw.to(tl.float32, bitcast=True)
-        elif TAIL_BF16:
-            tail = (raw << 16).to(tl.float32, bitcast=True)
-        else:
-            tail = raw.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-        val = tl.where(mq, val, tail)
-    if ADD:
-        o = tl.load(out_ptr + i, mask=m, other=0)
-        r = widen(o, OUT_BF16) + val
-        if OUT_BF16:
-            tl.store(out_ptr + i, bf16_bits(r), mask=m)
-        else:
-            tl.store(out_ptr + i, r.to(out_ptr.dtype.element_ty), mask=m)
-    else:
-        tl.store(out_ptr + i, val, mask=m)

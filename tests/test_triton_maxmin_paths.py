@@ -1,0 +1,104 @@
+"""The paths of the Triton max-min kernels that depend on a tile's place and the payload's address
+(torch_cgx/device/triton/maxmin_kernels.py, maxmin_decode.py), each reached with launch sizes
+of 64 values (several programs per tensor and bucket) and compared with the native codec's
+bytes and values (tests/test_triton_maxmin.py's ``check``): the encode side's unmasked (vector)
+loads of a tile inside the tensor and its buckets (the codes, the one-launch encode's code
+groups, the scalars' chunks and the clip's rows) and the masked ones of the tail tile; the
+buckets' scalars once per group of eight (bucket sizes that are multiples of 8) or per element;
+the decoder's metadata and codes as 64-bit / 32-bit words (a payload at an 8- or 4-aligned
+address) or bytes (at an odd one), and its unmasked ``out`` accesses of a full block. That each
+path runs is shown by tests/test_triton_maxmin_defects.py: a defect planted in one path only
+fails these cases. Interpreted like tests/test_triton_maxmin.py (the same preamble).
+"""
+
+import os
+
+_SET_HERE = "TRITON_INTERPRET" not in os.environ
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from codec_testing import DTYPES, random_input  # noqa: E402
+from test_triton_maxmin import LEVERS, _mixed, _sums_differ, check  # noqa: E402
+from triton_testing import poison_empty, skip_overflow_shadow, wide_indices  # noqa: E402
+
+from torch_cgx.device.triton import available, interpreted  # noqa: E402
+from torch_cgx.device.triton.maxmin import TritonMaxMin  # noqa: E402
+
+try:  # imports triton; the kernels are decorated now, under the interpreter unless told otherwise
+    from torch_cgx.device.triton import maxmin_kernels
+except ImportError:
+    maxmin_kernels = None
+DEVICE = torch.device("cpu" if interpreted() else "cuda")
+RUNS = available(DEVICE) and (DEVICE.type == "cpu" or torch.cuda.is_available())
+if _SET_HERE:  # the other test modules keep their environment (CPU tensors take the reference)
+    del os.environ["TRITON_INTERPRET"]
+if maxmin_kernels is None:
+    pytest.skip("triton is not installed (pip install triton==3.6.0)", allow_module_level=True)
+if not RUNS:
+    pytest.skip(f"Triton kernels cannot run on {DEVICE} here (TRITON_INTERPRET=1 runs them on "
+                "CPU tensors)", allow_module_level=True)  # fmt: skip
+if DEVICE.type == "cpu":
+    skip_overflow_shadow()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpreter():
+    """TRITON_INTERPRET=1 while this module's tests run, where this module set it (``available``
+    reads it)."""
+    if _SET_HERE:
+        os.environ["TRITON_INTERPRET"] = "1"
+    yield
+    if _SET_HERE:
+        os.environ.pop("TRITON_INTERPRET", None)
+
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's overflow notes
+P64 = TritonMaxMin(tile=64, codes=64, decode=64)
+# (bits, bucket, n, lever): bucket 8 the one-launch encode with a group's scalars once (size a
+# multiple of 8), 512 two launches (a bucket longer than the 64-value tile: full chunks, then
+# full code tiles, scalars per group), 13 and 100 per element (100: full chunks and clip rows of
+# a bucket that is not a multiple of 8), 24 one launch (three groups per bucket); n: full tiles
+# and a tail tile, with and without the raw tail
+CASES = [(3, 8, 349, (0, 1, 0)), (4, 512, 1541, (1, 0, 1)), (5, 13, 421, (1, 1, 0)),
+         (7, 100, 333, (0, 0, 1)), (2, 24, 389, (1, 0, 0)), (8, 512, 1100, (0, 1, 1)),
+         (1, 16, 640, (0, 0, 0)), (6, 40, 701, (1, 1, 1))]  # fmt: skip
+ADDRESSES = (0, 4, 3, 6)  # the payload's byte offset: 64-bit, 32-bit words, bytes (odd, even)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_full_and_tail_tiles_match_the_native_codec(case, monkeypatch):
+    """The dtypes and payload address kinds spread over the cases; odd cases on the int64
+    variant."""
+    bits, bucket, n, lever = CASES[case]
+    if case % 2:
+        wide_indices(monkeypatch)
+    x = random_input(n, DTYPES[case % 3], np.random.default_rng([case, n]))
+    at = ADDRESSES[case % len(ADDRESSES)]
+    check(P64, x, bits, bucket, lever, seed=case, stream=n, at=at,
+          out_dtype=DTYPES[(case // 3) % 3], what=f"at {at}")  # fmt: skip
+
+
+def test_decode_word_paths_every_bits():
+    """Every bits (the one to three 32-bit words of a group), 64-bit and 32-bit metadata words,
+    a bucket a multiple of 8 and not, the raw tail in each dtype."""
+    g = np.random.default_rng(9)
+    for bits in range(1, 9):
+        at, bucket = (0, 4)[bits % 2], (64, 27, 27, 64)[bits % 4]
+        x = random_input(300, DTYPES[bits % 3], g)
+        check(P64, x, bits, bucket, LEVERS[(bits * 3) % 8], at=at, what=f"at {at}")
+
+
+def test_clip_rows_full_and_masked():
+    """The clip's fp64 sums over full rows (unmasked loads: 64-value buckets, one per program)
+    and a bucket's masked last rows (100 values: 13 rows), bit for bit the reference's."""
+    for bucket, n in ((64, 64 * 6 + 5), (100, 100 * 4 + 7)):
+        assert _sums_differ(P64, bucket, _mixed(n, bucket)) == 0, bucket
+
+
+def test_every_payload_byte_is_written_with_full_tiles(monkeypatch):
+    poison_empty(monkeypatch)
+    g = np.random.default_rng(4)
+    for bits, bucket, lever in ((3, 8, (0, 0, 0)), (5, 512, (1, 0, 1)), (6, 24, (1, 1, 0))):
+        check(P64, random_input(777, DTYPES[bits % 3], g), bits, bucket, lever, what="poisoned")
