@@ -72,8 +72,9 @@ def _defaults() -> list:
     """The Triton kernels (any GPU with triton: no CUDA toolkit); the one fast path."""
     from torch_cgx.device.triton.levels import TritonLevels
     from torch_cgx.device.triton.maxmin import TritonMaxMin
+    from torch_cgx.device.triton.sparse import TritonSparse
 
-    return [TritonMaxMin(), TritonLevels()]
+    return [TritonMaxMin(), TritonLevels(), TritonSparse()]
 
 
 _state = _State(_defaults())
@@ -144,14 +145,19 @@ def fallbacks() -> Dict[str, str]:
 def _variant(codec) -> int:
     """What else selects a kernel variant: max-min's flags, else the envelope's param1
     (terngrad's clip bits; qsgd's bits)."""
-    return codec.flags if hasattr(codec, "flags") else codec.param1
+    return codec.flags if hasattr(codec, "flags") else getattr(codec, "param1", 0)
 
 
 def _describe(impl, codec, dtype) -> str:
     dt = str(dtype).replace("torch.", "")
     what = "flags" if hasattr(codec, "flags") else "param1"
-    return (f"{impl.name} for {codec.name} ({dt}, bits={codec.bits}, "
-            f"bucket_size={codec.bucket_size}, {what}={_variant(codec)})")  # fmt: skip
+    return (f"{impl.name} for {codec.name} ({dt}, bits={getattr(codec, 'bits', 0)}, "
+            f"bucket_size={_bucket(codec)}, {what}={_variant(codec)})")  # fmt: skip
+
+
+def _bucket(codec) -> int:
+    """The bucket size (0 for codecs without buckets: the sparse ones)."""
+    return getattr(codec, "bucket_size", 0)
 
 
 def _fail(what: str, reason: str, strict: bool) -> None:
@@ -194,8 +200,8 @@ def fused_for(codec, device: torch.device, dtype: torch.dtype):
             _state.fallen[impl.name] = why
             _fail(impl.name, why, strict)
             return None
-        key = (impl.name, codec.name, device.type, dtype, codec.bits, codec.bucket_size,
-               _variant(codec))  # fmt: skip
+        key = (impl.name, codec.name, device.type, dtype, getattr(codec, "bits", 0),
+               _bucket(codec), _variant(codec))  # fmt: skip
         if key not in _state.checked:
             _state.checked[key] = why = _self_check(impl, codec, device, dtype)
             if why is not None:
@@ -282,7 +288,7 @@ _SEED, _STREAM = 0x5EED, 77
 def _self_check(impl, codec, device, dtype) -> Optional[str]:
     """None when ``impl`` gives the reference's bytes and values on a small buffer, else why;
     RuntimeError when an exception left the device's CUDA context unusable."""
-    x = _check_input(check_size(codec.bucket_size), codec.bucket_size, dtype, device)
+    x = _check_input(check_size(_bucket(codec)), _bucket(codec), dtype, device)
     try:
         why, payload = _check_encode(impl, codec, x)
         return why or _check_decode(impl, codec, payload, dtype, device)
@@ -300,7 +306,8 @@ def _check_encode(impl, codec, x: torch.Tensor):
     host = x.cpu()
     want = codec.reference_encode(host, seed=_SEED, stream=_STREAM)
     why = _compare(impl.encode(codec, x, _SEED, _STREAM).cpu(), want, "")
-    if why is None and getattr(codec, "flag_mask", 0) & 1:  # the non-finite flag
+    nan_check = getattr(codec, "flag_mask", 0) & 1 or getattr(codec, "self_check_nan", False)
+    if why is None and nan_check:  # the non-finite flag (the sparse codecs: NaN's rank)
         host_nan = host.clone()
         host_nan[x.numel() // 2] = float("nan")
         want_nan = codec.reference_encode(host_nan, seed=_SEED, stream=_STREAM)
@@ -313,7 +320,7 @@ def _check_decode(impl, codec, payload: torch.Tensor, dtype, device) -> Optional
     """Why the kernel's decode_add of ``payload`` (on the CPU, encoded from ``dtype``) differs
     from the reference's on the CPU, or None: into an ``out`` of ``dtype`` and, for fp16 /
     bf16, into a float32 ``out`` too (the engine accumulates 16-bit payloads in fp32)."""
-    n = check_size(codec.bucket_size)
+    n = check_size(_bucket(codec))
     on_device = payload.to(device)
     for out_dtype in dict.fromkeys((dtype, torch.float32)):
         ref = torch.randn(n, generator=torch.Generator().manual_seed(7)).to(out_dtype)

@@ -21,7 +21,7 @@ from typing import Tuple
 import torch
 
 from torch_cgx.device.codecs import sparse_select as sel
-from torch_cgx.device.codecs.base import DTYPE_CODES, DeviceCodec, envelope, rng_key, scalar_bytes
+from torch_cgx.device.codecs.base import DTYPE_CODES, DeviceCodec, envelope, rng_key
 
 __all__ = ["CODECS", "DGC", "GradDrop", "RandomK", "Threshold", "TopK"]
 
@@ -98,7 +98,31 @@ def _add_at(out: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> tor
     return out
 
 
-class _Pairs(DeviceCodec):
+class _Dispatch:
+    """Encode through a fused implementation where ``torch_cgx.device.kernels`` selects one for
+    the input (``TritonSparse``: the same bytes from kernels; first use self-checked, NaN input
+    included), else ``reference_encode``; both take their primitives from ``prims``."""
+
+    self_check_nan = True  # the self-check also encodes its buffer with a NaN in it
+
+    def checked_input(self, x, seed: int, stream: int, shared: int) -> torch.Tensor:
+        return _check_input(self.name, x, seed, stream, shared)
+
+    def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
+        from torch_cgx.device import kernels
+
+        x = self.checked_input(x, seed, stream, shared)
+        fused = kernels.fused_for(self, x.device, x.dtype)
+        if fused is not None:
+            return fused.encode(self, x.contiguous(), seed, stream, shared)
+        return self.reference_encode(x, seed=seed, stream=stream, shared=shared)
+
+    def reference_decode_add_(self, out, payload, dtype=None, prims=sel.REFERENCE):
+        """``decode_add_`` in tensor operations (no primitive of ``prims`` in it)."""
+        return self.decode_add_(out, payload, dtype)
+
+
+class _Pairs(_Dispatch, DeviceCodec):
     """Base of the pair layout (topk, threshold, dgc, graddrop): ``m`` u32 indices ascending,
     then the ``m`` values in the input dtype."""
 
@@ -110,7 +134,7 @@ class _Pairs(DeviceCodec):
     def max_pairs(self, n: int) -> int:
         raise NotImplementedError
 
-    def select(self, x: torch.Tensor, seed: int, stream: int) -> Tuple[torch.Tensor, object]:
+    def select(self, x: torch.Tensor, seed: int, stream: int, prims) -> Tuple[torch.Tensor, object]:
         """The positions (int64, ascending) to send and param1 (int or 0-d tensor)."""
         raise NotImplementedError
 
@@ -118,15 +142,15 @@ class _Pairs(DeviceCodec):
         es = _size_args(self.name, numel, dtype)
         return _HEADER + self.max_pairs(numel) * (4 + es)
 
-    def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
+    def reference_encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0,
+                         prims=sel.REFERENCE) -> torch.Tensor:  # fmt: skip
+        """The payload through ``prims`` (default: the tensor operations)."""
         x = _check_input(self.name, x, seed, stream, shared)
         n, es = x.numel(), x.element_size()
-        idx, param1 = self.select(x, seed, stream)
+        idx, param1 = self.select(x, seed, stream, prims)
         m = idx.numel()
         head = envelope(self.compressor_id, x.dtype, n, m * (4 + es), m, param1, device=x.device)
-        # the low 4 bytes of each little-endian int64 index are its u32
-        index_bytes = idx.view(torch.uint8).view(m, 8)[:, :4].reshape(-1)
-        return torch.cat([head, index_bytes, scalar_bytes(x[idx])])
+        return prims.pack(head, idx, x, True)
 
     def _pairs(self, payload, numel: int, dtype) -> Tuple[torch.Tensor, torch.Tensor, int]:
         """(indices int64, values fp32, m) after the host-side size checks."""
@@ -182,8 +206,8 @@ class TopK(_Pairs):
     def max_pairs(self, n: int) -> int:
         return sel.count_for(self.params["ratio"], n)
 
-    def select(self, x, seed, stream):
-        return sel.top_k(x, self.max_pairs(x.numel())), 0
+    def select(self, x, seed, stream, prims):
+        return prims.top_k(x, self.max_pairs(x.numel())), 0
 
 
 class Threshold(_Pairs):
@@ -198,9 +222,8 @@ class Threshold(_Pairs):
     def max_pairs(self, n: int) -> int:
         return n
 
-    def select(self, x, seed, stream):
-        keep = sel.magnitude_bits(x) >= self.tau_bits
-        return torch.nonzero(keep).view(-1), self.tau_bits
+    def select(self, x, seed, stream, prims):
+        return torch.nonzero(prims.at_least(x, self.tau_bits)).view(-1), self.tau_bits
 
 
 class _Sampled(_Pairs):
@@ -215,17 +238,16 @@ class _Sampled(_Pairs):
     def max_pairs(self, n: int) -> int:
         return min(n, 2 * self.keep_count(n))
 
-    def select(self, x, seed, stream):
+    def select(self, x, seed, stream, prims):
         n = x.numel()
         if n == 0:
             return torch.zeros(0, dtype=torch.int64, device=x.device), 0
         k, cap = self.keep_count(n), self.max_pairs(n)
         sample = max(sel.count_for(self.params["sample_rate"], n), min(n, 1024))
-        mag = sel.magnitude_bits(x)
-        thr = sel.sampled_threshold(mag, k, sample, *rng_key(seed, stream))
-        idx = torch.nonzero(mag >= thr).view(-1)
+        keep, thr = prims.sampled_mask(x, k, sample, *rng_key(seed, stream))
+        idx = torch.nonzero(keep).view(-1)
         if idx.numel() > cap:  # all of the cap largest pass the threshold: select among these
-            idx = sel.top_k(x[idx], cap, index=idx)
+            idx = prims.top_k(x[idx], cap, index=idx)
         return idx, thr
 
 
@@ -243,7 +265,7 @@ class GradDrop(_Sampled):
         return sel.count_for(1 - self.params["drop"], n)
 
 
-class RandomK(DeviceCodec):
+class RandomK(_Dispatch, DeviceCodec):
     """``k(ratio, n)`` values at ``prim::random_k(n, k, rng_key(seed, shared))``, values only.
     The indices are computed on the device (:func:`sparse_select.random_k`), on decode from the
     key words the payload carries."""
@@ -258,17 +280,19 @@ class RandomK(DeviceCodec):
         es = _size_args(self.name, numel, dtype)
         return _HEADER + sel.count_for(self.params["ratio"], numel) * es
 
-    def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
+    def reference_encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0,
+                         prims=sel.REFERENCE) -> torch.Tensor:  # fmt: skip
+        """The payload through ``prims`` (default: the tensor operations)."""
         x = _check_input(self.name, x, seed, stream, shared)
         n = x.numel()
         k = sel.count_for(self.params["ratio"], n)
         k0, k1 = rng_key(seed, shared)
-        idx = sel.random_k(n, k, k0, k1, device=x.device)
+        idx = prims.random_k(n, k, (k0, k1), device=x.device)
         flags = (~torch.isfinite(x).all()).to(torch.int64) * 2 + int(self.scale)
         head = envelope(
             self.compressor_id, x.dtype, n, k * x.element_size(), k0, k1, flags, x.device
         )
-        return torch.cat([head, scalar_bytes(x[idx])])
+        return prims.pack(head, idx, x, False)
 
     def _count(self, payload, numel: int, dtype) -> int:
         """``k`` after the host-side checks (the payload's size is exactly ``32 + k * es``)."""
@@ -281,11 +305,10 @@ class RandomK(DeviceCodec):
             )
         return k
 
-    def _parts(self, payload, numel: int, dtype):
+    def _parts(self, payload, numel: int, dtype, prims=sel.REFERENCE):
         """(indices, values fp32 scaled, non-finite flag 0-d)."""
         k = self._count(payload, numel, dtype)
-        key = _u32(payload[24:32])
-        index = sel.random_k(numel, k, key[0], key[1], device=payload.device)
+        index = prims.random_k(numel, k, payload[24:32], device=payload.device)
         values = _as_dtype(payload[_HEADER:], dtype).float()
         if self.scale and k:  # a Python scalar: fp32 kernels round it to float(n / k)
             values = values * (numel / k)
@@ -298,8 +321,22 @@ class RandomK(DeviceCodec):
         return torch.where(nonfinite, float("nan"), out)
 
     def decode_add_(self, out: torch.Tensor, payload: torch.Tensor, dtype=None) -> torch.Tensor:
+        """Through a fused implementation (its indices: the draws) where one is selected."""
+        from torch_cgx.device import kernels
+
+        fused = None
+        if isinstance(out, torch.Tensor) and isinstance(payload, torch.Tensor):
+            src = out.dtype if dtype is None else dtype
+            if src in _ES and payload.is_contiguous() and payload.device == out.device:
+                fused = kernels.fused_for(self, out.device, src)
+        if fused is not None:
+            return fused.decode_add_(self, out, payload, dtype)
+        return self.reference_decode_add_(out, payload, dtype)
+
+    def reference_decode_add_(self, out, payload, dtype=None, prims=sel.REFERENCE):
+        """``decode_add_`` through ``prims`` (default: the tensor operations)."""
         dtype = out.dtype if dtype is None else dtype
-        index, values, nonfinite = self._parts(payload, out.numel(), dtype)
+        index, values, nonfinite = self._parts(payload, out.numel(), dtype, prims)
         _add_at(out, index, values)
         # a non-finite input anywhere: every element becomes out + NaN (one pass, no host read)
         return out.copy_(torch.where(nonfinite, (out.float() + float("nan")).to(out.dtype), out))

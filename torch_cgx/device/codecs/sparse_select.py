@@ -24,6 +24,8 @@ from torch_cgx.device.codecs.base import _fmix32, _mul32
 
 __all__ = [
     "INF_BITS",
+    "REFERENCE",
+    "Reference",
     "count_for",
     "magnitude_bits",
     "order_keys",
@@ -148,3 +150,55 @@ def sampled_threshold(mag: torch.Tensor, k: int, sample: int, k0: int, k1: int) 
     # the ks-th largest is the (s - ks + 1)-th smallest; fp32 so that every device sorts it
     value = torch.kthvalue(chosen.view(torch.float32), s - ks + 1).values
     return value.view(torch.int32)
+
+
+class Reference:
+    """The primitives the sparse codecs take (``prims``), in tensor operations: the reference a
+    fused implementation (torch_cgx/device/triton/sparse.py) must match byte for byte."""
+
+    @staticmethod
+    def top_k(x: torch.Tensor, k: int, index=None) -> torch.Tensor:
+        return top_k(x, k, index)
+
+    @staticmethod
+    def row_top_k(rows: torch.Tensor, k: int) -> torch.Tensor:
+        """``prim::top_k`` of each row of ``rows`` (``(r, L)``): int64 ``(r, k)``, ascending."""
+        r, length = rows.shape
+        index = torch.arange(length, dtype=torch.int64, device=rows.device)
+        if k >= length:
+            return index.expand(r, length).contiguous()
+        keys = order_keys(rows, index)  # unique per row: the low word is 2^32 - 1 - index
+        top = torch.topk(keys, k, dim=1, sorted=False).values
+        return torch.sort(_M32 - (top & _M32), dim=1).values
+
+    @staticmethod
+    def random_k(n: int, k: int, key, device=None) -> torch.Tensor:
+        """``key``: host words ``(k0, k1)`` or a payload's 8 key bytes (uint8 tensor)."""
+        if isinstance(key, torch.Tensor):
+            key = key.clone() if key.storage_offset() % 4 else key
+            words = key.view(torch.int32).to(torch.int64) & _M32
+            key = words[0], words[1]
+        return random_k(n, k, key[0], key[1], device=device)
+
+    @staticmethod
+    def sampled_mask(x: torch.Tensor, k: int, sample: int, k0: int, k1: int):
+        """(``magnitude_bits(x) >= thr`` bool, ``thr``) for the :func:`sampled_threshold`."""
+        mag = magnitude_bits(x)
+        thr = sampled_threshold(mag, k, sample, k0, k1)
+        return mag >= thr, thr
+
+    @staticmethod
+    def at_least(x: torch.Tensor, thr) -> torch.Tensor:
+        """``magnitude_bits(x) >= thr`` (bool); ``thr`` host bits or a 0-d int32 tensor."""
+        return magnitude_bits(x) >= thr
+
+    @staticmethod
+    def pack(head: torch.Tensor, idx: torch.Tensor, x: torch.Tensor, index: bool):
+        """The payload: ``head``, the u32 ``idx`` (``index``), the values ``x[idx]``."""
+        m = idx.numel()
+        # the low 4 bytes of each little-endian int64 index are its u32
+        parts = [head, idx.view(torch.uint8).view(m, 8)[:, :4].reshape(-1)] if index else [head]
+        return torch.cat(parts + [x[idx].contiguous().view(-1).view(torch.uint8)])
+
+
+REFERENCE = Reference()

@@ -26,7 +26,7 @@ import torch
 from torch_cgx.device.codecs import sparse_select as sel
 from torch_cgx.device.codecs.base import DTYPE_CODES, DeviceCodec, envelope, scalar_bytes
 from torch_cgx.device.codecs.maxmin import pack_codes, unpack_codes
-from torch_cgx.device.codecs.sparse import _add_at, _as_dtype, _native_params, _u32
+from torch_cgx.device.codecs.sparse import _add_at, _as_dtype, _Dispatch, _native_params, _u32
 
 __all__ = ["CODECS", "SparseLoCo"]
 
@@ -76,16 +76,10 @@ def sequential_sum(v: torch.Tensor, loop: bool = False) -> torch.Tensor:
 
 def row_top_k(rows: torch.Tensor, k: int) -> torch.Tensor:
     """``prim::top_k`` of each row of ``rows`` (``(r, L)``): int64 ``(r, k)``, ascending."""
-    r, length = rows.shape
-    index = torch.arange(length, dtype=torch.int64, device=rows.device)
-    if k >= length:
-        return index.expand(r, length).contiguous()
-    keys = sel.order_keys(rows, index)  # unique per row: the low word is 2^32 - 1 - index
-    top = torch.topk(keys, k, dim=1, sorted=False).values
-    return torch.sort(_M32 - (top & _M32), dim=1).values
+    return sel.REFERENCE.row_top_k(rows, k)
 
 
-class SparseLoCo(DeviceCodec):
+class SparseLoCo(_Dispatch, DeviceCodec):
     """``sparseloco`` with the native parameters ``ratio``, ``chunk`` and ``bits``."""
 
     name, compressor_id, fixed_size = "sparseloco", 25, True
@@ -126,14 +120,19 @@ class SparseLoCo(DeviceCodec):
 
     # ---- encode ---------------------------------------------------------------------------
 
-    def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
+    def checked_input(self, x, seed: int, stream: int, shared: int) -> torch.Tensor:
+        return self._check_input(x, seed, stream, shared)
+
+    def reference_encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0,
+                         prims=sel.REFERENCE) -> torch.Tensor:  # fmt: skip
+        """The payload; the per-chunk top-k through ``prims`` (default: tensor operations)."""
         x = self._check_input(x, seed, stream, shared)
         n = x.numel()
         s = self.shape(n)
         scalars, indices, codes = [], [], []
         for b in s.blocks:
             rows = x[b.start : b.start + b.rows * b.length].view(b.rows, b.length)
-            idx = row_top_k(rows, b.k)
+            idx = prims.row_top_k(rows, b.k)
             v = torch.gather(rows, 1, idx).float()
             a, d = self._scalars(v)
             scalars.append(torch.stack([a, d], 1).reshape(-1))

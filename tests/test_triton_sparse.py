@@ -1,0 +1,205 @@
+"""TritonSparse (torch_cgx/device/triton/sparse.py): the Triton kernels of topk, randomk,
+threshold, dgc, graddrop and sparseloco against the NATIVE compressors (``compressors.get``):
+payload bytes equal, decode_add equal to the native one, reached through the codecs' dispatch
+(``CGX_DEVICE_KERNELS=fused``: the first-use self-check, then the kernels).
+
+Runs under Triton's interpreter on CPU tensors (TRITON_INTERPRET=1 is set below, before triton is
+imported, and only while this module's tests run; skipped where triton is not installed). The
+sizes are sampled (odd, past a block, a masked tail in every launch), with 32 values per program
+in every other case (several programs per launch) and the default 1024 in the others.
+"""
+
+import os
+
+_SET_HERE = "TRITON_INTERPRET" not in os.environ
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any import of triton
+
+import importlib.util  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from triton_testing import poison_empty, skip_overflow_shadow, wide_indices  # noqa: E402
+
+from torch_cgx import compressors  # noqa: E402
+from torch_cgx.device import codecs, kernels  # noqa: E402
+from torch_cgx.device.codecs import sparse_select as sel  # noqa: E402
+from torch_cgx.device.codecs.base import rng_key  # noqa: E402
+from torch_cgx.device.triton import available, interpreted  # noqa: E402
+from torch_cgx.device.triton.sparse import TritonSparse  # noqa: E402
+
+try:  # imports triton; the kernels are decorated now, under the interpreter unless told otherwise
+    from torch_cgx.device.triton import sparse_kernels  # noqa: F401
+except ImportError:
+    sparse_kernels = None
+DEVICE = torch.device("cpu" if interpreted() else "cuda")
+RUNS = available(DEVICE) and (DEVICE.type == "cpu" or torch.cuda.is_available())
+LATE = sparse_kernels is not None and DEVICE.type == "cpu"
+if LATE:
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    LATE = not isinstance(tl.sum, InterpretedFunction)
+if _SET_HERE:  # the other test modules keep their environment (CPU tensors take the reference)
+    del os.environ["TRITON_INTERPRET"]
+if sparse_kernels is None:
+    pytest.skip("triton is not installed (pip install triton==3.6.0)", allow_module_level=True)
+if not RUNS:
+    pytest.skip(f"Triton kernels cannot run on {DEVICE} here", allow_module_level=True)
+if LATE:
+    pytest.skip("triton was imported without TRITON_INTERPRET=1 before this module (run this "
+                "module first, or alone)", allow_module_level=True)  # fmt: skip
+if DEVICE.type == "cpu":
+    skip_overflow_shadow()
+assert importlib.util.find_spec("triton") is not None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpreter():
+    """TRITON_INTERPRET=1 for this module's tests only, where this module set it."""
+    if _SET_HERE:
+        os.environ["TRITON_INTERPRET"] = "1"
+    yield
+    if _SET_HERE:
+        os.environ.pop("TRITON_INTERPRET", None)
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    """``CGX_DEVICE_KERNELS=fused``; the fixture's value enters a TritonSparse of ``block`` values
+    per program as the only implementation."""
+    monkeypatch.setenv("CGX_DEVICE_KERNELS", "fused")
+    kernels.reset()
+
+    def use(block: int):
+        return kernels.use_implementations([TritonSparse(block=block)])
+
+    return use
+
+
+CONFIGS = [
+    ("topk", {}),
+    ("topk", {"ratio": 0.3}),
+    ("randomk", {}),
+    ("randomk", {"ratio": 0.7, "scale": 1}),
+    ("threshold", {"tau": 0.5}),
+    ("dgc", {}),
+    ("dgc", {"ratio": 0.05, "sample_rate": 0.2}),
+    ("graddrop", {"drop": 0.9, "sample_rate": 0.5}),
+    ("sparseloco", {"chunk": 64}),
+    ("sparseloco", {"ratio": 0.1, "chunk": 100, "bits": 3}),
+]
+IDS = [n + "".join(f"-{k}={v}" for k, v in p.items()) for n, p in CONFIGS]
+SIZES = [1, 13, 300, 777, 2100, 1025]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def make_input(n: int, dtype, kind: str, seed: int) -> torch.Tensor:
+    """Gaussian values; ties (few distinct magnitudes, -0); or NaN / +-Inf among Gaussians."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g)
+    if kind == "ties":
+        x = torch.randint(-3, 4, (n,), generator=g).float() * 0.5
+        x[::5] = -0.0
+    elif kind == "special" and n:
+        at = torch.randint(0, n, (max(3, n // 50),), generator=g)
+        x[at[::3]], x[at[1::3]], x[at[2::3]] = float("nan"), float("inf"), -float("inf")
+    return x.to(dtype).to(DEVICE)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit, a NaN only needing to be a NaN (the native dtype conversions differ)."""
+    if not torch.equal(a.isnan(), b.isnan()):
+        return False
+    keep = ~a.isnan()
+    bits = torch.int32 if a.element_size() == 4 else torch.int16
+    return torch.equal(a[keep].view(bits), b[keep].view(bits))
+
+
+@pytest.mark.parametrize("name,params", CONFIGS, ids=IDS)
+def test_bytes_and_decode_equal_native(name, params, monkeypatch):
+    """The kernels' payload is the native one, byte for byte; decode_add (randomk: the kernels'
+    draws) the native values. 128 values per program in every other case (several programs)."""
+    poison_empty(monkeypatch)  # a payload byte the kernels leave unwritten shows
+    native, codec = compressors.get(name, **params), codecs.get(name, **params)
+    impls = {block: TritonSparse(block=block) for block in (128, 1024)}
+    for case, n in enumerate(SIZES):
+        dtype = DTYPES[(case + len(name)) % 3]
+        kind = ("normal", "ties", "special")[case % 3]
+        impl = impls[128 if case % 2 else 1024]
+        x = make_input(n, dtype, kind, case)
+        what = f"{name} {params} {dtype} n={n} {kind} block={impl.block}"
+        want = native.encode(x.cpu(), seed=5 + n, stream=3, shared=11)
+        got = impl.encode(codec, x, 5 + n, 3, shared=11)
+        assert torch.equal(got.cpu(), want), what
+        acc = make_input(n, dtype, "normal", 99)
+        want_acc = native.decode_add_(acc.cpu().clone(), want)
+        assert _same(impl.decode_add_(codec, acc, got).cpu(), want_acc), what
+
+
+@pytest.mark.parametrize("name", ["topk", "randomk", "dgc", "sparseloco"])
+def test_dispatch_self_checks_then_fuses(name, fused):
+    """Through the codec: the first use self-checks (fp32 and bf16 here), then the kernels run
+    (the decision says so) and give the native bytes; decode_add too for randomk."""
+    native, codec = compressors.get(name), codecs.get(name)
+    with fused(1024):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = make_input(2100, dtype, "special", 4)
+            want = native.encode(x.cpu(), seed=1, stream=2, shared=3)
+            assert torch.equal(codec.encode(x, seed=1, stream=2, shared=3).cpu(), want)
+            acc = make_input(2100, dtype, "normal", 5)
+            want_acc = native.decode_add_(acc.cpu().clone(), want)
+            assert _same(codec.decode_add_(acc, want.to(DEVICE)).cpu(), want_acc)
+        assert set(kernels.decisions().values()) == {"fused"}, kernels.decisions()
+        assert {key[3] for key in kernels.decisions()} == {torch.float32, torch.bfloat16}
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["int32", "int64"])
+def test_sparseloco_row_keys_both_index_variants(wide, monkeypatch):
+    """sparseloco's per-chunk keys: the in-chunk position a 32-bit remainder (GPUs' default below
+    2^31) and the 64-bit one (INDEX32_LIMIT lowered), the same native bytes."""
+    if wide:
+        wide_indices(monkeypatch)
+    params = {"ratio": 0.05, "chunk": 96, "bits": 4}
+    native, codec = compressors.get("sparseloco", **params), codecs.get("sparseloco", **params)
+    x = make_input(1000, torch.float16, "ties", 8)
+    want = native.encode(x.cpu(), seed=1, stream=2)
+    assert torch.equal(TritonSparse(block=256).encode(codec, x, 1, 2).cpu(), want)
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (5, 2), (100, 99), (1000, 37), (700, 500)])
+def test_random_k_kernels(n, k):
+    """The draws, the repeat flags and the pointer-jumping rounds give prim::random_k (the
+    reference, itself checked against the native one): host keys and a payload's key bytes
+    (at an odd address)."""
+    impl = TritonSparse(block=128)
+    impl.load()
+    for seed in range(2):
+        k0, k1 = rng_key(seed, 77)
+        want = sel.random_k(n, k, k0, k1)
+        assert torch.equal(impl._prims.random_k(n, k, (k0, k1), device=DEVICE).cpu(), want)
+        raw = torch.tensor([k0, k1], dtype=torch.int64).to(torch.int32).view(torch.uint8)
+        at_odd = torch.cat([torch.zeros(1, dtype=torch.uint8), raw]).to(DEVICE)[1:]
+        assert torch.equal(impl._prims.random_k(n, k, at_odd, device=DEVICE).cpu(), want)
+
+
+def test_selection_and_fallback(fused, monkeypatch):
+    """A kernel whose bytes differ fails its first-use self-check: ``fused`` raises, ``auto``
+    warns and keeps the reference (a kernel outside torch_cgx.device.triton applies to CPU
+    tensors in ``auto`` too)."""
+
+    class Broken(TritonSparse):
+        def encode(self, codec, x, seed, stream, shared=0):
+            out = super().encode(codec, x, seed, stream, shared)
+            out[-1] ^= 1
+            return out
+
+    codec = codecs.get("topk")
+    x = make_input(300, torch.float32, "normal", 1)
+    with kernels.use_implementations([Broken()]):
+        with pytest.raises(RuntimeError, match="triton-sparse for topk"):
+            codec.encode(x)
+    monkeypatch.setenv("CGX_DEVICE_KERNELS", "auto")
+    with kernels.use_implementations([Broken()]):
+        with pytest.warns(RuntimeWarning, match="failed its self-check"):
+            assert torch.equal(codec.encode(x), codec.reference_encode(x))
+        assert "reference" in next(iter(kernels.decisions().values()))
