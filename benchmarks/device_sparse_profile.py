@@ -35,6 +35,8 @@ from benchmarks.device import Timer
 
 NAMES = ("topk", "randomk", "threshold", "dgc", "graddrop", "sparseloco")
 SEED, STREAM, SHARED = 1, 7, 3
+TRITON_KERNELS = ("keys_kernel", "mask_kernel", "draw_kernel", "repeat_kernel", "jump_kernel",
+                  "pack_kernel")  # fmt: skip
 CLASSES = ("select", "elementwise", "gather", "pack", "triton", "other")
 _SELECT = ("topk", "sort", "kthvalue", "nonzero", "argsort", "msort")
 _GATHER = ("index", "index_put_", "_index_put_impl_", "gather", "scatter", "index_select", "take")
@@ -47,10 +49,10 @@ _META = ("view", "slice", "as_strided", "empty", "empty_like", "empty_strided", 
 
 
 def op_class(name: str) -> str:
-    """The class of a profiled op (an ``aten::`` name or a Triton kernel's)."""
+    """The class of a profiled op (an ``aten::`` name; a Triton kernel's)."""
     base = name.split("::")[-1]
     if not name.startswith("aten::"):
-        return "triton" if "kernel" in name else "other"
+        return "triton" if name in TRITON_KERNELS else "other"
     if base in _META:
         return "meta"
     if any(base == s or base.startswith(s + "_") for s in _SELECT):
@@ -62,9 +64,45 @@ def op_class(name: str) -> str:
     return "elementwise"
 
 
+def _cpu_rows(prof) -> List[tuple]:
+    """(class, count, us, name) per CPU op of the profile: its self CPU time (a CPU run)."""
+    rows = []
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        cls = op_class(e.name)
+        n = int(cls not in ("meta", "other"))
+        rows.append(("other" if cls == "meta" else cls, n, e.self_cpu_time_total, e.name))
+    return rows
+
+
+def _cuda_rows(prof) -> List[tuple]:
+    """(class, 1, us, name) per kernel, memcpy or memset the device ran: a kernel's class is that
+    of the aten op that launched it (its name seen in that op's kernels), a Triton kernel's
+    ``triton`` (launched from Python: no aten op), a memcpy / memset ``pack``."""
+    launched: Dict[str, str] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CPU:
+            cls = op_class(e.name)
+            for k in getattr(e, "kernels", None) or []:
+                launched.setdefault(k.name, "other" if cls == "meta" else cls)
+    rows = []
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        if e.name.endswith("_kernel") and e.name in TRITON_KERNELS:
+            cls = "triton"
+        elif e.name.startswith(("Memcpy", "Memset")):
+            cls = "pack"
+        else:
+            cls = launched.get(e.name, "other")
+        rows.append((cls, 1, e.time_range.elapsed_us(), e.name[:70]))
+    return rows
+
+
 def breakdown(fn: Callable[[], object], cuda: bool) -> Dict[str, dict]:
     """Per class of one call of ``fn``: ``{"n": kernels / work ops, "ms": time, "share": ...}``
-    and ``"ops"``: the five costliest op names of the call with their counts and times."""
+    and ``"ops"``: the five costliest op (CUDA: kernel) names with their counts and times."""
     acts = [tprof.ProfilerActivity.CPU] + ([tprof.ProfilerActivity.CUDA] if cuda else [])
     fn()
     if cuda:
@@ -75,21 +113,11 @@ def breakdown(fn: Callable[[], object], cuda: bool) -> Dict[str, dict]:
             torch.cuda.synchronize()
     out = {c: {"n": 0, "ms": 0.0} for c in CLASSES}
     per_op: Dict[str, List[float]] = {}
-    for e in prof.events():
-        if e.device_type != torch.autograd.DeviceType.CPU:
-            continue
-        cls = op_class(e.name)
-        if cuda:
-            us, n = e.self_device_time_total, len(getattr(e, "kernels", []) or [])
-        else:
-            us, n = e.self_cpu_time_total, int(cls not in ("meta", "other"))
-        cls = "other" if cls == "meta" else cls
-        if cuda and not us:
-            continue
+    for cls, n, us, name in _cuda_rows(prof) if cuda else _cpu_rows(prof):
         out[cls]["n"] += n
         out[cls]["ms"] += us / 1e3
-        rec = per_op.setdefault(e.name, [0, 0.0])
-        rec[0] += max(n, 1) if cuda else 1
+        rec = per_op.setdefault(name, [0, 0.0])
+        rec[0] += 1
         rec[1] += us / 1e3
     total = sum(v["ms"] for v in out.values()) or 1.0
     for v in out.values():
