@@ -1,9 +1,10 @@
 """The Triton max-min kernels (torch_cgx/device/triton/maxmin_kernels.py) compiled for sm_90 with
 the launch options of ``TritonMaxMin`` (triton's bundled ptxas: no GPU needed), and what the PTX
 says about exactness that the interpreter cannot show: no fused multiply-add, no flushed
-denormals, IEEE fp64 division and square root, round-to-nearest conversions. Compiled in a
-subprocess without TRITON_INTERPRET (about 5 s); skipped where triton or its NVIDIA backend is
-missing."""
+denormals, IEEE fp64 division and square root, round-to-nearest conversions; and what the memory
+accesses are (vector loads of a full tile's input with a warp's threads on consecutive 16-byte
+pieces, the decoder's metadata as words). Compiled in subprocesses without TRITON_INTERPRET
+(about 5 s each); skipped where triton or its NVIDIA backend is missing."""
 
 import importlib.util
 import json
@@ -71,18 +72,23 @@ json.dump(out, sys.stdout)
 DIVISION = re.compile(r"\b(?:div|rem)\.[su](?:32|64)\b")
 
 
+def compiled(tmp_path, script: str, *args: str) -> dict:
+    """The JSON a compile script prints, run in a subprocess without TRITON_INTERPRET."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    env["TRITON_CACHE_DIR"] = str(tmp_path)  # compiled here, whatever ~/.triton holds
+    run = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)
+
+
 def test_the_cuda_code_rounds_like_the_reference(tmp_path):
     """The kernels compiled for sm_90 (triton's bundled ptxas; no GPU needed) with the launch's
     options: every fp32 / fp64 add, sub and mul is a separate round-to-nearest instruction (no
     fma: ``enable_fp_fusion=False`` reaches the code), divisions and the square root are the
     IEEE fp64 ones, nothing flushes denormals (no .ftz), no approximate instruction."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(sys.path)
-    env["TRITON_CACHE_DIR"] = str(tmp_path)  # compiled here, whatever ~/.triton holds
-    run = subprocess.run([sys.executable, "-c", PTX_SCRIPT], env=env, capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    ptx = json.loads(run.stdout)
+    ptx = compiled(tmp_path, PTX_SCRIPT)
     for name, code in ptx.items():
         for bad in ("fma.", ".ftz", "div.full", "div.approx", ".approx.", "rcp.", "div.rn.f32"):
             assert bad not in code, (name, bad)
@@ -106,3 +112,100 @@ def test_the_cuda_code_rounds_like_the_reference(tmp_path):
     # stores of the tile that reaches the stream's end; 3 bits byte-wise only
     assert "st.global.b32" in ptx["codes64"] and "st.global.b8" in ptx["codes64"]
     assert "st.global.b32" not in ptx["codes"] and "st.global.b8" in ptx["codes"]
+
+
+VECTOR_SCRIPT = r"""
+import importlib.util, json, sys, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from torch_cgx.device.triton.maxmin import TritonMaxMin
+
+if len(sys.argv) > 1:  # another copy of maxmin_kernels.py (an older one: the new tests fail)
+    spec = importlib.util.spec_from_file_location("maxmin_kernels_copy", sys.argv[1])
+    K = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(K)
+else:
+    from torch_cgx.device.triton import maxmin_kernels as K
+options = TritonMaxMin._options(torch.device("cuda"), 4)
+def compile(fn, sig, consts):
+    consts = {k: v for k, v in consts.items() if k in fn.arg_names}
+    sig = {k: v for k, v in sig.items() if k in fn.arg_names}
+    sig.update({k: "constexpr" for k in consts})
+    # pointers 16-byte aligned, as a launch from a fresh tensor specialises them (the code
+    # stream's not: 24 + 8 nb bytes into the payload)
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items()
+             if t.startswith("*") and a != "codes_ptr"}
+    k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options=options)
+    return {"ptx": k.asm["ptx"], "ttgir": k.asm["ttgir"]}
+def ints(names):
+    return dict({n: "i32" for n in names.split()}, magic="i64")
+ptrs = dict(meta_ptr="*i32", inv_ptr="*fp64", sel_ptr="*fp32")
+scal = dict(LEVELS=15, CLIP=True, C=2.0, BF16=False, BB=4, CHUNK=512, UNROLL=8, IDX64=False)
+codes = dict(BITS=4, STOCH=True, BF16=False, G=128, BP=4, IDX64=False, GROUP_META=True)
+out = {}
+for x, align in (("fp32", 4), ("fp16", 8)):
+    out["codes " + x] = compile(K.codes_kernel, dict(ptrs, x_ptr="*" + x, codes_ptr="*u8",
+                                **ints("nq size nbytes k0 k1 shift")), codes)
+out["scalars"] = compile(K.scalars_kernel, dict(ptrs, x_ptr="*fp32", sums_ptr="*fp64",
+                         **ints("nq size span nb")), dict(scal, SUMS=False, ALIGN=4))
+out["encode"] = compile(K.encode_kernel, dict(ptrs, x_ptr="*fp32", codes_ptr="*u8",
+                        **ints("nq size span nb nbytes k0 k1 shift")), dict(scal, **codes, ALIGN=4))
+for word in (8, 4, 1):  # the payload 8-aligned, 4-aligned, at an odd address
+    out[f"decode {word}"] = compile(K.decode_kernel, dict(pay_ptr="*u8", out_ptr="*fp32",
+        **ints("n nq size codes_at tail_at shift")), dict(BITS=4, TAIL_BYTES=0,
+        TAIL_BF16=False, ADD=True, OUT_BF16=False, BLOCK=1024, IDX64=False, WORD=word,
+        GROUP_META=True))
+json.dump(out, sys.stdout)
+"""
+LOAD = r"ld\.global(?:\.[a-z0-9]+)*"
+
+
+def loads(ptx: str, kind: str) -> int:
+    """Global loads of one kind: ``v4`` / ``v2`` (vector), ``b8`` ... ``b64`` (scalar)."""
+    return len(re.findall(LOAD + r"\." + kind + r"\b", ptx))
+
+
+def load_layouts(ttgir: str, elem: str) -> list:
+    """The layouts (sizePerThread, threadsPerWarp) of the unmasked ``tt.load`` of a 2-D tile of
+    ``elem`` pointers (a load without a mask has one operand)."""
+    layouts = dict(re.findall(r"^#(\w+) = #ttg\.blocked<\{(.*?)\}>", ttgir, re.M))
+    found = re.findall(r"tt\.load %[\w.]+ : tensor<\d+x\d+x!tt\.ptr<" + elem + r">, #(\w+)>",
+                       ttgir)  # fmt: skip
+    return [re.findall(r"(?:sizePerThread|threadsPerWarp) = (\[[\d, ]+\])", layouts[f])
+            for f in found]  # fmt: skip
+
+
+def check_vector_accesses(found: dict) -> None:
+    """What the new memory accesses must look like (fails on the kernels before them: no
+    vector load or store anywhere, 72 byte loads per decode thread)."""
+    ptx = {name: v["ptx"] for name, v in found.items()}
+    # codes: the input of a full tile as 16-byte vector loads, a warp's threads on consecutive
+    # 16-byte pieces (fp32: four values a thread, two threads a group; fp16: a group a thread);
+    # the tail tile's masked scalar loads still there
+    assert loads(ptx["codes fp32"], "v4") >= 2 and loads(ptx["codes fp32"], "b32") >= 8
+    assert load_layouts(found["codes fp32"]["ttgir"], "f32") == [["[1, 4]", "[16, 2]"]]
+    assert loads(ptx["codes fp16"], "v4") >= 1 and loads(ptx["codes fp16"], "b16") >= 8
+    assert load_layouts(found["codes fp16"]["ttgir"], "f16") == [["[1, 8]", "[32, 1]"]]
+    # scalars: the (BB, CHUNK) chunks as v4 (a warp on 512 consecutive bytes of a bucket), the
+    # clip's rows as one (BB, UNROLL, 8) tile of v2; the one-launch encode both, and its codes
+    for name in ("scalars", "encode"):
+        assert loads(ptx[name], "v4") >= 4 and loads(ptx[name], "v2") >= 1, name
+        assert ["[1, 4]", "[1, 32]"] in load_layouts(found[name]["ttgir"], "f32"), name
+    assert ["[1, 4]", "[16, 2]"] in load_layouts(found["encode"]["ttgir"], "f32")
+    # decode: out loaded and stored as v4 in a full block; the metadata one 64-bit load per
+    # group (8-aligned payload) or two 32-bit ones (4-aligned), a full block's codes one
+    # 32-bit word per group (4 bits), so the only byte loads left are the tail block's codes
+    # (8 a thread, one per element); at an odd address the metadata's bytes too
+    for word in (8, 4, 1):
+        code = ptx[f"decode {word}"]
+        assert loads(code, "v4") == 2 and len(re.findall(r"st\.global\.v4\.", code)) == 2
+        assert loads(code, "b8") == (8 if word > 1 else 16), (word, loads(code, "b8"))
+        assert len(re.findall(LOAD + r"\.", code)) <= (24 if word > 1 else 28), word  # 80 before
+    assert loads(ptx["decode 8"], "b64") == 1 and loads(ptx["decode 4"], "b64") == 0
+
+
+def test_full_tiles_load_vectors_and_decode_reads_words(tmp_path):
+    """The fp32 / fp16 kernels with 16-byte aligned pointers, as a launch from fresh tensors
+    specialises them, and a bucket size that is a multiple of 8 (check_vector_accesses)."""
+    check_vector_accesses(compiled(tmp_path, VECTOR_SCRIPT))

@@ -122,23 +122,25 @@ def lane_total(acc, col):
 @triton.jit
 def lane_rows(x_ptr, lo, hi, q, mean, acc, FULL: tl.constexpr, SQUARES: tl.constexpr,
               BF16: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
-    """``acc`` plus rows q ... q + UNROLL - 1 of :func:`lane_sum`, in order (their loads do
-    not depend on the sums); FULL: the rows are in every bucket (unmasked loads)."""
-    col = tl.arange(0, 8)
+    """``acc`` plus rows q ... q + UNROLL - 1 of :func:`lane_sum` in order, loaded as one
+    (BB, UNROLL, 8) tile (FULL: the rows are in every bucket, unmasked: vector loads), row r
+    extracted exactly (its value plus UNROLL - 1 zeros: a -0.0 becomes +0.0, which adds the
+    same to a lane, never -0.0)."""
+    r = tl.arange(0, UNROLL)[None, :, None]
+    at = lo[:, None, None] + (q + r) * 8 + tl.arange(0, 8)[None, None, :]
+    if FULL:
+        d = widen(tl.load(x_ptr + at), BF16).to(tl.float64)
+        if SQUARES:
+            e = d - mean[:, None, None]
+            d = e * e  # two roundings: no fused multiply-add
+    else:
+        m = at < hi[:, None, None]
+        d = widen(tl.load(x_ptr + at, mask=m, other=0), BF16).to(tl.float64)
+        if SQUARES:
+            e = d - mean[:, None, None]
+            d = tl.where(m, e * e, 0.0)
     for k in tl.static_range(UNROLL):
-        at = lo[:, None] + (q + k) * 8 + col[None, :]
-        if FULL:
-            d = widen(tl.load(x_ptr + at), BF16).to(tl.float64)
-            if SQUARES:
-                e = d - mean[:, None]
-                d = e * e  # two roundings: no fused multiply-add
-        else:
-            m = at < hi[:, None]
-            d = widen(tl.load(x_ptr + at, mask=m, other=0), BF16).to(tl.float64)
-            if SQUARES:
-                e = d - mean[:, None]
-                d = tl.where(m, e * e, 0.0)
-        acc = acc + d
+        acc = acc + tl.sum(tl.where(r == k, d, 0.0), axis=1)
     return acc
 
 
