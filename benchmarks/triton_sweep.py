@@ -8,6 +8,9 @@ each ``block`` x ``buckets_per_program``: the payload compared with the default 
 (a launch size must never change them) and the time, median of CUDA-event timings, beside a
 device-to-device copy of the same buffer in the same run. Ratios are in time (copy time over
 the kernel's time), as benchmarks.device prints them. The best variant of each table is marked.
+The level codecs' rows also compare the one-launch encode (``one_launch=None``: the host's
+choice, one launch for qsgd's buckets of 512) with the two launches (``False``), and decode from
+the fresh payload (32-bit word reads) with decode from a copy at an odd address (bytes).
 """
 
 from __future__ import annotations
@@ -70,18 +73,26 @@ def levels_rows(x: torch.Tensor, copy_s: float) -> List[Dict]:
     from torch_cgx.device.triton.levels import TritonLevels
 
     rows = []
-    for name, params in (("qsgd", {"bits": 4, "bucket_size": 512}), ("onebit", {})):
+    for name, params in (("qsgd", {"bits": 4, "bucket_size": 512}), ("onebit", {}),
+                         ("signsgd", {})):  # fmt: skip
         codec = codecs.get(name, **params)
         want = TritonLevels().encode(codec, x, SEED, STREAM)
         out = torch.randn_like(x)
-        for block, bb in itertools.product((1024, 4096, 8192), (None, 4, 64)):
-            k = TritonLevels(block=block, buckets_per_program=bb)
+        odd = torch.empty(want.numel() + 1, dtype=torch.uint8, device=x.device)[1:]
+        odd.copy_(want)  # a payload at an odd address: decode's byte path
+        ref = TritonLevels().decode_add_(codec, out.clone(), want)
+        one = (None, False) if codec.scalars else (None,)  # the one-launch encode (default) or not
+        for block, bb, fused in itertools.product((1024, 4096, 8192), (None, 4, 64), one):
+            k = TritonLevels(block=block, buckets_per_program=bb, one_launch=fused)
             same = torch.equal(k.encode(codec, x, SEED, STREAM), want)
+            same = same and torch.equal(k.decode_add_(codec, out.clone(), odd), ref)
             enc = timed(lambda k=k, c=codec: k.encode(c, x, SEED, STREAM))
             dec = timed(lambda k=k, c=codec, o=out, w=want: k.decode_add_(c, o, w))
+            dec_odd = timed(lambda k=k, c=codec, o=out, w=odd: k.decode_add_(c, o, w))
             rows.append({"table": f"{name}", "block": block, "buckets_per_program": bb,
-                         "same_bytes": same, "encode_ms": enc * 1e3, "enc_vs_copy": copy_s / enc,
-                         "dec_vs_copy": copy_s / dec})  # fmt: skip
+                         "one_launch": fused, "same_bytes": same, "encode_ms": enc * 1e3,
+                         "enc_vs_copy": copy_s / enc, "dec_vs_copy": copy_s / dec,
+                         "dec_odd_vs_copy": copy_s / dec_odd})  # fmt: skip
     return rows
 
 

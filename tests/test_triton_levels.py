@@ -131,7 +131,8 @@ def make_input(n: int, dtype, kind: str, seed: int) -> torch.Tensor:
 
 
 def check(impl, name, params, x, seed=3, stream=5) -> None:
-    """Bytes and decode_add of ``impl`` equal the native compressor's (AssertionError)."""
+    """Bytes and decode_add of ``impl`` equal the native compressor's (AssertionError); the
+    payload decoded from a fresh tensor (32-bit word reads) and from an odd address (bytes)."""
     native, codec = compressors.get(name, **params), codecs.get(name, **params)
     what = f"{name} {params} {x.dtype} n={x.numel()}"
     want = native.encode(x.cpu(), seed=seed, stream=stream)
@@ -145,12 +146,15 @@ def check(impl, name, params, x, seed=3, stream=5) -> None:
     n = x.numel()
     unaligned = torch.zeros(want.numel() + 3, dtype=torch.uint8, device=DEVICE)[3:]
     unaligned.copy_(want)  # a payload at an odd address: the kernels read it byte by byte
-    for od in dict.fromkeys((x.dtype, torch.float32)):
+    aligned = want.to(DEVICE, copy=True)  # a fresh tensor: 32-bit words
+    outs = dict.fromkeys((x.dtype, torch.float32))  # fp32 inputs: one view, by n's parity
+    views = [aligned, unaligned] if len(outs) == 2 else [(aligned, unaligned)[n % 2]]
+    for od, payload in zip(outs, views):
         acc = (torch.arange(n, dtype=torch.float32) % 13 - 6.0).to(od)
         acc[::7] = -0.0
         ref = native.decode_add_(acc.clone(), want)
         dtype = None if od == x.dtype else x.dtype
-        out = impl.decode_add_(codec, acc.to(DEVICE), unaligned, dtype=dtype)
+        out = impl.decode_add_(codec, acc.to(DEVICE), payload, dtype=dtype)
         assert_same(out.cpu(), ref, f"{what} decode_add into {od}")
 
 

@@ -34,14 +34,18 @@ from torch_cgx.device.triton import levels_kernels as K
 from torch_cgx.device.triton.levels import TritonLevels
 
 options = TritonLevels._options(torch.device("cuda"))  # what a CUDA launch passes
-def ptx(fn, sig, consts, wide=False):
+def ptx(fn, sig, consts, wide=False, warps=4):
     # IDX64: the int32 index variant (GPUs' default) unless ``wide``; arguments fn lacks are
-    # dropped: an older copy of the module compiles too
+    # dropped: an older copy of the module compiles too. Pointers 16-byte aligned, as a launch
+    # from a fresh tensor specialises them, but for the code stream's (32 + 4 s nb bytes in)
     consts = {k: v for k, v in dict(consts, IDX64=wide).items() if k in fn.arg_names}
     sig = {k: v for k, v in sig.items() if k in fn.arg_names}
     sig = dict(sig, **{k: "constexpr" for k in consts})
-    src = ASTSource(fn, sig, constexprs=consts)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items()
+             if t.startswith("*") and a != "codes_ptr"}
+    src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
+    opts = dict(options, num_warps=warps)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
 out = {}
 for kind in range(4):
     x = "*i16" if kind == 1 else "*fp16"  # bf16 travels as int16
@@ -68,6 +72,32 @@ sig = {"pay_ptr": "*u8", "out_ptr": "*i16", "n": "i64", "size": "i64", "codes_at
        "magic": "i64", "shift": "i32"}
 out["decode_bf16"] = ptx(K.decode_kernel, sig, dict(KIND=0, BITS=8, LEVELS=127, NEG=128,
                          BF16=True, BLOCK=1024))
+# the vector paths: the sums of 16 buckets per program (one warp: the host's plan), fp16 codes,
+# decode from a 4-aligned payload (WORDS), the one-launch encode
+sig = {"x_ptr": "*fp32", "pay_ptr": "*u8", "scal_ptr": "*i32", "n": "i32", "size": "i32",
+       "nb": "i32"}
+out["scalars0_bb16"] = ptx(K.scalars_kernel, sig, dict(KIND=0, CLIP=False, BF16=False, BB=16,
+                           UNROLL=8, ALIGN=8), warps=1)
+sig = {"x_ptr": "*fp16", "pay_ptr": "*u8", "scal_ptr": "*i32", "codes_ptr": "*u8",
+       "flag_ptr": "*i32", "n": "i32", "size": "i32", "nbytes": "i32", "k0": "i32",
+       "k1": "i64", "magic": "i64", "shift": "i32"}
+out["codes4_f16"] = ptx(K.codes_kernel, sig, dict(KIND=4, BITS=1, LEVELS=1, NEG=1, BF16=False,
+                        G=128, BP=1))
+for kind, bits, levels in [(0, 4, 7), (0, 3, 3), (2, 1, 1), (4, 1, 1)]:
+    meta = dict(KIND=kind, BITS=bits, LEVELS=levels, NEG=levels + 1 if kind == 0 else 1)
+    sig = {"pay_ptr": "*u8", "out_ptr": "*fp32", "n": "i32", "size": "i32", "codes_at": "i32",
+           "magic": "i64", "shift": "i32"}
+    out[f"decode{kind}_{bits}_words"] = ptx(K.decode_kernel, sig, dict(meta, BF16=False,
+                                            BLOCK=1024, WORDS=True))
+if hasattr(K, "encode_kernel"):
+    for kind, bits, levels in [(0, 4, 7), (2, 1, 1)]:
+        meta = dict(KIND=kind, BITS=bits, LEVELS=levels, NEG=levels + 1 if kind == 0 else 1)
+        sig = {"x_ptr": "*fp32", "pay_ptr": "*u8", "scal_ptr": "*i32", "codes_ptr": "*u8",
+               "n": "i32", "size": "i32", "nb": "i32", "nbytes": "i32", "k0": "i32",
+               "k1": "i64", "magic": "i64", "shift": "i32"}
+        bp = 1 << (bits - 1).bit_length()
+        out[f"encode{kind}"] = ptx(K.encode_kernel, sig, dict(meta, CLIP=False, BF16=False,
+                                   BB=16, UNROLL=8, ALIGN=8, G=128, BP=bp))
 json.dump(out, sys.stdout)
 """
 
@@ -84,7 +114,7 @@ def ptx(tmp_path_factory):
 
 
 def test_no_fused_flushed_or_approximate_arithmetic(ptx):
-    assert len(ptx) == 19
+    assert len(ptx) == 27
     for name, code in ptx.items():
         for bad in ("fma.", ".ftz", "div.full", "div.approx", ".approx.", "rcp."):
             assert bad not in code, (name, bad)
@@ -139,3 +169,50 @@ def test_the_int32_variants_never_divide(ptx):
     for name in ("codes0", "codes1", "decode0", "decode1", "decode2", "decode3"):
         assert ptx[name].count("mul.hi.u32") == 8, name  # the buckets' codecs
     assert "div.s64" in ptx["codes0_64"] and "div.s64" in ptx["decode2_64"]
+
+
+def loads(code: str, what: str) -> int:
+    """Global loads of ``what`` (``b8``, ``b32``, ``v4.b32`` ...), any cache modifier."""
+    return len(re.findall(r"ld\.global(?:\.[a-z]+)*\." + re.escape(what) + r"\s", code))
+
+
+def test_full_tiles_load_the_input_as_vectors(ptx):
+    """A codes tile inside the tensor loads its input without a mask: 16-byte vector loads, a
+    warp's threads on consecutive 16-byte pieces (fp32: two per thread of 8 values; fp16: one);
+    the masked scalar loads remain for the tail tile. The sums of 16 buckets of a multiple of
+    8 values (one warp, the host's plan for them) load each row of an unrolled iteration inside
+    every bucket as one vector per thread (eight), masked scalars for the rest."""
+    for kind in range(6):
+        assert loads(ptx[f"codes{kind}"], "v4.b32") == 2, kind
+        scalars = 8 if kind in (0, 1) else 0  # qsgd, terngrad: the buckets' scalars
+        assert loads(ptx[f"codes{kind}"], "b32") == 8 + scalars, kind  # and the tail tile's
+    assert loads(ptx["codes4_f16"], "v4.b32") == 1 and loads(ptx["codes4_f16"], "b16") == 8
+    assert loads(ptx["scalars0_bb16"], "v4.b32") == 8
+    assert loads(ptx["scalars0_bb16"], "b32") == 32
+
+
+def test_decode_reads_words_and_adds_by_vectors(ptx):
+    """From a 4-aligned payload (WORDS), a full block reads its codes as 32-bit words (one per
+    thread for 1 and 4 bits; 3 bits: a word per value and the next where a code straddles),
+    the scalars as words (no byte loads but the tail block's codes and signsgd's flag byte),
+    and adds to ``out`` by 16-byte vectors (two loads, two stores per thread)."""
+    cases = [("decode0_4_words", 8, 28), ("decode0_3_words", 16, 52),
+             ("decode2_1_words", 8, 28), ("decode4_1_words", 9, 22)]  # fmt: skip
+    for name, tail_bytes, most in cases:
+        code = ptx[name]
+        assert loads(code, "v4.b32") == 2 and "st.global.v4.b32" in code, name
+        assert loads(code, "b8") == tail_bytes, name
+        assert loads(code, "b8") + loads(code, "b32") + 2 <= most, name  # 48+ before
+    assert loads(ptx["decode0_4_words"], "b32") == 1 + 8 + 8  # a word; the scalars; the tail
+
+
+def test_the_one_launch_encode(ptx):
+    """encode_kernel: the sums, a barrier, then the codes, whose scalars (this program's own
+    writes) are read through L2 (``ld.global.cg``) and whose full tiles load vectors; sign
+    codes read no scalar."""
+    code = ptx["encode0"]
+    assert "bar.sync" in code and loads(code, "v4.b32") == 2
+    assert loads(code, "b32") >= 8 and len(re.findall(r"ld\.global\.cg\.b32", code)) == 8
+    between = code[code.index("st.global.b32") : code.index("ld.global.cg")]
+    assert "bar.sync" in between  # the scalars' stores, a barrier, their reads
+    assert "ld.global.cg" not in ptx["encode2"] and loads(ptx["encode2"], "v4.b32") == 2

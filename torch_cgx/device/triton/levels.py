@@ -5,10 +5,13 @@ byte the native compressors (the kernels: ``levels_kernels.py``, imported by :me
 Encode: the envelope's constant bytes are copied from ``constants.bytes_of`` (cached on the
 device: no host copy per call); the bucketed codecs then run ``scalars_kernel`` (the per-bucket
 f32 scalars, into the payload), and every codec ``codes_kernel`` (the code stream; signsgd,
-signum and tbq OR the envelope's non-finite flag in). decode_add: ``decode_kernel`` reads the
-scalars, tbq's tau and the flag from the payload. Sizes, grids and kernel variants come from
-element counts and the codec's parameters only: no host synchronisation, every launch on the
-caller's current stream (on the tensor's device). Every kernel has an int32 index variant
+signum and tbq OR the envelope's non-finite flag in); where a program's buckets end on a group
+of eight and hold at most ``FUSED_VALUES`` values, ``encode_kernel`` does both in one launch
+(``one_launch``). decode_add: ``decode_kernel`` reads the scalars, tbq's tau and the flag from
+the payload, as 32-bit words where the payload is 4-aligned (a fresh tensor), else byte by
+byte. Sizes, grids and kernel variants come from element counts and the codec's parameters
+only: no host synchronisation, every launch on the caller's current stream (on the tensor's
+device). Every kernel has an int32 index variant
 (``IDX64=False``: no 64-bit integer arithmetic, the bucket index a multiply-high by
 ``divisor(size)``) where the extents the launch lists stay below ``INDEX32_LIMIT`` (2^31), the
 int64 one otherwise.
@@ -38,6 +41,7 @@ __all__ = ["TritonLevels"]
 KINDS = {"qsgd": 0, "terngrad": 1, "onebit": 2, "efsignsgd": 3, "signsgd": 4, "signum": 4,
          "tbq": 5}  # fmt: skip
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+FUSED_VALUES = 1 << 16  # one launch where a program's buckets hold at most this many values
 
 
 def _le(value: int, nbytes: int) -> tuple:
@@ -74,12 +78,15 @@ class TritonLevels(FusedLevels):
     ``block``: values per program of the codes and decode kernels (a power of two >= 8);
     ``buckets_per_program``: buckets summed per program of the scalars kernel (a power of two);
     None: on a GPU enough for about 1024 programs (at most 16, or 64 for buckets of <= 8
-    values), under the interpreter (programs run one after the other) up to 64 (1024)."""
+    values), under the interpreter (programs run one after the other) up to 64 (1024).
+    ``one_launch``: scalars and codes in one launch (``encode_kernel``) wherever a program's
+    buckets end on a group of eight (True), never (False), or (None) there where a program's
+    buckets also hold at most ``FUSED_VALUES`` values (its codes: a few tiles)."""
 
     name = "triton-levels"
     codecs = ("qsgd", "terngrad", "onebit", "efsignsgd", "signsgd", "signum", "tbq")
 
-    def __init__(self, block: int = 1024, buckets_per_program=None) -> None:
+    def __init__(self, block: int = 1024, buckets_per_program=None, one_launch=None) -> None:
         if block < 8 or block & (block - 1):
             raise ValueError(f"block must be a power of two >= 8, got {block}")
         bb = buckets_per_program
@@ -87,6 +94,7 @@ class TritonLevels(FusedLevels):
             raise ValueError(f"buckets_per_program must be a power of two, got {bb}")
         self.block = block
         self.buckets_per_program = bb
+        self.one_launch = one_launch
         self.unroll = 8  # rows of eight per iteration of a bucket's sum (fewer for short ones)
         self._k = None
 
@@ -155,25 +163,49 @@ class TritonLevels(FusedLevels):
         xb, bf16 = _bits_view(x), x.dtype == torch.bfloat16
         k0, k1 = rng_key(seed, stream)
         opts = self._options(dev)
+        groups = self.block // 8
+        codes = dict(**meta, BF16=bf16, G=groups, BP=1 << (codec.bits - 1).bit_length())
+        nbytes = (n * codec.bits + 7) // 8
         with self._on(dev):
             if nb:
-                bb = self._bb(nb, size, dev)
-                clip = codec.name == "terngrad" and codec.clip > 0
-                rows = (layout.width + 7) // 8
-                unroll = min(self.unroll, 1 << (rows - 1).bit_length())
-                # the tiles of every program (the last one's padding buckets), the scalars
-                wide = index64((nb + bb) * size + 16 * unroll + 64, 2 * (nb + bb) + 2)
-                k.scalars_kernel[(_cdiv(nb, bb),)](
-                    xb, out, scal, n, size, nb, KIND=meta["KIND"], CLIP=clip, BF16=bf16, BB=bb,
-                    UNROLL=unroll, IDX64=wide, num_warps=max(1, min(4, bb // 4)),
-                    **opts)  # fmt: skip
-            groups = self.block // 8
+                sp = self._scalars_plan(codec, layout, dev)
+                args = (xb, out, scal)
+                if sp["fused"]:  # one launch: the scalars stay in L2, the input is read once
+                    k.encode_kernel[(sp["grid"],)](
+                        *args, out[scal_end:], n, size, nb, nbytes, k0, k1, *divisor(size),
+                        CLIP=sp["clip"], BB=sp["bb"], UNROLL=sp["unroll"], ALIGN=sp["align"],
+                        **codes, IDX64=sp["wide"] or index64(n + self.block + 64, size),
+                        num_warps=4, **opts)  # fmt: skip
+                    return out
+                k.scalars_kernel[(sp["grid"],)](
+                    *args, n, size, nb, KIND=meta["KIND"], CLIP=sp["clip"], BF16=bf16,
+                    BB=sp["bb"], UNROLL=sp["unroll"], IDX64=sp["wide"], ALIGN=sp["align"],
+                    num_warps=max(1, min(4, sp["bb"] // 16)), **opts)  # fmt: skip
             k.codes_kernel[(_cdiv(n, self.block),)](
-                xb, out, scal, out[scal_end:], out[:8].view(torch.int32), n, size,
-                (n * codec.bits + 7) // 8, k0, k1, *divisor(size), **meta, BF16=bf16, G=groups,
-                BP=1 << (codec.bits - 1).bit_length(), IDX64=index64(n + self.block + 64, size),
-                num_warps=4, **opts)  # fmt: skip
+                xb, out, scal, out[scal_end:], out[:8].view(torch.int32), n, size, nbytes, k0, k1,
+                *divisor(size), **codes, IDX64=index64(n + self.block + 64, size), num_warps=4,
+                **opts)  # fmt: skip
         return out
+
+    def _scalars_plan(self, codec, layout, device: torch.device) -> dict:
+        """The scalars pass's launch: ``bb`` buckets per program, ``grid`` programs, ``unroll``
+        rows per iteration, ``align`` (a power of two <= 8 dividing every bucket's start: the
+        unmasked rows' vector loads), ``wide`` (its int64 variant: the tiles of every program,
+        the last one's padding buckets, the scalars), and ``fused``: the codes in the same
+        launch (``one_launch``; None: where a program's buckets hold at most ``FUSED_VALUES``
+        values), where each program's buckets end on a group of eight or there is one."""
+        nb, size = layout.count, layout.size
+        bb = self._bb(nb, size, device)
+        grid = _cdiv(nb, bb)
+        rows = (layout.width + 7) // 8
+        unroll = min(self.unroll, 1 << (rows - 1).bit_length())
+        wide = index64((nb + bb) * size + 16 * unroll + 64, 2 * (nb + bb) + 2)
+        align = 8 if nb == 1 and bb == 1 else min(8, size & -size)  # one bucket: at 0
+        fits = (bb * size) % 8 == 0 or grid == 1
+        want = self.one_launch if self.one_launch is not None else bb * size <= FUSED_VALUES
+        clip = codec.name == "terngrad" and codec.clip > 0
+        return {"bb": bb, "grid": grid, "unroll": unroll, "wide": wide, "align": align,
+                "fused": fits and want, "clip": clip}  # fmt: skip
 
     def decode_add_(self, codec, out: torch.Tensor, payload: torch.Tensor, dtype=None):
         """``out += decode(payload)``; ``dtype`` (the payload's source dtype) changes no byte the
@@ -196,11 +228,13 @@ class TritonLevels(FusedLevels):
         # lanes' buckets): the int32 variant
         scalars = 40 + 8 * ((n + self.block) // size) + 64 if layout else 0
         wide = index64(n + self.block + 64, want + self.block + 64, size, scalars)
+        # whole words: a 4-aligned payload (the stream at 32 + 4 s nb), blocks of whole words
+        words = payload.data_ptr() % 4 == 0 and (self.block * codec.bits) % 32 == 0
         with self._on(out.device):
             self._k.decode_kernel[(_cdiv(n, self.block),)](
                 payload, _bits_view(out), n, size, codes_at, *divisor(size), **self._meta(codec),
-                BF16=out.dtype == torch.bfloat16, BLOCK=self.block, IDX64=wide, num_warps=4,
-                **self._options(out.device))  # fmt: skip
+                BF16=out.dtype == torch.bfloat16, BLOCK=self.block, IDX64=wide, WORDS=words,
+                num_warps=4, **self._options(out.device))  # fmt: skip
         return out
 
 

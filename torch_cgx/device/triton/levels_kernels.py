@@ -2,18 +2,26 @@
 terngrad, onebit, efsignsgd, signsgd / signum and tbq, byte for byte the native compressors
 (docs/FORMAT.md, "Compressor payloads"). Importing this module imports triton.
 
-Three kernels, all launched with ``enable_fp_fusion=False`` on the caller's current stream:
+Four kernels, all launched with ``enable_fp_fusion=False`` on the caller's current stream:
 
 - ``scalars_kernel`` (bucketed codecs): a program sums ``BB`` buckets, as a (BB, 8) tile whose
   column j is prim::stats' lane j (element lo + 8q + j); each lane adds its rows in order q = 0,
   1, ... from +0.0 in fp64 (``UNROLL`` rows per loop iteration, their loads independent of the
   sums), then the lanes are added as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)): the
   native fp64 bits. A lane's sum is serial, so a bucket of B values costs its program B / 64
-  dependent iterations (UNROLL = 8), bucket size 0 (the whole tensor) included.
+  dependent iterations (UNROLL = 8), bucket size 0 (the whole tensor) included. The iterations
+  whose rows lie inside every bucket of the tile load without a mask (vector loads where
+  ``ALIGN``, a power of two dividing every bucket's start, allows), the rest masked.
 - ``codes_kernel``: a program codes ``G`` groups of eight values (a group: ``BITS`` bytes of
   the stream), prim::Levels' rule or the sign bit per value; signsgd / signum / tbq OR the
-  envelope's non-finite flag with one atomic (an OR does not depend on the order).
-- ``decode_kernel``: one value per lane, ``out += value`` in fp32 rounded once to out's dtype.
+  envelope's non-finite flag with one atomic (an OR does not depend on the order). A tile
+  inside the tensor loads without a mask (16-byte vector loads), the last one masked.
+- ``encode_kernel``: both in one launch where a program's buckets end on a group of eight (or
+  there is one program): the scalars of its buckets, a barrier, then their codes, the scalars
+  read back through L2 (``.cg``).
+- ``decode_kernel``: ``out += value`` in fp32 rounded once to out's dtype, a (rows, E) tile
+  (E: the codes of a 32-bit word); a full block reads its codes and scalars as words where the
+  payload is 4-aligned (``WORDS``), out with vector loads and stores; the tail block masked.
 
 Exactness on a GPU, by construction (the interpreter computes in numpy, IEEE already): fp32
 divisions are ``tl.math.div_rn`` (Triton's ``/`` is an approximate division for fp32); fp64
@@ -32,8 +40,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from torch_cgx.device.triton.bits import bf16_bits, store_words, widen
-from torch_cgx.device.triton.rng import uniform
+from torch_cgx.device.triton.bits import widen
+from torch_cgx.device.triton.levels_parts import (
+    add_store,
+    byte_codes,
+    f32_at,
+    level_code,
+    nan_or,
+    or_one,
+    pack_store,
+    row_len,
+    word_codes,
+)
 
 # Kinds (constexpr): signum is signsgd's kernel
 QSGD = tl.constexpr(0)
@@ -42,7 +60,6 @@ ONEBIT = tl.constexpr(2)
 EFSIGN = tl.constexpr(3)
 SIGNSGD = tl.constexpr(4)
 TBQ = tl.constexpr(5)
-NAN_BITS = tl.constexpr(0x7FC00000)
 FLAG_WORD = tl.constexpr(1 << 24)  # flag bit 0 (byte 7) in the little-endian word of bytes 4..7
 
 
@@ -53,20 +70,6 @@ FLAG_WORD = tl.constexpr(1 << 24)  # flag bit 0 (byte 7) in the little-endian wo
 def neg(v):
     """-v as C's unary minus: the sign bit flipped (Triton's ``-v`` is 0 - v: +0.0 for +0.0)."""
     return (v.to(tl.uint32, bitcast=True) ^ 0x80000000).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def u32_at(ptr, off, mask):
-    """The little-endian uint32 at byte offsets ``off`` of a uint8 pointer (any alignment)."""
-    w = tl.load(ptr + off, mask=mask, other=0).to(tl.uint32)
-    w = w | (tl.load(ptr + off + 1, mask=mask, other=0).to(tl.uint32) << 8)
-    w = w | (tl.load(ptr + off + 2, mask=mask, other=0).to(tl.uint32) << 16)
-    return w | (tl.load(ptr + off + 3, mask=mask, other=0).to(tl.uint32) << 24)
-
-
-@triton.jit
-def f32_at(ptr, off, mask):
-    return u32_at(ptr, off, mask).to(tl.float32, bitcast=True)
 
 
 # ---- pass 1: the bucket scalars --------------------------------------------------------------
@@ -95,16 +98,43 @@ def combine8(l0, l1, l2, l3, l4, l5, l6, l7):
 
 
 @triton.jit
+def add_rows(x_ptr, base, end, q, s, a, sq, neg, amax, KIND: tl.constexpr, BF16: tl.constexpr,
+             UNROLL: tl.constexpr, FULL: tl.constexpr):  # fmt: skip
+    """Rows q .. q + UNROLL - 1 of the (BB, 8) tile added to the lane sums (FULL: every row
+    inside every bucket, no mask)."""
+    for k in tl.static_range(UNROLL):
+        at = base + (q + k) * 8
+        if FULL:
+            v = tl.load(x_ptr + at)
+        else:
+            v = tl.load(x_ptr + at, mask=at < end, other=0)
+        if BF16:  # widen(), inline: the interpreter pays ~0.5 ms per jit call
+            v = (v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        v = v.to(tl.float32)
+        d = v.to(tl.float64)
+        if KIND == ONEBIT:
+            s = s + d
+        if (KIND == ONEBIT) or (KIND == EFSIGN):
+            a = a + tl.abs(d)
+        if (KIND == QSGD) or (KIND == TERNGRAD):
+            sq = sq + d * d
+        if KIND == ONEBIT:
+            neg = neg + (v < 0.0).to(neg.dtype)
+        if KIND == TERNGRAD:
+            amax = tl.maximum(amax, tl.abs(v))
+    return s, a, sq, neg, amax
+
+
+@triton.jit
 def bucket_sums(x_ptr, lo, hi, rows, KIND: tl.constexpr, BF16: tl.constexpr, BB: tl.constexpr,
-                UNROLL: tl.constexpr):  # fmt: skip
+                UNROLL: tl.constexpr, ALIGN: tl.constexpr):  # fmt: skip
     """prim::stats of the buckets [lo, hi) ((BB,) each): (sum x, sum |x|, sum x^2, negatives,
     max |x|), each computed only where KIND uses it. Lane j (column j of a (BB, 8) tile) adds
     elements lo + 8q + j for q = 0, 1, ... in order, from +0.0, in fp64; UNROLL rows per
-    iteration (their loads do not depend on the sums). Outside a bucket the tile holds +0.0,
-    which leaves a lane as it is (a lane that starts at +0.0 is never -0.0)."""
-    SUM: tl.constexpr = KIND == ONEBIT
-    ABS: tl.constexpr = (KIND == ONEBIT) or (KIND == EFSIGN)
-    SQ: tl.constexpr = (KIND == QSGD) or (KIND == TERNGRAD)
+    iteration (their loads do not depend on the sums): first the iterations inside every
+    bucket (no mask: vector loads where ``lo`` is a multiple of 4), then the rest masked.
+    Outside a bucket the tile holds +0.0, which leaves a lane as it is (a lane that starts at
+    +0.0 is never -0.0)."""
     col = tl.arange(0, 8)
     base = lo[:, None] + col[None, :]
     end = hi[:, None]
@@ -113,53 +143,37 @@ def bucket_sums(x_ptr, lo, hi, rows, KIND: tl.constexpr, BF16: tl.constexpr, BB:
     sq = tl.zeros([BB, 8], tl.float64)
     neg = tl.zeros([BB, 8], lo.dtype)
     amax = tl.zeros([BB, 8], tl.float32)
+    # rows inside every bucket of the tile (padding buckets: none), whole iterations of them
+    full = tl.min(tl.maximum(hi - lo, 0), axis=0) // (8 * UNROLL) * UNROLL
     q = (
         rows * 0
     )  # the index type; a while loop: the interpreter cannot range() over a kernel argument
+    while q < full:
+        s, a, sq, neg, amax = add_rows(x_ptr, base, end, q, s, a, sq, neg, amax, KIND, BF16,
+                                       UNROLL, True)  # fmt: skip
+        q += UNROLL
     while q < rows:
-        for k in tl.static_range(UNROLL):
-            at = base + (q + k) * 8
-            v = tl.load(x_ptr + at, mask=at < end, other=0)
-            if BF16:  # widen(), inline: the interpreter pays ~0.5 ms per jit call
-                v = (v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-            v = v.to(tl.float32)
-            d = v.to(tl.float64)
-            if SUM:
-                s = s + d
-            if ABS:
-                a = a + tl.abs(d)
-            if SQ:
-                sq = sq + d * d
-            if KIND == ONEBIT:
-                neg = neg + (v < 0.0).to(neg.dtype)
-            if KIND == TERNGRAD:
-                amax = tl.maximum(amax, tl.abs(v))
+        s, a, sq, neg, amax = add_rows(x_ptr, base, end, q, s, a, sq, neg, amax, KIND, BF16,
+                                       UNROLL, False)  # fmt: skip
         q += UNROLL
     return (lane_total(s, col), lane_total(a, col), lane_total(sq, col), tl.sum(neg, axis=1),
             tl.max(amax, axis=1))  # fmt: skip
 
 
 @triton.jit
-def nan_or(finite, v):
-    """The bits of the f32 scalar ``v``, or of the quiet NaN 0x7fc00000 (explicit bits)."""
-    return tl.where(finite, v.to(tl.int32, bitcast=True), NAN_BITS)
-
-
-@triton.jit(do_not_specialize=["n", "size", "nb"])
-def scalars_kernel(x_ptr, pay_ptr, scal_ptr, n, size, nb, KIND: tl.constexpr, CLIP: tl.constexpr,
+def bucket_scalars(x_ptr, pay_ptr, scal_ptr, n, size, nb, KIND: tl.constexpr, CLIP: tl.constexpr,
                    BF16: tl.constexpr, BB: tl.constexpr, UNROLL: tl.constexpr,
-                   IDX64: tl.constexpr):  # fmt: skip
+                   ALIGN: tl.constexpr):  # fmt: skip
     """The f32 scalars (int32 bits at ``scal_ptr``) of buckets pid * BB .. pid * BB + BB - 1 of
-    ``size`` values (the last one shorter); terngrad's clip from the envelope's param1."""
-    IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
-    n, size = n.to(IT), size.to(IT)
-    lo0 = tl.program_id(0).to(IT) * BB * size
-    b = tl.program_id(0).to(IT) * BB + tl.arange(0, BB)
+    ``size`` values (the last one shorter); terngrad's clip from the envelope's param1. ``n``,
+    ``size`` in the index type."""
+    lo0 = tl.program_id(0).to(n.dtype) * BB * size
+    b = tl.program_id(0).to(n.dtype) * BB + tl.arange(0, BB)
     valid = b < nb
-    lo = b * size
-    hi = tl.minimum(lo + size, n)
+    lo = b * (size // ALIGN * ALIGN)  # = b * size, its alignment visible to the compiler
+    hi = tl.minimum(b * size + size, n)
     rows = (tl.minimum(size, n - lo0) + 7) // 8  # the program's longest bucket: its first
-    total, mag, sq, neg, amax = bucket_sums(x_ptr, lo, hi, rows, KIND, BF16, BB, UNROLL)
+    total, mag, sq, neg, amax = bucket_sums(x_ptr, lo, hi, rows, KIND, BF16, BB, UNROLL, ALIGN)
     # all values finite <=> their fp64 sum of squares (or magnitudes) is: finite fp32 values
     # cannot overflow it (2^48 * FLT_MAX^2 < DBL_MAX), NaN / Inf make it NaN / Inf
     if (KIND == ONEBIT) or (KIND == EFSIGN):
@@ -173,7 +187,7 @@ def scalars_kernel(x_ptr, pay_ptr, scal_ptr, n, size, nb, KIND: tl.constexpr, CL
     elif KIND == TERNGRAD:
         v0 = amax
         if CLIP:
-            clip = f32_at(pay_ptr, 28, True).to(tl.float64)
+            clip = f32_at(pay_ptr, 28, True, False).to(tl.float64)
             c = (clip * tl.sqrt(sq / count)).to(tl.float32)
             v0 = tl.where(c < amax, c, amax)  # std::min(abs_max, c)
     elif KIND == ONEBIT:
@@ -188,60 +202,62 @@ def scalars_kernel(x_ptr, pay_ptr, scal_ptr, n, size, nb, KIND: tl.constexpr, CL
         tl.store(scal_ptr + b, nan_or(finite, v0), mask=valid)
 
 
+@triton.jit(do_not_specialize=["n", "size", "nb"])
+def scalars_kernel(x_ptr, pay_ptr, scal_ptr, n, size, nb, KIND: tl.constexpr, CLIP: tl.constexpr,
+                   BF16: tl.constexpr, BB: tl.constexpr, UNROLL: tl.constexpr,
+                   IDX64: tl.constexpr, ALIGN: tl.constexpr = 1):  # fmt: skip
+    """The scalars of buckets pid * BB ... (``bucket_scalars``). ``ALIGN``: a power of two that
+    divides ``size`` (or any, where there is one bucket and BB = 1: its start is 0), which
+    lets the unmasked rows load as vectors."""
+    IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
+    bucket_scalars(x_ptr, pay_ptr, scal_ptr, n.to(IT), size.to(IT), nb, KIND, CLIP, BF16, BB,
+                   UNROLL, or_one(ALIGN))  # fmt: skip
+
+
 # ---- pass 2: the codes ------------------------------------------------------------------------
 
 
 @triton.jit
-def level_code(v, s, index, k0, k1, LEVELS: tl.constexpr, NEG: tl.constexpr,
-               CLIPPED: tl.constexpr, STOCH: tl.constexpr):  # fmt: skip
-    """prim::Levels' code of ``v`` with den = ``s`` (clip = s if CLIPPED, else +Inf), in fp32 in
-    this order: a = min(|x|, clip); f = floor(num * a / den + u); l = min(f, levels); code
-    l + (x < 0 and l > 0 ? neg : 0). 0 where ``s`` is not finite and positive."""
-    ok = (tl.abs(s) < float("inf")) & (s > 0.0)
-    den = tl.where(ok, s, 1.0)
-    a = tl.abs(v)
-    if CLIPPED:
-        a = tl.where(a < den, a, den)
+def code_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, g, gm, full, n, size, nbytes, g_end,
+              k0, k1, magic, shift, KIND: tl.constexpr, BITS: tl.constexpr,
+              LEVELS: tl.constexpr, NEG: tl.constexpr, BF16: tl.constexpr, BP: tl.constexpr,
+              CG: tl.constexpr):  # fmt: skip
+    """The codes of groups ``g`` where ``gm`` (a (G, 8) tile, element 8 g + j): sign bits
+    (onebit, efsignsgd, signsgd), or prim::Levels' codes with the bucket's scalar (qsgd,
+    terngrad; CG: read through L2, scalars this program has just written) or tbq's tau;
+    signsgd / tbq OR the non-finite flag into the envelope. ``full``: every element of the tile
+    inside the tensor (and ``gm``): unmasked loads of the input."""
+    i = g[:, None] * 8 + tl.arange(0, 8)[None, :]
+    m = gm[:, None] & (i < n)
+    if full:
+        raw = tl.load(x_ptr + i)
     else:
-        a = tl.where(a < float("inf"), a, float("inf"))  # NaN -> +Inf, as native
-    num = LEVELS * 1.0
-    if LEVELS != 1:  # num = 1: 1 * a == a
-        a = num * a
-    f = tl.math.div_rn(a, den)
-    if STOCH:
-        f = f + uniform(k0, k1, index)
-    f = tl.floor(f)
-    lvl = tl.where(f < num, f, num)
-    code = lvl.to(tl.int32) + tl.where((v < 0.0) & (lvl > 0.0), NEG, 0)
-    return tl.where(ok, code, 0)
-
-
-@triton.jit
-def pack_store(codes_ptr, code, g, nbytes, g_end, BITS: tl.constexpr, BP: tl.constexpr):
-    """Stores the (G, 8) codes of groups ``g`` (``g_end``: one past the last) as the bit stream:
-    group g's eight codes are the ``BITS`` bytes from g * BITS (code k at bits [k * BITS, (k + 1)
-    * BITS)); bytes past ``nbytes`` are not written. 2, 4 and 8 bits: a group's bytes in one 16-
-    or 32-bit store (two for 8 bits; the stream starts at 32 + 4 s nb) where the tile ends inside
-    the stream; else (and for 1, 3, 5, 6, 7 bits) byte stores."""
-    k = tl.arange(0, 8)
-    word = tl.sum(code.to(tl.uint64) << (k * BITS).to(tl.uint64)[None, :], axis=1)  # disjoint bits
-    if (BITS == 2) or (BITS == 4) or (BITS == 8):
-        if g_end * BITS <= nbytes:  # the tile inside the stream
-            store_words(codes_ptr, word, g, g >= 0, BITS)
+        raw = tl.load(x_ptr + i, mask=m, other=0)
+    v = widen(raw, BF16)
+    if (KIND == ONEBIT) or (KIND == EFSIGN) or (KIND == SIGNSGD):
+        code = (v < 0.0).to(tl.int32)  # 1 = negative; NaN: 0
+    elif KIND == TBQ:
+        tau = f32_at(pay_ptr, 28, True, False)
+        code = level_code(v, tau, i, k0, k1, 1, 1, False, False)
+    else:
+        if i.dtype == tl.int64:
+            k = i // size  # emulated on GPUs: int64 only
+        else:  # int32: a multiply-high by divisor(size) (triton/__init__.py)
+            q = tl.umulhi(i.to(tl.uint32) << 1, magic.to(tl.uint32))
+            k = (q >> shift.to(tl.uint32)).to(tl.int32)
+        if CG:
+            s = tl.load(scal_ptr + k, mask=m, other=0, cache_modifier=".cg")
         else:
-            store_bytes(codes_ptr, word, g, nbytes, BITS, BP)
-    else:
-        store_bytes(codes_ptr, word, g, nbytes, BITS, BP)
-
-
-@triton.jit
-def store_bytes(codes_ptr, word, g, nbytes, BITS: tl.constexpr, BP: tl.constexpr):
-    """The BITS low bytes of groups ``g``'s words as bytes g * BITS ..., none past ``nbytes`` (BP:
-    a power of two >= BITS)."""
-    m = tl.arange(0, BP)
-    at = g[:, None] * BITS + m[None, :]
-    byte = (word[:, None] >> (m * 8).to(tl.uint64)[None, :]) & 0xFF
-    tl.store(codes_ptr + at, byte.to(tl.uint8), mask=(m[None, :] < BITS) & (at < nbytes))
+            s = tl.load(scal_ptr + k, mask=m, other=0)
+        s = s.to(tl.float32, bitcast=True)
+        if KIND == QSGD:
+            code = level_code(v, s, i, k0, k1, LEVELS, NEG, False, True)
+        else:
+            code = level_code(v, s, i, k0, k1, 1, 1, True, True)
+    pack_store(codes_ptr, tl.where(m, code, 0), g, gm, nbytes, g_end, BITS, BP)
+    if (KIND == SIGNSGD) or (KIND == TBQ):
+        bad = tl.max(tl.max(tl.where(m & ~(tl.abs(v) < float("inf")), 1, 0), axis=1), axis=0)
+        tl.atomic_or(flag_ptr + 1, FLAG_WORD, mask=bad > 0)
 
 
 @triton.jit(do_not_specialize=["n", "size", "nbytes", "k0", "k1", "magic", "shift"])
@@ -249,58 +265,66 @@ def codes_kernel(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, n, size, nbytes,
                  shift, KIND: tl.constexpr, BITS: tl.constexpr, LEVELS: tl.constexpr,
                  NEG: tl.constexpr, BF16: tl.constexpr, G: tl.constexpr, BP: tl.constexpr,
                  IDX64: tl.constexpr):  # fmt: skip
-    """The codes of elements 8 G pid .. 8 G (pid + 1) - 1: sign bits (onebit, efsignsgd,
-    signsgd), or prim::Levels' codes with the bucket's scalar (qsgd, terngrad) or tbq's tau
-    (envelope param1); signsgd / tbq OR the non-finite flag into the envelope. ``magic``,
+    """The codes of elements 8 G pid .. 8 G (pid + 1) - 1 (``code_tile``). ``magic``,
     ``shift``: ``divisor(size)`` (the int32 variant's bucket index)."""
     IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
-    g = tl.program_id(0).to(IT) * G + tl.arange(0, G)
-    i = g[:, None] * 8 + tl.arange(0, 8)[None, :]
-    m = i < n.to(IT)
-    v = widen(tl.load(x_ptr + i, mask=m, other=0), BF16)
-    if (KIND == ONEBIT) or (KIND == EFSIGN) or (KIND == SIGNSGD):
-        code = (v < 0.0).to(tl.int32)  # 1 = negative; NaN: 0
-    elif KIND == TBQ:
-        tau = f32_at(pay_ptr, 28, True)
-        code = level_code(v, tau, i, k0, k1, 1, 1, False, False)
-    else:
-        if IDX64:
-            k = i // size.to(IT)  # emulated on GPUs: int64 only
-        else:  # int32: a multiply-high by divisor(size) (triton/__init__.py)
-            q = tl.umulhi(i.to(tl.uint32) << 1, magic.to(tl.uint32))
-            k = (q >> shift.to(tl.uint32)).to(tl.int32)
-        s = tl.load(scal_ptr + k, mask=m, other=0).to(tl.float32, bitcast=True)
-        if KIND == QSGD:
-            code = level_code(v, s, i, k0, k1, LEVELS, NEG, False, True)
-        else:
-            code = level_code(v, s, i, k0, k1, 1, 1, True, True)
-    pack_store(codes_ptr, tl.where(m, code, 0), g, nbytes.to(IT), tl.program_id(0).to(IT) * G + G,
-               BITS, BP)  # fmt: skip
-    if (KIND == SIGNSGD) or (KIND == TBQ):
-        bad = tl.max(tl.max(tl.where(m & ~(tl.abs(v) < float("inf")), 1, 0), axis=1), axis=0)
-        tl.atomic_or(flag_ptr + 1, FLAG_WORD, mask=bad > 0)
+    g0 = tl.program_id(0).to(IT) * G
+    g = g0 + tl.arange(0, G)
+    full = (g0 + G) * 8 <= n.to(IT)
+    code_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, g, g >= 0, full, n.to(IT),
+              size.to(IT), nbytes.to(IT), g0 + G, k0, k1, magic, shift, KIND, BITS, LEVELS, NEG,
+              BF16, BP, False)  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["n", "size", "nb", "nbytes", "k0", "k1", "magic", "shift"])
+def encode_kernel(x_ptr, pay_ptr, scal_ptr, codes_ptr, n, size, nb, nbytes, k0, k1, magic, shift,
+                  KIND: tl.constexpr, CLIP: tl.constexpr, BITS: tl.constexpr,
+                  LEVELS: tl.constexpr, NEG: tl.constexpr, BF16: tl.constexpr, BB: tl.constexpr,
+                  UNROLL: tl.constexpr, G: tl.constexpr, BP: tl.constexpr, IDX64: tl.constexpr,
+                  ALIGN: tl.constexpr = 1):  # fmt: skip
+    """Both passes of the bucketed codecs in one launch, where every program's buckets end on a
+    group of eight (``BB * size`` a multiple of 8, or one program): the scalars of buckets pid *
+    BB ..., a barrier (the program's global writes visible to all its threads), then the codes
+    of their elements, G groups at a time, the scalars read back through L2. The codes' input
+    reads hit the cache the sums filled."""
+    IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
+    n, size, nbytes = n.to(IT), size.to(IT), nbytes.to(IT)
+    bucket_scalars(x_ptr, pay_ptr, scal_ptr, n, size, nb, KIND, CLIP, BF16, BB, UNROLL,
+                   or_one(ALIGN))  # fmt: skip
+    tl.debug_barrier()
+    e0 = tl.program_id(0).to(IT) * BB * size
+    e1 = tl.minimum(e0 + BB * size, n)
+    g1 = (e1 + 7) // 8
+    gg = e0 // 8
+    while gg < g1:
+        g = gg + tl.arange(0, G)
+        code_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, pay_ptr, g, g < g1, (gg + G) * 8 <= e1, n,
+                  size, nbytes, gg + G, k0, k1, magic, shift, KIND, BITS, LEVELS, NEG, BF16, BP,
+                  True)  # fmt: skip
+        gg += G
 
 
 # ---- decode_add ------------------------------------------------------------------------------
 
 
 @triton.jit
-def value_of(pay_ptr, c, k, m, LEVELS: tl.constexpr, NEG: tl.constexpr, KIND: tl.constexpr):
+def value_of(pay_ptr, c, k, m, LEVELS: tl.constexpr, NEG: tl.constexpr, KIND: tl.constexpr,
+             WORDS: tl.constexpr):  # fmt: skip
     """The fp32 value code ``c`` of an element of bucket ``k`` decodes to (the native decoders'
-    tables)."""
+    tables); the payload's scalars read as words where ``WORDS``, else byte by byte."""
     nan = float("nan")
     if KIND == SIGNSGD:
         flagged = (tl.load(pay_ptr + 7) & 1) != 0
         val = tl.where(flagged, nan, tl.where(c != 0, -1.0, 1.0))
     elif KIND == TBQ:
         flagged = (tl.load(pay_ptr + 7) & 1) != 0
-        tau = f32_at(pay_ptr, 28, True)
+        tau = f32_at(pay_ptr, 28, True, WORDS)
         val = tl.where(c == 0, 0.0, tl.where(c == 1, tau, tl.where(c == 2, neg(tau), nan)))
         val = tl.where(flagged, nan, val)
     elif KIND == ONEBIT:
-        val = f32_at(pay_ptr, 32 + 4 * (2 * k + 1 - c), m)  # (negatives, others)
+        val = f32_at(pay_ptr, 32 + 4 * (2 * k + 1 - c), m, WORDS)  # (negatives, others)
     else:
-        s = f32_at(pay_ptr, 32 + 4 * k, m)
+        s = f32_at(pay_ptr, 32 + 4 * k, m, WORDS)
         if KIND == EFSIGN:
             val = tl.where(c != 0, neg(s), s)
         elif KIND == TERNGRAD:
@@ -316,20 +340,28 @@ def value_of(pay_ptr, c, k, m, LEVELS: tl.constexpr, NEG: tl.constexpr, KIND: tl
 @triton.jit(do_not_specialize=["n", "size", "codes_at", "magic", "shift"])
 def decode_kernel(pay_ptr, out_ptr, n, size, codes_at, magic, shift, KIND: tl.constexpr,
                   BITS: tl.constexpr, LEVELS: tl.constexpr, NEG: tl.constexpr,
-                  BF16: tl.constexpr, BLOCK: tl.constexpr, IDX64: tl.constexpr):  # fmt: skip
+                  BF16: tl.constexpr, BLOCK: tl.constexpr, IDX64: tl.constexpr,
+                  WORDS: tl.constexpr = False):  # fmt: skip
     """out[i] += value(i) for i in BLOCK pid .. BLOCK (pid + 1) - 1, in fp32, rounded once to
-    out's dtype (bf16 ``out`` as its int16 bits). ``codes_at``: the stream's byte offset;
-    ``magic``, ``shift``: ``divisor(size)`` (the int32 variant's bucket index)."""
+    out's dtype (bf16 ``out`` as its int16 bits), as a (BLOCK / E, E) tile (E codes per word).
+    ``codes_at``: the stream's byte offset; ``magic``, ``shift``: ``divisor(size)`` (the int32
+    variant's bucket index). ``WORDS``: the payload and ``codes_at`` 4-aligned and BLOCK * BITS
+    a multiple of 32: a full block reads whole words of codes, every block its scalars as
+    words; else byte by byte. A full block adds to ``out`` without a mask (vector accesses)."""
     IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
-    i = tl.program_id(0).to(IT) * BLOCK + tl.arange(0, BLOCK)
+    E: tl.constexpr = row_len(BITS, BLOCK)
+    row = tl.program_id(0).to(IT) * (BLOCK // E) + tl.arange(0, BLOCK // E)
+    i = row[:, None] * E + tl.arange(0, E)[None, :]
     m = i < n.to(IT)
-    rb = (i & 7).to(tl.int32) * BITS  # bit i * BITS: no product past the stream's bytes
-    byte = pay_ptr + codes_at.to(IT) + (i >> 3) * BITS + (rb >> 3)
-    shift8 = rb & 7
-    two = tl.load(byte, mask=m, other=0).to(tl.int32)
-    if (8 % BITS) != 0:  # a code may straddle two bytes (bits 3, 5, 6, 7)
-        two = two | (tl.load(byte + 1, mask=m & (shift8 + BITS > 8), other=0).to(tl.int32) << 8)
-    c = (two >> shift8) & ((1 << BITS) - 1)
+    full = tl.program_id(0).to(IT) * BLOCK + BLOCK <= n.to(IT)
+    if WORDS:
+        if full:
+            words = pay_ptr.to(tl.pointer_type(tl.uint32)) + (codes_at.to(IT) >> 2)
+            c = word_codes(words, row, E, BITS)
+        else:
+            c = byte_codes(pay_ptr + codes_at.to(IT), i, m, BITS)
+    else:
+        c = byte_codes(pay_ptr + codes_at.to(IT), i, m, BITS)
     k = i  # the bucket: only where the value reads a bucket's scalar
     if (KIND == QSGD) or (KIND == TERNGRAD) or (KIND == ONEBIT) or (KIND == EFSIGN):
         if IDX64:
@@ -337,10 +369,8 @@ def decode_kernel(pay_ptr, out_ptr, n, size, codes_at, magic, shift, KIND: tl.co
         else:  # int32: a multiply-high by divisor(size) (triton/__init__.py)
             q = tl.umulhi(i.to(tl.uint32) << 1, magic.to(tl.uint32))
             k = (q >> shift.to(tl.uint32)).to(tl.int32)
-    val = value_of(pay_ptr, c, k, m, LEVELS, NEG, KIND)
-    o = tl.load(out_ptr + i, mask=m, other=0)
-    r = widen(o, BF16) + val
-    if BF16:
-        tl.store(out_ptr + i, bf16_bits(r), mask=m)
+    val = value_of(pay_ptr, c, k, m, LEVELS, NEG, KIND, WORDS)
+    if full:
+        add_store(out_ptr, i, m, val, True, BF16)
     else:
-        tl.store(out_ptr + i, r.to(out_ptr.dtype.element_ty), mask=m)
+        add_store(out_ptr, i, m, val, False, BF16)
