@@ -1,8 +1,11 @@
 """Planted defects in the Triton max-min kernels (torch_cgx/device/triton/maxmin_kernels.py): a
 copy of the kernels with one edit (a wrong lane order of the clip's fp64 sums, a mask one element
-too long, a program stopping a group short) must fail the checks of tests/test_triton_maxmin.py,
-whose helpers run here (payload bytes and decoded values against the native codec, the sums
-against ``lane_sum``). Moved out of that module to keep it readable; the same environment rules.
+too long, a program stopping a group short; a defect in one of the paths a tile's place or the
+payload's address selects: full-tile loads, scalars per group, the decoder's words) must fail the
+checks of tests/test_triton_maxmin.py, whose helpers run here (payload bytes and decoded values
+against the native codec, the sums against ``lane_sum``), where the original passes them: the
+checks reach every path. Moved out of that module to keep it readable; the same environment
+rules.
 
 Runs under Triton's interpreter on CPU tensors (TRITON_INTERPRET=1 is set below, before triton
 is imported, and only while this module's tests run); with ``TRITON_INTERPRET=0`` on a machine
@@ -17,10 +20,12 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
 import importlib.util  # noqa: E402
 import pathlib  # noqa: E402
+import types  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from codec_testing import DTYPES  # noqa: E402
 from test_triton_maxmin import DEFAULT, _mixed, _sums_differ, mismatch  # noqa: E402
 from triton_testing import poison_empty, skip_overflow_shadow  # noqa: E402
 
@@ -28,7 +33,7 @@ from torch_cgx.device.triton import available, interpreted  # noqa: E402
 from torch_cgx.device.triton.maxmin import TritonMaxMin  # noqa: E402
 
 try:  # imports triton; the kernels are decorated now, under the interpreter unless told otherwise
-    from torch_cgx.device.triton import maxmin_kernels
+    from torch_cgx.device.triton import maxmin_decode, maxmin_kernels
 except ImportError:
     maxmin_kernels = None
 DEVICE = torch.device("cpu" if interpreted() else "cuda")
@@ -61,10 +66,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's ove
 # ---- planted defects: a copy of the kernels with one edit ------------------------------------
 
 
-def mutant(tmp_path, *edits, **launch) -> TritonMaxMin:
-    """TritonMaxMin(**launch) running a copy of maxmin_kernels.py with each ``(old, new)`` edit
-    made once (a module of its own: compiled or interpreted like the original)."""
-    src = pathlib.Path(maxmin_kernels.__file__).read_text()
+def mutant(tmp_path, *edits, in_decode=False, **launch) -> TritonMaxMin:
+    """TritonMaxMin(**launch) running a copy of maxmin_kernels.py (``in_decode``: of
+    maxmin_decode.py, for the decode kernel) with each ``(old, new)`` edit made once (a module
+    of its own: compiled or interpreted like the original)."""
+    src = pathlib.Path((maxmin_decode if in_decode else maxmin_kernels).__file__).read_text()
     for old, new in edits:
         assert src.count(old) == 1, old
         src = src.replace(old, new)
@@ -75,6 +81,9 @@ def mutant(tmp_path, *edits, **launch) -> TritonMaxMin:
     spec.loader.exec_module(module)
     impl = TritonMaxMin(**launch)
     impl._k = module
+    if in_decode:  # the encode kernels of the original, the decode kernel of the copy
+        impl._k = types.ModuleType("maxmin_kernels_mixed")
+        impl._k.__dict__.update(vars(maxmin_kernels), decode_kernel=module.decode_kernel)
     return impl
 
 
@@ -118,3 +127,52 @@ def test_a_mask_off_by_one_is_caught(tmp_path, monkeypatch):
     for impl, bucket, lever in cases:
         assert mismatch(TritonMaxMin(**impl.fixed), x, 3, bucket, lever) is None
         assert mismatch(impl, x, 3, bucket, lever) is not None, (bucket, lever)
+
+
+# ---- the paths of a tile's place and the payload's address (test_triton_maxmin_paths.py) -------
+
+ONE = "bucket_of(tl.maximum(g * 8 - 8, 0), "  # a group takes the previous group's bucket
+# name -> (edits, decode?, cases (bits, bucket, n, dtype, payload offset)): a defect in one path
+# only, and cases that must show it (64-value launch sizes: full tiles and tail tiles)
+PATHS = {
+    "codes: full tile": ([("v = widen(tl.load(x_ptr + i), BF16)",
+                           "v = widen(tl.load(x_ptr + i), BF16) * 0.5")], False,
+                         [(3, 8, 349, 0, 3), (3, 13, 300, 1, 3)]),
+    "scalars: full chunk": ([("v = widen(tl.load(x_ptr + at), BF16)",
+                              "v = widen(tl.load(x_ptr + at), BF16) * 0.5")], False,
+                            [(4, 512, 1100, 0, 3)]),
+    "codes: scalars per group": ([("bucket_of(g * 8, size, ", ONE + "size, ")], False,
+                                 [(5, 8, 349, 2, 3), (5, 512, 1100, 1, 3)]),
+    "decode: codes as words": ([("grp = group_word(pay_ptr, codes_at + g * BITS, BITS)",
+                                 "grp = group_word(pay_ptr, codes_at + g * BITS, BITS) ^ 1")],
+                               True, [(5, 64, 300, 0, 0), (7, 27, 300, 1, 4)]),
+    "decode: 64-bit metadata": ([("mn_bits = (w & 0xFFFFFFFF)", "mn_bits = (w & 0xFFBFFFFF)")],
+                                True, [(3, 27, 200, 0, 0)]),
+    "decode: 32-bit metadata": ([("mn_bits = tl.load(p, mask=mask, other=0)",
+                                  "mn_bits = tl.load(p, mask=mask, other=0) ^ 0x400000")],
+                                True, [(3, 27, 200, 0, 4)]),
+    "decode: metadata per group": ([("bucket_of(g * 8, size.to(IT), ", ONE + "size.to(IT), ")],
+                                   True,
+                                   [(6, 64, 300, 2, 3)]),
+    "decode: full block of out": ([("tl.store(out_ptr + i, val)\n",
+                                    "tl.store(out_ptr + i, val + val)\n")],
+                                  True, [(2, 13, 130, 1, 3)]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_a_defect_in_one_path_is_caught(tmp_path, path):
+    """The cases of test_triton_maxmin_paths.py reach each path: a defect there shows."""
+    edits, decode, cases = PATHS[path]
+    impl = mutant(tmp_path, *edits, in_decode=decode, tile=64, codes=64, decode=64)
+    for bits, bucket, n, d, at in cases:
+        g = np.random.default_rng([bits, n])  # every group of eight on a scale of its own
+        x = torch.from_numpy(g.standard_normal(n) * 1.5 ** (np.arange(n) // 8 % 40)).to(DTYPES[d])
+        assert mismatch(TritonMaxMin(**impl.fixed), x, bits, bucket, (0, 0, 0), at=at) is None
+        assert mismatch(impl, x, bits, bucket, (0, 0, 0), at=at) is not None, (bits, bucket, at)
+
+
+def test_a_defect_in_the_full_clip_rows_is_caught(tmp_path):
+    x = _mixed(64 * 6 + 5, 64)
+    edit = ("d = e * e  # two roundings", "d = e * e * 2.0  # two roundings")
+    assert _sums_differ(mutant(tmp_path, edit, tile=64), 64, x) > 0
