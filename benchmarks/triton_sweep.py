@@ -77,15 +77,15 @@ def levels_rows(x: torch.Tensor, copy_s: float) -> List[Dict]:
                          ("signsgd", {})):  # fmt: skip
         codec = codecs.get(name, **params)
         want = TritonLevels().encode(codec, x, SEED, STREAM)
-        out = torch.randn_like(x)
+        out, acc = torch.randn_like(x), torch.randn_like(x)  # out: the timings add into it
         odd = torch.empty(want.numel() + 1, dtype=torch.uint8, device=x.device)[1:]
         odd.copy_(want)  # a payload at an odd address: decode's byte path
-        ref = TritonLevels().decode_add_(codec, out.clone(), want)
+        ref = TritonLevels().decode_add_(codec, acc.clone(), want)
         one = (None, False) if codec.scalars else (None,)  # the one-launch encode (default) or not
         for block, bb, fused in itertools.product((1024, 4096, 8192), (None, 4, 64), one):
             k = TritonLevels(block=block, buckets_per_program=bb, one_launch=fused)
             same = torch.equal(k.encode(codec, x, SEED, STREAM), want)
-            same = same and torch.equal(k.decode_add_(codec, out.clone(), odd), ref)
+            same = same and torch.equal(k.decode_add_(codec, acc.clone(), odd), ref)
             enc = timed(lambda k=k, c=codec: k.encode(c, x, SEED, STREAM))
             dec = timed(lambda k=k, c=codec, o=out, w=want: k.decode_add_(c, o, w))
             dec_odd = timed(lambda k=k, c=codec, o=out, w=odd: k.decode_add_(c, o, w))
