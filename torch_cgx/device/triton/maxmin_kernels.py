@@ -121,24 +121,25 @@ def lane_total(acc, col):
 
 @triton.jit
 def lane_rows(x_ptr, lo, hi, q, mean, acc, FULL: tl.constexpr, SQUARES: tl.constexpr,
-              BF16: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
+              BF16: tl.constexpr, BB: tl.constexpr, UNROLL: tl.constexpr):  # fmt: skip
     """``acc`` plus rows q ... q + UNROLL - 1 of :func:`lane_sum` in order, loaded as one
-    (BB, UNROLL, 8) tile (FULL: the rows are in every bucket, unmasked: vector loads), row r
-    extracted exactly (its value plus UNROLL - 1 zeros: a -0.0 becomes +0.0, which adds the
-    same to a lane, never -0.0)."""
-    r = tl.arange(0, UNROLL)[None, :, None]
-    at = lo[:, None, None] + (q + r) * 8 + tl.arange(0, 8)[None, None, :]
+    (BB, 8 UNROLL) tile (FULL: the rows are in every bucket, unmasked: vector loads; a warp per
+    bucket), then seen as (BB, UNROLL, 8): row r extracted exactly (its value plus UNROLL - 1
+    zeros, a warp's shuffles: a -0.0 becomes +0.0, which adds the same to a lane, never -0.0)."""
+    at = lo[:, None] + q * 8 + tl.arange(0, 8 * UNROLL)[None, :]
     if FULL:
         d = widen(tl.load(x_ptr + at), BF16).to(tl.float64)
         if SQUARES:
-            e = d - mean[:, None, None]
+            e = d - mean[:, None]
             d = e * e  # two roundings: no fused multiply-add
     else:
-        m = at < hi[:, None, None]
+        m = at < hi[:, None]
         d = widen(tl.load(x_ptr + at, mask=m, other=0), BF16).to(tl.float64)
         if SQUARES:
-            e = d - mean[:, None, None]
+            e = d - mean[:, None]
             d = tl.where(m, e * e, 0.0)
+    d = tl.reshape(d, (BB, UNROLL, 8))
+    r = tl.arange(0, UNROLL)[None, :, None]
     for k in tl.static_range(UNROLL):
         acc = acc + tl.sum(tl.where(r == k, d, 0.0), axis=1)
     return acc
@@ -156,9 +157,9 @@ def lane_sum(x_ptr, lo, hi, rows, run, mean, SQUARES: tl.constexpr, BF16: tl.con
     q = rows * 0
     while q < rows:
         if (q + UNROLL) * 8 <= run:
-            acc = lane_rows(x_ptr, lo, hi, q, mean, acc, True, SQUARES, BF16, UNROLL)
+            acc = lane_rows(x_ptr, lo, hi, q, mean, acc, True, SQUARES, BF16, BB, UNROLL)
         else:
-            acc = lane_rows(x_ptr, lo, hi, q, mean, acc, False, SQUARES, BF16, UNROLL)
+            acc = lane_rows(x_ptr, lo, hi, q, mean, acc, False, SQUARES, BF16, BB, UNROLL)
         q += UNROLL
     return lane_total(acc, tl.arange(0, 8))
 
