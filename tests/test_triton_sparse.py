@@ -1,7 +1,8 @@
 """TritonSparse (torch_cgx/device/triton/sparse.py): the Triton kernels of topk, randomk,
-threshold, dgc, graddrop and sparseloco against the NATIVE compressors (``compressors.get``):
-payload bytes equal, decode_add equal to the native one, reached through the codecs' dispatch
-(``CGX_DEVICE_KERNELS=fused``: the first-use self-check, then the kernels).
+threshold, dgc, graddrop and sparseloco (its keys, scalars, indices and code stream) against the
+NATIVE compressors (``compressors.get``): payload bytes equal, decode_add equal to the native
+one; and through the codecs' dispatch (``CGX_DEVICE_KERNELS=fused``: the first-use self-check,
+then the kernels).
 
 Runs under Triton's interpreter on CPU tensors (TRITON_INTERPRET=1 is set below, before triton is
 imported, and only while this module's tests run; skipped where triton is not installed). The
@@ -63,6 +64,13 @@ def _interpreter():
         os.environ.pop("TRITON_INTERPRET", None)
 
 
+# sparseloco's levels: a chunk of equal magnitudes divides by d = 0, as native (numpy warns)
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+]
+
+
 @pytest.fixture
 def fused(monkeypatch):
     """``CGX_DEVICE_KERNELS=fused``; the fixture's value enters a TritonSparse of ``block`` values
@@ -87,6 +95,8 @@ CONFIGS = [
     ("graddrop", {"drop": 0.9, "sample_rate": 0.5}),
     ("sparseloco", {"chunk": 64}),
     ("sparseloco", {"ratio": 0.1, "chunk": 100, "bits": 3}),
+    ("sparseloco", {"ratio": 0.2, "chunk": 50, "bits": 1}),  # the fp64 mean
+    ("sparseloco", {"ratio": 0.5, "chunk": 70000, "bits": 8}),  # u32 indices, tail only
 ]
 IDS = [n + "".join(f"-{k}={v}" for k, v in p.items()) for n, p in CONFIGS]
 SIZES = [1, 13, 300, 777, 2100, 1025]
@@ -154,9 +164,9 @@ def test_dispatch_self_checks_then_fuses(name, fused):
 
 
 @pytest.mark.parametrize("wide", [False, True], ids=["int32", "int64"])
-def test_sparseloco_row_keys_both_index_variants(wide, monkeypatch):
-    """sparseloco's per-chunk keys: the in-chunk position a 32-bit remainder (GPUs' default below
-    2^31) and the 64-bit one (INDEX32_LIMIT lowered), the same native bytes."""
+def test_sparseloco_both_index_variants(wide, monkeypatch):
+    """sparseloco's per-chunk keys and codes: the in-chunk position and the chunk of a kept value
+    32-bit (GPUs' default below 2^31) and 64-bit (INDEX32_LIMIT lowered), the native bytes."""
     if wide:
         wide_indices(monkeypatch)
     params = {"ratio": 0.05, "chunk": 96, "bits": 4}

@@ -129,21 +129,23 @@ class SparseLoCo(_Dispatch, DeviceCodec):
         x = self._check_input(x, seed, stream, shared)
         n = x.numel()
         s = self.shape(n)
-        scalars, indices, codes = [], [], []
-        for b in s.blocks:
-            rows = x[b.start : b.start + b.rows * b.length].view(b.rows, b.length)
-            idx = prims.row_top_k(rows, b.k)
-            v = torch.gather(rows, 1, idx).float()
-            a, d = self._scalars(v)
-            scalars.append(torch.stack([a, d], 1).reshape(-1))
-            indices.append(idx.reshape(-1))
-            codes.append(self._codes(v, a, d).reshape(-1))
         head = envelope(
             self.compressor_id, x.dtype, n, s.body, self.chunk, self.bits, device=x.device
         )
         if not s.blocks:
             return head
-        idx = torch.cat(indices)
+        rows = [x[b.start : b.start + b.rows * b.length].view(b.rows, b.length) for b in s.blocks]
+        idxs = [prims.row_top_k(r, b.k) for r, b in zip(rows, s.blocks)]
+        fused = getattr(prims, "loco_payload", None)  # the scalars, indices and codes fused
+        if fused is not None:
+            return fused(self, x, s, head, idxs)
+        scalars, codes = [], []
+        for r, idx in zip(rows, idxs):
+            v = torch.gather(r, 1, idx).float()
+            a, d = self._scalars(v)
+            scalars.append(torch.stack([a, d], 1).reshape(-1))
+            codes.append(self._codes(v, a, d).reshape(-1))
+        idx = torch.cat([i.reshape(-1) for i in idxs])
         # the low bytes of each little-endian int64 index are its u16 / u32
         index_bytes = idx.view(torch.uint8).view(-1, 8)[:, : self.width].reshape(-1)
         body = [

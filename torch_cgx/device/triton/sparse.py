@@ -14,11 +14,14 @@ What is fused, each a single kernel where the reference runs the listed tensor o
 - the sampled threshold's draws and the gather of their magnitudes, and the threshold's
   mask (``magnitude_bits(x) >= thr``: 5 ops);
 - the payload: envelope, u32 indices and gathered values in one launch (the reference gathers,
-  slices the int64 indices' bytes and concatenates).
+  slices the int64 indices' bytes and concatenates);
+- sparseloco's body after its per-chunk selection: two launches (``sparse_loco_kernels``) for
+  the reference's ~40 ops (gather, the scalars, the codes, the code stream, cat).
 
 What stays in torch: the selection (``torch.topk``, ``torch.sort``, ``torch.kthvalue``,
-``torch.nonzero``), and sparseloco's per-chunk scalars and code packing. Every launch is on the
-caller's current stream; no host synchronisation beyond the reference's (``nonzero``).
+``torch.nonzero``): one library call each, itself a few kernels, that no elementwise kernel
+replaces. Every launch is on the caller's current stream; no host synchronisation beyond the
+reference's (``nonzero``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,14 @@ def index64(*extents: int) -> bool:
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _options(device: torch.device) -> dict:
+    """Launch options of the kernels with float arithmetic (sparseloco's): no fused
+    multiply-add, no flush of fp32 denormals (TritonLevels' options)."""
+    from torch_cgx.device.triton.levels import TritonLevels
+
+    return TritonLevels._options(device)
 
 
 def _on(device: torch.device):
@@ -147,6 +158,39 @@ class TritonPrims:
                     0 if on_device else thr, KIND=_KIND[x.dtype], FROM_PTR=on_device,
                     BLOCK=self.block)  # fmt: skip
         return out.view(torch.bool)
+
+    def loco_payload(self, codec, x: torch.Tensor, s, head: torch.Tensor, idxs) -> torch.Tensor:
+        """sparseloco's payload after the per-chunk selection ``idxs`` (one ``(rows, k)`` int64
+        per block of ``s``, the codec's Shape): the envelope ``head``, then the rows' scalars
+        and indices (one program per chunk), then the code stream (groups of eight)."""
+        from torch_cgx.device.codecs.sparse_select import count_for
+
+        lk = self.loco_kernels()
+        idx = idxs[0].reshape(-1) if len(idxs) == 1 else torch.cat([i.reshape(-1) for i in idxs])
+        out = torch.empty(32 + s.body, dtype=torch.uint8, device=x.device)
+        out[:32].copy_(head)
+        n, chunk, bits = x.numel(), codec.chunk, codec.bits
+        full, tail = divmod(n, chunk)
+        k_full = count_for(codec.ratio, chunk)
+        k_tail = count_for(codec.ratio, tail) if tail else 0
+        meta = dict(KIND=_KIND[x.dtype], BITS=bits, LEVELS=codec.levels)
+        xb, groups, opts = x.view(_BITS[x.dtype]), _cdiv(s.kept, 8), _options(x.device)
+        bk = min(1024, 1 << (max(k_full, k_tail, 1) - 1).bit_length())
+        with _on(x.device):
+            lk.loco_rows_kernel[(s.chunks,)](
+                xb, idx, out, chunk, full, k_full, k_tail, 32 + s.idx_off, **meta,
+                WIDTH=codec.width, BK=max(bk, 16), **opts)  # fmt: skip
+            g = max(1, min(128, self.block // 8))
+            lk.loco_codes_kernel[(_cdiv(groups, g),)](
+                xb, idx, out, s.kept, chunk, full, k_full, 32 + s.codes_off,
+                (s.kept * bits + 7) // 8, **meta, G=g,
+                WIDE=index64(8 * g * _cdiv(groups, g), n + chunk), **opts)  # fmt: skip
+        return out
+
+    def loco_kernels(self):
+        from torch_cgx.device.triton import sparse_loco_kernels
+
+        return sparse_loco_kernels
 
     def pack(self, head: torch.Tensor, idx: torch.Tensor, x: torch.Tensor, index: bool):
         """The payload: ``head`` (32 bytes), the u32 ``idx`` (``index``), the values ``x[idx]``."""
