@@ -97,7 +97,7 @@ if hasattr(K, "encode_kernel"):
                "k1": "i64", "magic": "i64", "shift": "i32"}
         bp = 1 << (bits - 1).bit_length()
         out[f"encode{kind}"] = ptx(K.encode_kernel, sig, dict(meta, CLIP=False, BF16=False,
-                                   BB=16, UNROLL=8, ALIGN=8, G=128, BP=bp))
+                                   BB=16, UNROLL=8, ALIGN=8, G=32, BP=bp), warps=1)
 json.dump(out, sys.stdout)
 """
 
@@ -207,12 +207,13 @@ def test_decode_reads_words_and_adds_by_vectors(ptx):
 
 
 def test_the_one_launch_encode(ptx):
-    """encode_kernel: the sums, a barrier, then the codes, whose scalars (this program's own
-    writes) are read through L2 (``ld.global.cg``) and whose full tiles load vectors; sign
-    codes read no scalar."""
+    """encode_kernel as the host launches it for 16 buckets of 512 (one warp, tiles of 32
+    groups): the sums (a vector load per row of the unrolled iteration: eight), a barrier, then
+    the codes, whose scalars (this program's own writes) are read through L2
+    (``ld.global.cg``) and whose full tiles load vectors (two); sign codes read no scalar."""
     code = ptx["encode0"]
-    assert "bar.sync" in code and loads(code, "v4.b32") == 2
+    assert "bar.sync" in code and loads(code, "v4.b32") == 8 + 2
     assert loads(code, "b32") >= 8 and len(re.findall(r"ld\.global\.cg\.b32", code)) == 8
     between = code[code.index("st.global.b32") : code.index("ld.global.cg")]
     assert "bar.sync" in between  # the scalars' stores, a barrier, their reads
-    assert "ld.global.cg" not in ptx["encode2"] and loads(ptx["encode2"], "v4.b32") == 2
+    assert "ld.global.cg" not in ptx["encode2"] and loads(ptx["encode2"], "v4.b32") == 8 + 2

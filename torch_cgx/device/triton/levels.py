@@ -171,16 +171,17 @@ class TritonLevels(FusedLevels):
                 sp = self._scalars_plan(codec, layout, dev)
                 args = (xb, out, scal)
                 if sp["fused"]:  # one launch: the scalars stay in L2, the input is read once
+                    codes["G"] = min(groups, 32 * sp["warps"])  # a group of 8 values a thread
                     k.encode_kernel[(sp["grid"],)](
                         *args, out[scal_end:], n, size, nb, nbytes, k0, k1, *divisor(size),
                         CLIP=sp["clip"], BB=sp["bb"], UNROLL=sp["unroll"], ALIGN=sp["align"],
                         **codes, IDX64=sp["wide"] or index64(n + self.block + 64, size),
-                        num_warps=4, **opts)  # fmt: skip
+                        num_warps=sp["warps"], **opts)  # fmt: skip
                     return out
                 k.scalars_kernel[(sp["grid"],)](
                     *args, n, size, nb, KIND=meta["KIND"], CLIP=sp["clip"], BF16=bf16,
                     BB=sp["bb"], UNROLL=sp["unroll"], IDX64=sp["wide"], ALIGN=sp["align"],
-                    num_warps=max(1, min(4, sp["bb"] // 16)), **opts)  # fmt: skip
+                    num_warps=sp["warps"], **opts)  # fmt: skip
             k.codes_kernel[(_cdiv(n, self.block),)](
                 xb, out, scal, out[scal_end:], out[:8].view(torch.int32), n, size, nbytes, k0, k1,
                 *divisor(size), **codes, IDX64=index64(n + self.block + 64, size), num_warps=4,
@@ -189,11 +190,13 @@ class TritonLevels(FusedLevels):
 
     def _scalars_plan(self, codec, layout, device: torch.device) -> dict:
         """The scalars pass's launch: ``bb`` buckets per program, ``grid`` programs, ``unroll``
-        rows per iteration, ``align`` (a power of two <= 8 dividing every bucket's start: the
-        unmasked rows' vector loads), ``wide`` (its int64 variant: the tiles of every program,
+        rows per iteration, ``warps`` (one per 16 buckets, at most 4: a row of the (bb, 8) tile
+        is four values a thread, a vector load where aligned), ``align`` (a power of two <= 8
+        dividing every bucket's start), ``wide`` (its int64 variant: the tiles of every program,
         the last one's padding buckets, the scalars), and ``fused``: the codes in the same
         launch (``one_launch``; None: where a program's buckets hold at most ``FUSED_VALUES``
-        values), where each program's buckets end on a group of eight or there is one."""
+        values), where each program's buckets end on a group of eight or there is one (its
+        codes then in tiles of a group of eight values per thread)."""
         nb, size = layout.count, layout.size
         bb = self._bb(nb, size, device)
         grid = _cdiv(nb, bb)
@@ -204,8 +207,9 @@ class TritonLevels(FusedLevels):
         fits = (bb * size) % 8 == 0 or grid == 1
         want = self.one_launch if self.one_launch is not None else bb * size <= FUSED_VALUES
         clip = codec.name == "terngrad" and codec.clip > 0
+        warps = max(1, min(4, bb // 16))  # a (bb, 8) row: 4 values a thread, one vector load
         return {"bb": bb, "grid": grid, "unroll": unroll, "wide": wide, "align": align,
-                "fused": fits and want, "clip": clip}  # fmt: skip
+                "fused": fits and want, "clip": clip, "warps": warps}  # fmt: skip
 
     def decode_add_(self, codec, out: torch.Tensor, payload: torch.Tensor, dtype=None):
         """``out += decode(payload)``; ``dtype`` (the payload's source dtype) changes no byte the
