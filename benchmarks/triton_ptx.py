@@ -33,7 +33,7 @@ PTX_OPS = {
     "div32": r"(?:div|rem)\.[su]32",
     "mulhi": r"mul\.hi\.",
     "mul64": r"mul\.lo\.[su]64",
-    "ld": r"ld\.global(?:\.[a-z0-9]+)*\.(?:b|u|s|f)(?:8|16|32|64)\b",  # a scalar load
+    "ld": r"ld\.global(?:\.(?!v[248]\.)[a-z0-9]+)*\.(?:b|u|s|f)(?:8|16|32|64)\b",  # a scalar load
     "ldv": r"ld\.global(?:\.[a-z0-9]+)*\.v[248]\.",  # a vector load (2, 4 or 8 values)
     "st8": r"st\.global(?:\.[a-z]+)*\.b8\b",  # a byte store (the code stream's byte-wise path)
     "st16+": r"st\.global(?:\.[a-z0-9]+)*\.b(?:16|32|64)\b",  # a 16- to 64-bit store (or vector)
