@@ -211,7 +211,7 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     size = args.size or (64 << 20 if cuda else 4 << 20)
-    budget = args.budget if args.budget is not None else (0.1 if cuda else 0.3)
+    budget = args.budget if args.budget is not None else (0.05 if cuda else 0.3)
     names = [n for n in args.compressors.split(",") if n]
     bad = [n for n in names if n not in NAMES]
     if bad:

@@ -90,6 +90,7 @@ CONFIGS = [
     ("randomk", {}),
     ("randomk", {"ratio": 0.7, "scale": 1}),
     ("threshold", {"tau": 0.5}),
+    ("threshold", {"tau": 1e30}),  # nothing selected: the envelope only
     ("dgc", {}),
     ("dgc", {"ratio": 0.05, "sample_rate": 0.2}),
     ("graddrop", {"drop": 0.9, "sample_rate": 0.5}),
@@ -99,7 +100,7 @@ CONFIGS = [
     ("sparseloco", {"ratio": 0.5, "chunk": 70000, "bits": 8}),  # u32 indices, tail only
 ]
 IDS = [n + "".join(f"-{k}={v}" for k, v in p.items()) for n, p in CONFIGS]
-SIZES = [1, 13, 300, 777, 2100, 1025]
+SIZES = [1, 13, 300, 777, 2100, 1025, 0]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 

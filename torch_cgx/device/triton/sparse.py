@@ -197,6 +197,8 @@ class TritonPrims:
         m, es = idx.numel(), x.element_size()
         val_off = 32 + 4 * m * index
         out = torch.empty(val_off + es * m, dtype=torch.uint8, device=x.device)
+        if m == 0:  # nothing selected: the envelope only (no launch with an empty index)
+            return out.copy_(head)
         with _on(x.device):
             self.k.pack_kernel[self._grid(m)](
                 head, idx, x.view(_BITS[x.dtype]), out, m, val_off, INDEX=index, ES=es,
