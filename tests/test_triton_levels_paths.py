@@ -194,3 +194,13 @@ def test_a_planted_word_shift_is_caught(tmp_path):
     base.check_decode(TritonLevels(block=64), "qsgd", params, p)
     with pytest.raises(pytest.fail.Exception, match="differ"):
         base.check_decode(impl, "qsgd", params, p)
+
+
+def test_a_planted_one_bucket_scalar_is_caught(tmp_path):
+    """A block inside one bucket reads its scalar once: a wrong one shows."""
+    impl = base.mutant(tmp_path, "32 + 4 * k0, True", "36 + 4 * k0, True")
+    params = {"bits": 4, "bucket_size": 512}  # check_decode's 150 values: one bucket
+    p = base.any_payload("qsgd", params, 0, torch.Generator().manual_seed(1))
+    base.check_decode(TritonLevels(), "qsgd", params, p)
+    with pytest.raises(pytest.fail.Exception, match="differ"):
+        base.check_decode(impl, "qsgd", params, p)

@@ -43,6 +43,7 @@ import triton.language as tl
 from torch_cgx.device.triton.bits import widen
 from torch_cgx.device.triton.levels_parts import (
     add_store,
+    bucket_of,
     byte_codes,
     f32_at,
     level_code,
@@ -50,6 +51,7 @@ from torch_cgx.device.triton.levels_parts import (
     or_one,
     pack_store,
     row_len,
+    scalar_of,
     word_codes,
 )
 
@@ -218,15 +220,16 @@ def scalars_kernel(x_ptr, pay_ptr, scal_ptr, n, size, nb, KIND: tl.constexpr, CL
 
 
 @triton.jit
-def code_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, g, gm, full, n, size, nbytes, g_end,
-              k0, k1, magic, shift, KIND: tl.constexpr, BITS: tl.constexpr,
+def code_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, g, gm, full, last, n, size, nbytes,
+              g_end, k0, k1, magic, shift, KIND: tl.constexpr, BITS: tl.constexpr,
               LEVELS: tl.constexpr, NEG: tl.constexpr, BF16: tl.constexpr, BP: tl.constexpr,
               CG: tl.constexpr):  # fmt: skip
     """The codes of groups ``g`` where ``gm`` (a (G, 8) tile, element 8 g + j): sign bits
     (onebit, efsignsgd, signsgd), or prim::Levels' codes with the bucket's scalar (qsgd,
     terngrad; CG: read through L2, scalars this program has just written) or tbq's tau;
     signsgd / tbq OR the non-finite flag into the envelope. ``full``: every element of the tile
-    inside the tensor (and ``gm``): unmasked loads of the input."""
+    inside the tensor (and ``gm``): unmasked loads of the input; ``last``: the tile's last
+    element inside (the scalar loaded once where it is in the first one's bucket)."""
     i = g[:, None] * 8 + tl.arange(0, 8)[None, :]
     m = gm[:, None] & (i < n)
     if full:
@@ -240,16 +243,10 @@ def code_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, g, gm, full, n, siz
         tau = f32_at(pay_ptr, 28, True, False)
         code = level_code(v, tau, i, k0, k1, 1, 1, False, False)
     else:
-        if i.dtype == tl.int64:
-            k = i // size  # emulated on GPUs: int64 only
-        else:  # int32: a multiply-high by divisor(size) (triton/__init__.py)
-            q = tl.umulhi(i.to(tl.uint32) << 1, magic.to(tl.uint32))
-            k = (q >> shift.to(tl.uint32)).to(tl.int32)
-        if CG:
-            s = tl.load(scal_ptr + k, mask=m, other=0, cache_modifier=".cg")
-        else:
-            s = tl.load(scal_ptr + k, mask=m, other=0)
-        s = s.to(tl.float32, bitcast=True)
+        k = bucket_of(i, size, magic, shift)
+        kf = bucket_of((g_end - g.shape[0]) * 8, size, magic, shift)  # the first element's
+        one = kf == bucket_of(last, size, magic, shift)
+        s = scalar_of(scal_ptr, k, m, kf, one, CG).to(tl.float32, bitcast=True)
         if KIND == QSGD:
             code = level_code(v, s, i, k0, k1, LEVELS, NEG, False, True)
         else:
@@ -271,7 +268,8 @@ def codes_kernel(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, n, size, nbytes,
     g0 = tl.program_id(0).to(IT) * G
     g = g0 + tl.arange(0, G)
     full = (g0 + G) * 8 <= n.to(IT)
-    code_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, g, g >= 0, full, n.to(IT),
+    last = tl.minimum((g0 + G) * 8, n.to(IT)) - 1
+    code_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, g, g >= 0, full, last, n.to(IT),
               size.to(IT), nbytes.to(IT), g0 + G, k0, k1, magic, shift, KIND, BITS, LEVELS, NEG,
               BF16, BP, False)  # fmt: skip
 
@@ -298,9 +296,9 @@ def encode_kernel(x_ptr, pay_ptr, scal_ptr, codes_ptr, n, size, nb, nbytes, k0, 
     gg = e0 // 8
     while gg < g1:
         g = gg + tl.arange(0, G)
-        code_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, pay_ptr, g, g < g1, (gg + G) * 8 <= e1, n,
-                  size, nbytes, gg + G, k0, k1, magic, shift, KIND, BITS, LEVELS, NEG, BF16, BP,
-                  True)  # fmt: skip
+        code_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, pay_ptr, g, g < g1, (gg + G) * 8 <= e1,
+                  tl.minimum((gg + G) * 8, e1) - 1, n, size, nbytes, gg + G, k0, k1, magic, shift,
+                  KIND, BITS, LEVELS, NEG, BF16, BP, True)  # fmt: skip
         gg += G
 
 
@@ -308,10 +306,11 @@ def encode_kernel(x_ptr, pay_ptr, scal_ptr, codes_ptr, n, size, nb, nbytes, k0, 
 
 
 @triton.jit
-def value_of(pay_ptr, c, k, m, LEVELS: tl.constexpr, NEG: tl.constexpr, KIND: tl.constexpr,
-             WORDS: tl.constexpr):  # fmt: skip
+def value_of(pay_ptr, c, k, m, k0, one, LEVELS: tl.constexpr, NEG: tl.constexpr,
+             KIND: tl.constexpr, WORDS: tl.constexpr):  # fmt: skip
     """The fp32 value code ``c`` of an element of bucket ``k`` decodes to (the native decoders'
-    tables); the payload's scalars read as words where ``WORDS``, else byte by byte."""
+    tables); the payload's scalars read as words where ``WORDS``, else byte by byte; once
+    where ``one`` (every element in bucket ``k0``), else per element."""
     nan = float("nan")
     if KIND == SIGNSGD:
         flagged = (tl.load(pay_ptr + 7) & 1) != 0
@@ -321,10 +320,17 @@ def value_of(pay_ptr, c, k, m, LEVELS: tl.constexpr, NEG: tl.constexpr, KIND: tl
         tau = f32_at(pay_ptr, 28, True, WORDS)
         val = tl.where(c == 0, 0.0, tl.where(c == 1, tau, tl.where(c == 2, neg(tau), nan)))
         val = tl.where(flagged, nan, val)
-    elif KIND == ONEBIT:
-        val = f32_at(pay_ptr, 32 + 4 * (2 * k + 1 - c), m, WORDS)  # (negatives, others)
+    elif KIND == ONEBIT:  # the scalars (negatives, others)
+        if one:
+            val = tl.where(c != 0, f32_at(pay_ptr, 32 + 8 * k0, True, WORDS),
+                           f32_at(pay_ptr, 36 + 8 * k0, True, WORDS))  # fmt: skip
+        else:
+            val = f32_at(pay_ptr, 32 + 4 * (2 * k + 1 - c), m, WORDS)
     else:
-        s = f32_at(pay_ptr, 32 + 4 * k, m, WORDS)
+        if one:
+            s = tl.broadcast_to(f32_at(pay_ptr, 32 + 4 * k0, True, WORDS), c.shape)
+        else:
+            s = f32_at(pay_ptr, 32 + 4 * k, m, WORDS)
         if KIND == EFSIGN:
             val = tl.where(c != 0, neg(s), s)
         elif KIND == TERNGRAD:
@@ -362,14 +368,14 @@ def decode_kernel(pay_ptr, out_ptr, n, size, codes_at, magic, shift, KIND: tl.co
             c = byte_codes(pay_ptr + codes_at.to(IT), i, m, BITS)
     else:
         c = byte_codes(pay_ptr + codes_at.to(IT), i, m, BITS)
-    k = i  # the bucket: only where the value reads a bucket's scalar
+    k, kf, one = i, 0, False  # the buckets: only where the value reads a bucket's scalar
     if (KIND == QSGD) or (KIND == TERNGRAD) or (KIND == ONEBIT) or (KIND == EFSIGN):
-        if IDX64:
-            k = i // size.to(IT)  # emulated on GPUs: int64 only
-        else:  # int32: a multiply-high by divisor(size) (triton/__init__.py)
-            q = tl.umulhi(i.to(tl.uint32) << 1, magic.to(tl.uint32))
-            k = (q >> shift.to(tl.uint32)).to(tl.int32)
-    val = value_of(pay_ptr, c, k, m, LEVELS, NEG, KIND, WORDS)
+        first = tl.program_id(0).to(IT) * BLOCK
+        k = bucket_of(i, size.to(IT), magic, shift)
+        kf = bucket_of(first, size.to(IT), magic, shift)
+        last = tl.minimum(first + BLOCK, n.to(IT)) - 1
+        one = kf == bucket_of(last, size.to(IT), magic, shift)
+    val = value_of(pay_ptr, c, k, m, kf, one, LEVELS, NEG, KIND, WORDS)
     if full:
         add_store(out_ptr, i, m, val, True, BF16)
     else:

@@ -28,6 +28,37 @@ def or_one(align):
 
 
 @triton.jit
+def bucket_of(i, size, magic, shift):
+    """The bucket of element indices ``i`` (a tensor or a scalar) in buckets of ``size`` (of
+    ``i``'s type): an int64 division (emulated on GPUs), or in the int32 variant a
+    multiply-high by ``divisor(size)`` = (``magic``, ``shift``) (triton/__init__.py)."""
+    if i.dtype == tl.int64:
+        k = i // size
+    else:
+        q = tl.umulhi(i.to(tl.uint32) << 1, magic.to(tl.uint32))
+        k = (q >> shift.to(tl.uint32)).to(tl.int32)
+    return k
+
+
+@triton.jit
+def scalar_of(ptr, k, m, k0, one, CG: tl.constexpr):
+    """The int32 at ``ptr + k`` where ``m``: where ``one`` (every element of the tile in bucket
+    ``k0``) one load, broadcast; else a load per element (CG: through L2, the ``.cg`` cache
+    modifier, for values this program has just written)."""
+    if one:
+        if CG:
+            s = tl.broadcast_to(tl.load(ptr + k0, cache_modifier=".cg"), k.shape)
+        else:
+            s = tl.broadcast_to(tl.load(ptr + k0), k.shape)
+    else:
+        if CG:
+            s = tl.load(ptr + k, mask=m, other=0, cache_modifier=".cg")
+        else:
+            s = tl.load(ptr + k, mask=m, other=0)
+    return s
+
+
+@triton.jit
 def u32_at(ptr, off, mask):
     """The little-endian uint32 at byte offsets ``off`` of a uint8 pointer (any alignment)."""
     w = tl.load(ptr + off, mask=mask, other=0).to(tl.uint32)
