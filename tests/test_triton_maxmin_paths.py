@@ -23,6 +23,7 @@ from codec_testing import DTYPES, random_input  # noqa: E402
 from test_triton_maxmin import LEVERS, _mixed, _sums_differ, check  # noqa: E402
 from triton_testing import poison_empty, skip_overflow_shadow, wide_indices  # noqa: E402
 
+from torch_cgx.device import codecs  # noqa: E402
 from torch_cgx.device.triton import available, interpreted  # noqa: E402
 from torch_cgx.device.triton.maxmin import TritonMaxMin  # noqa: E402
 
@@ -102,3 +103,50 @@ def test_every_payload_byte_is_written_with_full_tiles(monkeypatch):
     g = np.random.default_rng(4)
     for bits, bucket, lever in ((3, 8, (0, 0, 0)), (5, 512, (1, 0, 1)), (6, 24, (1, 1, 0))):
         check(P64, random_input(400, DTYPES[bits % 3], g), bits, bucket, lever, what="poisoned")
+
+
+class _Recorder:
+    """The kernels of ``kernels``, launched as usual, each launch's keyword arguments recorded."""
+
+    def __init__(self, kernels):
+        self.kernels, self.launches = kernels, []
+
+    def __getattr__(self, name):
+        kernel = getattr(self.kernels, name)
+
+        class Launcher:
+            def __getitem__(_, grid):
+                def launch(*args, **kwargs):
+                    self.launches.append((name, kwargs))
+                    return kernel[grid](*args, **kwargs)
+
+                return launch
+
+        return Launcher()
+
+
+# (bucket size, dtype, ALIGN, GROUP_META)
+HOST_CASES = [(512, torch.float32, 4, True), (512, torch.float16, 8, True),
+              (12, torch.float32, 4, False), (100, torch.bfloat16, 4, False),
+              (13, torch.float32, 1, False), (24, torch.float16, 8, True)]  # fmt: skip
+
+
+def test_the_host_picks_the_paths():
+    """ALIGN (the buckets' starts in elements, up to 16 bytes), GROUP_META (bucket size % 8 ==
+    0) and the decoder's WORD (the payload's address: 8-, 4-aligned or neither)."""
+    x = torch.arange(300, dtype=torch.float32).to(DEVICE) / 7.0
+    for bucket, dtype, align, group in HOST_CASES:
+        impl = TritonMaxMin(tile=64, codes=64, decode=64)
+        impl.load()
+        impl._k = _Recorder(impl._k)
+        codec = codecs.get("maxmin", bits=3, bucket_size=bucket)
+        payload = impl.encode(codec, x.to(dtype), 0, 0)
+        for at, word in ((0, 8), (4, 4), (3, 1), (6, 1)):
+            view = torch.zeros(payload.numel() + 8, dtype=torch.uint8, device=DEVICE)
+            view = view[at : at + payload.numel()]
+            impl.values(codec, view.copy_(payload), 300, dtype)
+            assert impl._k.launches[-1][1]["WORD"] == word, (bucket, at)
+        kinds = {name: kw for name, kw in impl._k.launches}
+        encode = kinds.get("encode_kernel") or {**kinds["scalars_kernel"], **kinds["codes_kernel"]}
+        assert (encode["ALIGN"], encode["GROUP_META"]) == (align, group), bucket
+        assert kinds["decode_kernel"]["GROUP_META"] == group, bucket
