@@ -1,7 +1,9 @@
 """Triton max-min (torch_cgx/device/triton/maxmin.py) against the native codec
 (``torch_cgx.compressors.get("maxmin", ...)``): payload bytes exactly, decode_add (into fp32,
-fp16 and bf16 outputs, from payloads of any dtype, read from an odd address) and the fp32 values
-as values (NaN equal to NaN: a GPU writes its canonical NaN).
+fp16 and bf16 outputs, from payloads of any dtype, read from an odd, a 4- or an 8-aligned
+address: the decoder's byte and word paths) and the fp32 values as values (NaN equal to NaN: a
+GPU writes its canonical NaN). The paths a tile's place selects (full tiles, the tail tile):
+tests/test_triton_maxmin_paths.py.
 
 Runs under Triton's interpreter on CPU tensors (TRITON_INTERPRET=1 is set below, before triton
 is imported, and only while this module's tests run); with ``TRITON_INTERPRET=0`` on a machine
