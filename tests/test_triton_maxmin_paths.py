@@ -141,7 +141,7 @@ def test_the_host_picks_the_paths():
         impl._k = _Recorder(impl._k)
         codec = codecs.get("maxmin", bits=3, bucket_size=bucket)
         payload = impl.encode(codec, x.to(dtype), 0, 0)
-        for at, word in ((0, 8), (4, 4), (3, 1), (6, 1)):
+        for at, word in ((0, 8), (4, 4), (3, 1), (6, 1))[: 4 if bucket == 512 else 1]:
             view = torch.zeros(payload.numel() + 8, dtype=torch.uint8, device=DEVICE)
             view = view[at : at + payload.numel()]
             impl.values(codec, view.copy_(payload), 300, dtype)
