@@ -204,3 +204,14 @@ def test_a_planted_one_bucket_scalar_is_caught(tmp_path):
     base.check_decode(TritonLevels(), "qsgd", params, p)
     with pytest.raises(pytest.fail.Exception, match="differ"):
         base.check_decode(impl, "qsgd", params, p)
+
+
+def test_blocks_shorter_than_a_row_of_words_read_bytes():
+    """Blocks of 8 or 16 values (a row of 32 codes is ``bits`` words: 6 bits, 16 codes are
+    three words) decode byte by byte, whatever the payload's alignment."""
+    params = {"bits": 6, "bucket_size": 16}
+    p = base.any_payload("qsgd", params, 0, torch.Generator().manual_seed(2))
+    for block in (8, 16):
+        impl = recording(block=block)
+        base.check_decode(impl, "qsgd", params, p)
+        assert not launched(impl, "decode_kernel")[0]["WORDS"]

@@ -232,8 +232,9 @@ class TritonLevels(FusedLevels):
         # lanes' buckets): the int32 variant
         scalars = 40 + 8 * ((n + self.block) // size) + 64 if layout else 0
         wide = index64(n + self.block + 64, want + self.block + 64, size, scalars)
-        # whole words: a 4-aligned payload (the stream at 32 + 4 s nb), blocks of whole words
-        words = payload.data_ptr() % 4 == 0 and (self.block * codec.bits) % 32 == 0
+        # whole words: a 4-aligned payload (the stream at 32 + 4 s nb), blocks of whole rows
+        # (32 codes: ``bits`` words)
+        words = payload.data_ptr() % 4 == 0 and self.block >= 32
         with self._on(out.device):
             self._k.decode_kernel[(_cdiv(n, self.block),)](
                 payload, _bits_view(out), n, size, codes_at, *divisor(size), **self._meta(codec),

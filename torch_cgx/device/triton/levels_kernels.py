@@ -351,9 +351,9 @@ def decode_kernel(pay_ptr, out_ptr, n, size, codes_at, magic, shift, KIND: tl.co
     """out[i] += value(i) for i in BLOCK pid .. BLOCK (pid + 1) - 1, in fp32, rounded once to
     out's dtype (bf16 ``out`` as its int16 bits), as a (BLOCK / E, E) tile (E codes per word).
     ``codes_at``: the stream's byte offset; ``magic``, ``shift``: ``divisor(size)`` (the int32
-    variant's bucket index). ``WORDS``: the payload and ``codes_at`` 4-aligned and BLOCK * BITS
-    a multiple of 32: a full block reads whole words of codes, every block its scalars as
-    words; else byte by byte. A full block adds to ``out`` without a mask (vector accesses)."""
+    variant's bucket index). ``WORDS``: the payload and ``codes_at`` 4-aligned and BLOCK >= 32
+    (whole rows of 32 codes): a full block reads whole words of codes, every block its scalars
+    as words; else byte by byte. A full block adds to ``out`` without a mask (vector accesses)."""
     IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
     E: tl.constexpr = row_len(BITS, BLOCK)
     row = tl.program_id(0).to(IT) * (BLOCK // E) + tl.arange(0, BLOCK // E)
