@@ -14,7 +14,11 @@ topk, randomk, threshold, dgc, graddrop and sparseloco at their default paramete
   ``select`` (topk, sort, kthvalue, nonzero), ``elementwise`` (the RNG, the index arithmetic,
   the order keys, comparisons: int and float pointwise ops), ``gather`` (index, gather,
   scatter, index_put), ``pack`` (copies, cat, fills, arange), ``triton`` (a fused kernel),
-  ``other``; per class the number of kernels (CUDA) or work ops (CPU) and the share of time.
+  ``other``; per class the number of kernels (CUDA) or work ops (CPU) and the share of time;
+- counts the tensor ops of one encode at the dispatcher by class, and the Triton launches (the
+  op structure, identical on every device: ``TRITON_INTERPRET=1 CGX_DEVICE_KERNELS=fused`` on
+  a CPU runs the fused path under Triton's interpreter, so that its counts show there too;
+  its times are then the interpreter's).
 
 CPU figures show the op structure (each work op is one kernel on a GPU), not GPU speed.
 """
@@ -29,6 +33,7 @@ from typing import Callable, Dict, List
 
 import torch
 import torch.profiler as tprof
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.compressors import parse_size
 from benchmarks.device import Timer
@@ -127,6 +132,56 @@ def breakdown(fn: Callable[[], object], cuda: bool) -> Dict[str, dict]:
     return out
 
 
+class _Counter(TorchDispatchMode):
+    """Tensor ops at the dispatcher by class (work ops only: each is about one kernel on a GPU)
+    and Triton launches (their own tensor ops, the interpreter's, left out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts = {c: 0 for c in CLASSES}
+        self.inside = 0
+        self.patched: List[tuple] = []
+
+    def __enter__(self):
+        for mod, cls in (("triton.runtime.jit", "JITFunction"),
+                         ("triton.runtime.interpreter", "InterpretedFunction")):  # fmt: skip
+            owner = getattr(sys.modules.get(mod), cls, None)
+            if owner is not None and "run" in vars(owner):
+                self.patched.append((owner, owner.run))
+                owner.run = self._launch(owner.run)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for owner, run in self.patched:
+            owner.run = run
+        return super().__exit__(*exc)
+
+    def _launch(self, run):
+        def counted(fn_self, *args, **kwargs):
+            self.counts["triton"] += 1
+            self.inside += 1
+            try:
+                return run(fn_self, *args, **kwargs)
+            finally:
+                self.inside -= 1
+
+        return counted
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.inside:
+            cls = op_class("aten::" + func.__name__.split(".")[0])
+            if cls not in ("meta", "other", "triton"):
+                self.counts[cls] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def op_counts(fn: Callable[[], object]) -> Dict[str, int]:
+    """Per class the tensor ops (and ``triton``: the Triton launches) of one call of ``fn``."""
+    with _Counter() as c:
+        fn()
+    return {k: v for k, v in c.counts.items() if v}
+
+
 def measure(fns: Dict[str, Callable], timer: Timer, rounds: int, budget: float) -> Dict[str, float]:
     iters = {}
     for op, fn in fns.items():
@@ -163,8 +218,10 @@ def profile_one(name: str, x: torch.Tensor, timer: Timer, rounds: int, budget: f
     row.update({f"{op}_ratio": secs["copy"] / s for op, s in secs.items() if op != "copy"})
     cuda = x.device.type == "cuda"
     row["profile"] = {"encode": breakdown(fns["encode"], cuda)}
+    row["ops"] = {"encode": op_counts(fns["encode"])}
     if fused is not None:
         row["profile"]["ref_encode"] = breakdown(fns["ref_encode"], cuda)
+        row["ops"]["ref_encode"] = op_counts(fns["ref_encode"])
     return row
 
 
@@ -191,6 +248,11 @@ def report(rows: List[dict], device: str, size: int) -> str:
                 f"{r['ref_encode_ratio']:7.4f} {'':>8} {'':>7}  "
                 + _fmt_profile(r["profile"]["ref_encode"])
             )
+    lines.append("tensor ops at the dispatcher per encode, by class (triton: launches):")
+    for r in rows:
+        for which, counts in r["ops"].items():
+            text = ", ".join(f"{k} {v}" for k, v in counts.items())
+            lines.append(f"  {r['compressor']} {which}: {sum(counts.values())} ({text})")
     lines.append("costliest ops per encode (count, ms):")
     for r in rows:
         for which, p in r["profile"].items():

@@ -1,6 +1,6 @@
 """CPU smoke tests of benchmarks/device_sparse_profile.py: a small run of every sparse codec
-(timings, ratios, the profile's op classes, the JSON), and the CUDA path's attribution of device
-kernels to op classes on a synthetic profile (no GPU here)."""
+(timings, ratios, the profile's op classes, the dispatcher's op counts, the JSON), and the CUDA
+path's attribution of device kernels to op classes on a synthetic profile (no GPU here)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ def test_cpu_run_writes_rows(tmp_path, capsys):
     # the structure docs/gpu.md quotes: random_k's draws and rounds are hundreds of int ops
     assert rows["randomk"]["profile"]["encode"]["elementwise"]["n"] > 200
     assert rows["topk"]["profile"]["encode"]["select"]["n"] == 2  # topk and sort
+    assert rows["randomk"]["ops"]["encode"]["elementwise"] > 150  # at the dispatcher
+    assert rows["topk"]["ops"]["encode"] == {"select": 2, "elementwise": 6, "gather": 2, "pack": 4}
     assert "profile of one encode" in capsys.readouterr().out
 
 
