@@ -41,7 +41,8 @@ __all__ = ["TritonLevels"]
 KINDS = {"qsgd": 0, "terngrad": 1, "onebit": 2, "efsignsgd": 3, "signsgd": 4, "signum": 4,
          "tbq": 5}  # fmt: skip
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-FUSED_VALUES = 1 << 16  # one launch where a program's buckets hold at most this many values
+FUSED_VALUES = 1 << 13  # one launch where a program's buckets hold at most this many values:
+# the codes of one program are a loop (a large single bucket: two launches, its codes in parallel)
 
 
 def _le(value: int, nbytes: int) -> tuple:
