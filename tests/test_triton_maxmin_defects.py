@@ -25,7 +25,7 @@ import types  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from codec_testing import DTYPES  # noqa: E402
+from codec_testing import DTYPES, special_input  # noqa: E402
 from test_triton_maxmin import DEFAULT, _mixed, _sums_differ, mismatch  # noqa: E402
 from triton_testing import poison_empty, skip_overflow_shadow  # noqa: E402
 
@@ -176,3 +176,16 @@ def test_a_defect_in_the_full_clip_rows_is_caught(tmp_path):
     x = _mixed(64 * 6 + 5, 64)
     edit = ("d = e * e  # two roundings", "d = e * e * 2.0  # two roundings")
     assert _sums_differ(mutant(tmp_path, edit, tile=64), 64, x) > 0
+
+
+@pytest.mark.parametrize("kind", ["denormal", "huge"])
+def test_a_defect_in_the_fp64_path_per_group_is_caught(tmp_path, kind):
+    """Step 4's fp64 path with each group's inv loaded once (a bucket size that is a multiple of
+    8: the one-launch encode, through L2, and the codes kernel): buckets narrower than L /
+    FLT_MAX or wider than FLT_MAX."""
+    edit = ("inv = inv[:, None]", "inv = inv[:, None] * 0.5")
+    impl = mutant(tmp_path, edit, tile=64, codes=64, decode=64)
+    x = torch.from_numpy(special_input(kind, 300, np.random.default_rng(len(kind))))
+    for bucket in (8, 128):
+        assert mismatch(TritonMaxMin(**impl.fixed), x, 4, bucket, (0, 0, 0)) is None
+        assert mismatch(impl, x, 4, bucket, (0, 0, 0)) is not None, bucket
