@@ -162,6 +162,8 @@ def test_dispatch_self_checks_then_fuses(name, fused):
             assert _same(codec.decode_add_(acc, want.to(DEVICE)).cpu(), want_acc)
         assert set(kernels.decisions().values()) == {"fused"}, kernels.decisions()
         assert {key[3] for key in kernels.decisions()} == {torch.float32, torch.bfloat16}
+        # sparseloco's chunk selects its index width: part of what is self-checked
+        assert {key[5] for key in kernels.decisions()} == {4096 if name == "sparseloco" else 0}
 
 
 @pytest.mark.parametrize("wide", [False, True], ids=["int32", "int64"])

@@ -156,8 +156,9 @@ def _describe(impl, codec, dtype) -> str:
 
 
 def _bucket(codec) -> int:
-    """The bucket size (0 for codecs without buckets: the sparse ones)."""
-    return getattr(codec, "bucket_size", 0)
+    """The bucket size; sparseloco's chunk (its u16 / u32 indices; the self-check's buffer then
+    holds full chunks and a tail); 0 for the other sparse codecs."""
+    return getattr(codec, "bucket_size", getattr(codec, "chunk", 0))
 
 
 def _fail(what: str, reason: str, strict: bool) -> None:
