@@ -1,9 +1,10 @@
 """The GPU check's kernel step (run under compute-sanitizer's memcheck on a GPU): every codec
-with a fused kernel, through the codecs' one dispatch (``CGX_DEVICE_KERNELS=fused`` there: a
-kernel that falls back raises), on small buffers whose sizes cross bucket and byte boundaries:
-the payload must be the native CPU codec's bytes and ``decode_add_`` the native decode added
-(NaN as NaN). On CPU tensors the same script runs the reference (the kernels' CPU form).
-Prints one line per configuration; exit status 1 on any difference."""
+with a fused kernel (the dense ones, and the sparse ones' Triton passes around their selection),
+through the codecs' one dispatch (``CGX_DEVICE_KERNELS=fused`` there: a kernel that falls back
+raises), on small buffers whose sizes cross bucket and byte boundaries: the payload must be the
+native CPU codec's bytes and ``decode_add_`` the native decode added (NaN as NaN). On CPU
+tensors the same script runs the reference (the kernels' CPU form). Prints one line per
+configuration; exit status 1 on any difference."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ CONFIGS: List[Tuple[str, Dict]] = [
     ("signsgd", {}),
     ("signum", {}),
     ("tbq", dict(tau=0.5)),
+    ("topk", dict(ratio=0.1)),
+    ("randomk", dict(ratio=0.1)),
+    ("threshold", dict(tau=1.0)),
+    ("dgc", dict(ratio=0.1)),
+    ("graddrop", {}),
+    ("sparseloco", {}),
 ]
 SIZES = (1, 7, 513, 4099)
 
