@@ -198,12 +198,13 @@ def check_vector_accesses(found: dict) -> None:
     assert ["[1, 4]", "[16, 2]"] in load_layouts(found["encode"]["ttgir"], "f32")
     # decode: out loaded and stored as v4 in a full block; the metadata one 64-bit load per
     # group (8-aligned payload) or two 32-bit ones (4-aligned), a full block's codes one
-    # 32-bit word per group (4 bits), so the only byte loads left are the tail block's codes
-    # (8 a thread, one per element); at an odd address the metadata's bytes too
+    # 32-bit word per group (4 bits), so the only byte loads left are the tail block's (its
+    # group's 4 bytes: one group a thread; 8 a thread before, one per element, and 64 for the
+    # metadata); at an odd address the metadata's 8 bytes too
     for word in (8, 4, 1):
         code = ptx[f"decode {word}"]
         assert loads(code, "v4") == 2 and len(re.findall(r"st\.global\.v4\.", code)) == 2
-        assert loads(code, "b8") == (8 if word > 1 else 16), (word, loads(code, "b8"))
+        assert loads(code, "b8") == (4 if word > 1 else 12), (word, loads(code, "b8"))
         assert len(re.findall(r"ld\.global\.", code)) <= (24 if word > 1 else 28), word  # 80 before
     assert loads(ptx["decode 8"], "b64") == 1 and loads(ptx["decode 4"], "b64") == 0
 

@@ -6,12 +6,13 @@ docs/FORMAT.md, "The max-min wire format"), and the helpers it shares with the e
 eight codes (``BITS`` bytes of the stream). What it reads depends on the payload's address, a
 host constexpr (``WORD``: 8 where the payload is 8-byte aligned, 4 where 4-byte aligned, 1
 otherwise, say a view at an odd offset of a receive buffer): each bucket's metadata (mn, unit)
-as one 64-bit load, two 32-bit loads, or eight byte loads; and in a block whose codes and words
-lie inside the payload (``WORD >= 4``), a group's codes from the one to three aligned 32-bit
-words that hold its bytes, else byte by byte. With ``GROUP_META`` (the bucket size a multiple of
-8: a group never straddles a bucket) the bucket index and metadata once per group, else per
-element. A block inside ``out`` loads and stores ``out`` unmasked (vector accesses; the tile's
-rows are eight consecutive elements), the last block masked.
+as one 64-bit load, two 32-bit loads, or eight byte loads; and a group's codes from the one to
+three aligned 32-bit words that hold its bytes in a block whose codes and words lie inside the
+payload (``WORD >= 4``), else its BITS bytes one by one (a group's codes are one word either
+way). With ``GROUP_META`` (the bucket size a multiple of 8: a group never straddles a bucket) the
+bucket index and metadata once per group, else per element. A block inside ``out`` loads and
+stores ``out`` unmasked (vector accesses; the tile's rows are eight consecutive elements), the
+last block masked.
 """
 
 from __future__ import annotations
@@ -81,31 +82,32 @@ def group_word(pay_ptr, at, BITS: tl.constexpr):
 
 
 @triton.jit
-def codes_bytes(pay_ptr, i, mq, codes_at, BITS: tl.constexpr):
-    """The codes of elements ``i`` where ``mq``, each from its one or two bytes (any alignment)."""
-    rb = (i & 7).to(tl.int32) * BITS  # bit i * BITS: no product past the stream's bytes
-    byte = pay_ptr + codes_at + (i >> 3) * BITS + (rb >> 3)
-    shift8 = rb & 7
-    two = tl.load(byte, mask=mq, other=0).to(tl.int32)
-    if (8 % BITS) != 0:  # a code may straddle two bytes (bits 3, 5, 6, 7)
-        two = two | (tl.load(byte + 1, mask=mq & (shift8 + BITS > 8), other=0).to(tl.int32) << 8)
-    return (two >> shift8) & ((1 << BITS) - 1)
+def group_bytes(pay_ptr, at, gq, end, BITS: tl.constexpr):
+    """uint64 whose low 8 BITS bits are the BITS bytes at payload byte offsets ``at`` (any
+    alignment) where ``gq``, byte by byte; bytes from ``end`` (the stream's end) on read 0."""
+    w = tl.load(pay_ptr + at, mask=gq & (at < end), other=0).to(tl.uint64)
+    for j in tl.static_range(1, BITS):
+        byte = tl.load(pay_ptr + at + j, mask=gq & (at + j < end), other=0).to(tl.uint64)
+        w = w | (byte << (8 * j))
+    return w
 
 
 @triton.jit
-def codes_of(pay_ptr, g, i, mq, codes_at, words, BITS: tl.constexpr, WORD: tl.constexpr):
-    """The (G, 8) codes of groups ``g`` (elements ``i``): from 32-bit words where ``words`` (a
-    block of coded elements whose words lie in the payload) and ``WORD >= 4``, else bytes."""
+def codes_of(pay_ptr, g, gq, codes_at, tail_at, words, BITS: tl.constexpr, WORD: tl.constexpr):
+    """The (G, 8) codes of groups ``g`` where ``gq`` (a group with coded elements), from each
+    group's BITS bytes: read as 32-bit words where ``words`` (a block of coded elements whose
+    words lie in the payload) and ``WORD >= 4``, else byte by byte. Both give a group's bytes
+    as one word, so the tile's layout follows ``out``'s."""
+    at = codes_at + g * BITS
     if WORD >= 4:
         if words:
-            grp = group_word(pay_ptr, codes_at + g * BITS, BITS)
-            col = (tl.arange(0, 8) * BITS).to(tl.uint64)
-            c = ((grp[:, None] >> col[None, :]) & ((1 << BITS) - 1)).to(tl.int32)
+            grp = group_word(pay_ptr, at, BITS)
         else:
-            c = codes_bytes(pay_ptr, i, mq, codes_at, BITS)
+            grp = group_bytes(pay_ptr, at, gq, tail_at, BITS)
     else:
-        c = codes_bytes(pay_ptr, i, mq, codes_at, BITS)
-    return c
+        grp = group_bytes(pay_ptr, at, gq, tail_at, BITS)
+    col = (tl.arange(0, 8) * BITS).to(tl.uint64)
+    return ((grp[:, None] >> col[None, :]) & ((1 << BITS) - 1)).to(tl.int32)
 
 
 @triton.jit
@@ -176,7 +178,7 @@ def decode_kernel(pay_ptr, out_ptr, n, nq, size, codes_at, tail_at, magic, shift
     pay_end = tail_at + (n - nq) * TAIL_BYTES
     words = (end <= nq) & (codes_at + ((G * tl.program_id(0).to(IT) + G) * BITS + 3) // 4 * 4
                            <= pay_end)  # fmt: skip
-    c = codes_of(pay_ptr, g, i, mq, codes_at, words, BITS, WORD)
+    c = codes_of(pay_ptr, g, g * 8 < nq, codes_at, tail_at, words, BITS, WORD)
     if GROUP_META:  # size % 8 == 0: a group's eight elements share their bucket
         k = bucket_of(g * 8, size.to(IT), magic, shift)
         mn, unit = meta_of(pay_ptr, k, g * 8 < nq, WORD)
