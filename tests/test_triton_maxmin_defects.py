@@ -143,8 +143,8 @@ PATHS = {
                             [(4, 512, 1100, 0, 3)]),
     "codes: scalars per group": ([("bucket_of(g * 8, size, ", ONE + "size, ")], False,
                                  [(5, 8, 349, 2, 3), (5, 512, 1100, 1, 3)]),
-    "decode: codes as words": ([("grp = group_word(pay_ptr, at, BITS)",
-                                 "grp = group_word(pay_ptr, at, BITS) ^ 1")],
+    "decode: codes as words": ([("grp = group_word(pay_ptr, at[:, None], BITS)",
+                                 "grp = group_word(pay_ptr, at[:, None], BITS) ^ 1")],
                                True, [(5, 64, 300, 0, 0), (7, 27, 300, 1, 4)]),
     # at an odd address every block, at an aligned one the tail block only
     "decode: codes byte by byte": ([("other=0).to(tl.uint64)\n    for j",

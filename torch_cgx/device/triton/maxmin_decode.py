@@ -96,18 +96,19 @@ def group_bytes(pay_ptr, at, gq, end, BITS: tl.constexpr):
 def codes_of(pay_ptr, g, gq, codes_at, tail_at, words, BITS: tl.constexpr, WORD: tl.constexpr):
     """The (G, 8) codes of groups ``g`` where ``gq`` (a group with coded elements), from each
     group's BITS bytes: read as 32-bit words where ``words`` (a block of coded elements whose
-    words lie in the payload) and ``WORD >= 4``, else byte by byte. Both give a group's bytes
-    as one word, so the tile's layout follows ``out``'s."""
+    words lie in the payload) and ``WORD >= 4``, else byte by byte: both a (G, 1) column of
+    words, split into the tile after the branch (one layout for the tile's arithmetic; one
+    conversion to ``out``'s vector layout at the end)."""
     at = codes_at + g * BITS
     if WORD >= 4:
         if words:
-            grp = group_word(pay_ptr, at, BITS)
+            grp = group_word(pay_ptr, at[:, None], BITS)
         else:
-            grp = group_bytes(pay_ptr, at, gq, tail_at, BITS)
+            grp = group_bytes(pay_ptr, at[:, None], gq[:, None], tail_at, BITS)
     else:
-        grp = group_bytes(pay_ptr, at, gq, tail_at, BITS)
+        grp = group_bytes(pay_ptr, at[:, None], gq[:, None], tail_at, BITS)
     col = (tl.arange(0, 8) * BITS).to(tl.uint64)
-    return ((grp[:, None] >> col[None, :]) & ((1 << BITS) - 1)).to(tl.int32)
+    return ((grp >> col[None, :]) & ((1 << BITS) - 1)).to(tl.int32)
 
 
 @triton.jit
@@ -181,8 +182,7 @@ def decode_kernel(pay_ptr, out_ptr, n, nq, size, codes_at, tail_at, magic, shift
     c = codes_of(pay_ptr, g, g * 8 < nq, codes_at, tail_at, words, BITS, WORD)
     if GROUP_META:  # size % 8 == 0: a group's eight elements share their bucket
         k = bucket_of(g * 8, size.to(IT), magic, shift)
-        mn, unit = meta_of(pay_ptr, k, g * 8 < nq, WORD)
-        mn, unit = mn[:, None], unit[:, None]
+        mn, unit = meta_of(pay_ptr, k[:, None], (g * 8 < nq)[:, None], WORD)  # (G, 1)
     else:
         k = bucket_of(i, size.to(IT), magic, shift)
         mn, unit = meta_of(pay_ptr, k, mq, WORD)
