@@ -15,13 +15,16 @@ Four kernels, all launched with ``enable_fp_fusion=False`` on the caller's curre
 - ``codes_kernel``: a program codes ``G`` groups of eight values (a group: ``BITS`` bytes of
   the stream), prim::Levels' rule or the sign bit per value; signsgd / signum / tbq OR the
   envelope's non-finite flag with one atomic (an OR does not depend on the order). A tile
-  inside the tensor loads without a mask (16-byte vector loads), the last one masked.
+  inside the tensor loads without a mask (16-byte vector loads), the last one masked; a tile
+  inside one bucket loads its scalar once.
 - ``encode_kernel``: both in one launch where a program's buckets end on a group of eight (or
   there is one program): the scalars of its buckets, a barrier, then their codes, the scalars
   read back through L2 (``.cg``).
 - ``decode_kernel``: ``out += value`` in fp32 rounded once to out's dtype, a (rows, E) tile
-  (E: the codes of a 32-bit word); a full block reads its codes and scalars as words where the
-  payload is 4-aligned (``WORDS``), out with vector loads and stores; the tail block masked.
+  (E: the codes of a 32-bit word; 32 for 3, 5, 6, 7 bits); a full block reads its codes and
+  scalars as words where the payload is 4-aligned (``WORDS``), out with vector loads and
+  stores; the tail block masked. A block inside one bucket reads its scalar(s) once, others
+  one per value.
 
 Exactness on a GPU, by construction (the interpreter computes in numpy, IEEE already): fp32
 divisions are ``tl.math.div_rn`` (Triton's ``/`` is an approximate division for fp32); fp64
