@@ -184,11 +184,13 @@ def test_a_defect_in_the_full_clip_rows_is_caught(tmp_path):
 
 @pytest.mark.parametrize("kind", ["denormal", "huge"])
 def test_a_defect_in_the_fp64_path_per_group_is_caught(tmp_path, kind):
-    """Step 4's fp64 path with each group's inv loaded once (a bucket size that is a multiple of
-    8: the one-launch encode, through L2, and the codes kernel): buckets narrower than L /
-    FLT_MAX or wider than FLT_MAX."""
-    edit = ("inv = inv[:, None]", "inv = inv[:, None] * 0.5")
-    impl = mutant(tmp_path, edit, tile=64, codes=64, decode=64)
+    """Step 4's fp64 path with each group's inv loaded once, a (G, 1) column (a bucket size that
+    is a multiple of 8: the one-launch encode, through L2, and the codes kernel): buckets
+    narrower than L / FLT_MAX or wider than FLT_MAX."""
+    edits = [('mask=km, other=0.0, cache_modifier=".cg")',
+              'mask=km, other=0.0, cache_modifier=".cg") * 0.5'),
+             ("mask=km, other=0.0)\n", "mask=km, other=0.0) * 0.5\n")]  # fmt: skip
+    impl = mutant(tmp_path, *edits, tile=64, codes=64, decode=64)
     x = torch.from_numpy(special_input(kind, 300, np.random.default_rng(len(kind))))
     for bucket in (8, 128):
         assert mismatch(TritonMaxMin(**impl.fixed), x, 4, bucket, (0, 0, 0)) is None

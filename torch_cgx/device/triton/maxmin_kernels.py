@@ -245,13 +245,12 @@ def scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, nb,
 
 @triton.jit
 def quantize(v, mn, sel, inv_ptr, k, km, index, k0, k1, LEVELS: tl.constexpr,
-             STOCH: tl.constexpr, CG: tl.constexpr, GROUPED: tl.constexpr):  # fmt: skip
+             STOCH: tl.constexpr, CG: tl.constexpr):  # fmt: skip
     """Step 4: q = clamp(floor(t + r), 0, L) as int32: the fp32 path with ``sel`` = (f32)inv
     where ``sel > 0``, the fp64 one with bucket ``k``'s fp64 inv where ``sel < 0``, 0 where
     ``sel == 0``. The fp64 path runs only in a program that holds such a bucket (a branch on a
-    reduction: no host involved). ``sel``, ``mn``: per element or per group (a column); ``k``,
-    ``km`` (where to load bucket k's inv: in the stream, on the fp64 path) per element or, with
-    GROUPED, per group (a vector: loaded in the layout of the other per-group scalars)."""
+    reduction: no host involved). ``mn``, ``sel``, ``k`` and ``km`` (where to load bucket k's
+    inv: in the stream, on the fp64 path): per element, or per group (a (G, 1) column)."""
     top = LEVELS * 1.0
     if STOCH:
         r = uniform(k0, k1, index)
@@ -265,8 +264,6 @@ def quantize(v, mn, sel, inv_ptr, k, km, index, k0, k1, LEVELS: tl.constexpr,
             inv = tl.load(inv_ptr + k, mask=km, other=0.0, cache_modifier=".cg")
         else:
             inv = tl.load(inv_ptr + k, mask=km, other=0.0)
-        if GROUPED:
-            inv = inv[:, None]
         t64 = (v.to(tl.float64) - mn.to(tl.float64)) * inv
         q64 = tl.minimum(tl.maximum(tl.floor(t64 + r.to(tl.float64)), 0.0), top)
         q = tl.where(sel < 0, q64.to(tl.float32), q)
@@ -335,15 +332,14 @@ def code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, gm, full, nq, s
     if GROUP_META:  # a group never straddles a bucket
         k = bucket_of(g * 8, size, magic, shift)
         km = gm & (g * 8 < nq)
+        k, km = k[:, None], km[:, None]  # (G, 1) columns: one layout for the tile
         mn, sel = scalars_of(meta_ptr, sel_ptr, k, km, CG)
         km = km & (sel < 0)  # the fp64 path's buckets
-        mn, sel = mn[:, None], sel[:, None]
     else:
         k = bucket_of(i, size, magic, shift)
         mn, sel = scalars_of(meta_ptr, sel_ptr, k, m, CG)
         km = m & (sel < 0)
-    code = quantize(v, mn, sel, inv_ptr, k, km, i, k0, k1, (1 << BITS) - 1, STOCH, CG,
-                    GROUP_META)  # fmt: skip
+    code = quantize(v, mn, sel, inv_ptr, k, km, i, k0, k1, (1 << BITS) - 1, STOCH, CG)
     pack_store(codes_ptr, tl.where(m, code, 0), g, gm, nbytes, g_end, BITS, BP)
 
 
