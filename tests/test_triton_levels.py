@@ -17,60 +17,21 @@ sizes x 3 dtypes x 4 input kinds x 3 block settings, where they run at most 400 
 under the interpreter on 2 cores, 6,000+ cases).
 """
 
+import importlib.util
+import itertools
 import os
+import pathlib
 
-_SET_HERE = "TRITON_INTERPRET" not in os.environ
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before any import of triton
+import pytest
+import torch
+from codec_testing import assert_same
+from triton_testing import interpreted_kernels, poison_empty, wide_indices
 
-import importlib.util  # noqa: E402
-import itertools  # noqa: E402
-import pathlib  # noqa: E402
+from torch_cgx import compressors
+from torch_cgx.device import codecs, kernels
+from torch_cgx.device.triton.levels import TritonLevels
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from codec_testing import assert_same  # noqa: E402
-from triton_testing import poison_empty, skip_overflow_shadow, wide_indices  # noqa: E402
-
-from torch_cgx import compressors  # noqa: E402
-from torch_cgx.device import codecs, kernels  # noqa: E402
-from torch_cgx.device.triton import available, interpreted  # noqa: E402
-from torch_cgx.device.triton.levels import TritonLevels  # noqa: E402
-
-try:  # imports triton; the kernels are decorated now, under the interpreter unless told otherwise
-    from torch_cgx.device.triton import levels_kernels  # noqa: F401
-except ImportError:
-    levels_kernels = None
-DEVICE = torch.device("cpu" if interpreted() else "cuda")
-RUNS = available(DEVICE) and (DEVICE.type == "cpu" or torch.cuda.is_available())
-# triton decorates its own helpers (tl.sum, ...) when it is first imported: where that was
-# without the interpreter, nothing runs on CPU tensors in this process
-LATE = levels_kernels is not None and DEVICE.type == "cpu"
-if LATE:
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-
-    LATE = not isinstance(tl.sum, InterpretedFunction)
-if _SET_HERE:  # the other test modules keep their environment (CPU tensors take the reference)
-    del os.environ["TRITON_INTERPRET"]
-if levels_kernels is None:
-    pytest.skip("triton is not installed (pip install triton==3.6.0)", allow_module_level=True)
-if not RUNS:
-    pytest.skip(f"Triton kernels cannot run on {DEVICE} here", allow_module_level=True)
-if LATE:
-    pytest.skip("triton was imported without TRITON_INTERPRET=1 before this module (run this "
-                "module first, or alone)", allow_module_level=True)  # fmt: skip
-if DEVICE.type == "cpu":
-    skip_overflow_shadow()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _interpreter():
-    """TRITON_INTERPRET=1 for this module's tests only, where this module set it."""
-    if _SET_HERE:
-        os.environ["TRITON_INTERPRET"] = "1"
-    yield
-    if _SET_HERE:
-        os.environ.pop("TRITON_INTERPRET", None)
+levels_kernels, DEVICE, _interpreter = interpreted_kernels("levels_kernels")
 
 
 # IEEE overflow and NaN (3e38 * 7 = Inf, Inf - Inf = NaN, as native) make numpy warn

@@ -6,37 +6,19 @@ sums, the one-launch encode (``encode_kernel``) and the two-launch one, and deco
 byte path); every kind. A recording stand-in for the kernels module shows which path ran."""
 
 import importlib.util
-import os
 import pathlib
 import sys
 
-_SET_HERE = "TRITON_INTERPRET" not in os.environ
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before any import of triton
+import pytest
+import test_triton_levels as base  # (skips this module where that one skips)
+import torch
+from triton_testing import interpreted_kernels
 
-import pytest  # noqa: E402
-import test_triton_levels as base  # noqa: E402  (skips this module where that one skips)
-import torch  # noqa: E402
+from torch_cgx.device import codecs
+from torch_cgx.device.triton.levels import FUSED_VALUES, TritonLevels
 
-from torch_cgx.device import codecs  # noqa: E402
-from torch_cgx.device.triton import levels_kernels  # noqa: E402
-from torch_cgx.device.triton.levels import FUSED_VALUES, TritonLevels  # noqa: E402
-
-if _SET_HERE:
-    del os.environ["TRITON_INTERPRET"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _interpreter():
-    """TRITON_INTERPRET=1 for this module's tests only, where this module set it."""
-    if _SET_HERE:
-        os.environ["TRITON_INTERPRET"] = "1"
-    yield
-    if _SET_HERE:
-        os.environ.pop("TRITON_INTERPRET", None)
-
-
+levels_kernels, DEVICE, _interpreter = interpreted_kernels("levels_kernels")
 pytestmark = base.pytestmark
-DEVICE = base.DEVICE
 
 
 class Recorder:

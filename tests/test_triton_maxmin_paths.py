@@ -11,48 +11,17 @@ path runs is shown by tests/test_triton_maxmin_defects.py: a defect planted in o
 fails these cases. Interpreted like tests/test_triton_maxmin.py (the same preamble).
 """
 
-import os
+import numpy as np
+import pytest
+import torch
+from codec_testing import DTYPES, random_input
+from test_triton_maxmin import LEVERS, _mixed, _sums_differ, check
+from triton_testing import interpreted_kernels, poison_empty, wide_indices
 
-_SET_HERE = "TRITON_INTERPRET" not in os.environ
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+from torch_cgx.device import codecs
+from torch_cgx.device.triton.maxmin import TritonMaxMin
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from codec_testing import DTYPES, random_input  # noqa: E402
-from test_triton_maxmin import LEVERS, _mixed, _sums_differ, check  # noqa: E402
-from triton_testing import poison_empty, skip_overflow_shadow, wide_indices  # noqa: E402
-
-from torch_cgx.device import codecs  # noqa: E402
-from torch_cgx.device.triton import available, interpreted  # noqa: E402
-from torch_cgx.device.triton.maxmin import TritonMaxMin  # noqa: E402
-
-try:  # imports triton; the kernels are decorated now, under the interpreter unless told otherwise
-    from torch_cgx.device.triton import maxmin_kernels
-except ImportError:
-    maxmin_kernels = None
-DEVICE = torch.device("cpu" if interpreted() else "cuda")
-RUNS = available(DEVICE) and (DEVICE.type == "cpu" or torch.cuda.is_available())
-if _SET_HERE:  # the other test modules keep their environment (CPU tensors take the reference)
-    del os.environ["TRITON_INTERPRET"]
-if maxmin_kernels is None:
-    pytest.skip("triton is not installed (pip install triton==3.6.0)", allow_module_level=True)
-if not RUNS:
-    pytest.skip(f"Triton kernels cannot run on {DEVICE} here (TRITON_INTERPRET=1 runs them on "
-                "CPU tensors)", allow_module_level=True)  # fmt: skip
-if DEVICE.type == "cpu":
-    skip_overflow_shadow()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _interpreter():
-    """TRITON_INTERPRET=1 while this module's tests run, where this module set it (``available``
-    reads it)."""
-    if _SET_HERE:
-        os.environ["TRITON_INTERPRET"] = "1"
-    yield
-    if _SET_HERE:
-        os.environ.pop("TRITON_INTERPRET", None)
+maxmin_kernels, DEVICE, _interpreter = interpreted_kernels("maxmin_kernels")
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's overflow notes

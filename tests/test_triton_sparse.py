@@ -10,58 +10,17 @@ sizes are sampled (odd, past a block, a masked tail in every launch), with 32 va
 in every other case (several programs per launch) and the default 1024 in the others.
 """
 
-import os
+import pytest
+import torch
+from triton_testing import interpreted_kernels, poison_empty, wide_indices
 
-_SET_HERE = "TRITON_INTERPRET" not in os.environ
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before any import of triton
+from torch_cgx import compressors
+from torch_cgx.device import codecs, kernels
+from torch_cgx.device.codecs import sparse_select as sel
+from torch_cgx.device.codecs.base import rng_key
+from torch_cgx.device.triton.sparse import TritonSparse
 
-import importlib.util  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from triton_testing import poison_empty, skip_overflow_shadow, wide_indices  # noqa: E402
-
-from torch_cgx import compressors  # noqa: E402
-from torch_cgx.device import codecs, kernels  # noqa: E402
-from torch_cgx.device.codecs import sparse_select as sel  # noqa: E402
-from torch_cgx.device.codecs.base import rng_key  # noqa: E402
-from torch_cgx.device.triton import available, interpreted  # noqa: E402
-from torch_cgx.device.triton.sparse import TritonSparse  # noqa: E402
-
-try:  # imports triton; the kernels are decorated now, under the interpreter unless told otherwise
-    from torch_cgx.device.triton import sparse_kernels  # noqa: F401
-except ImportError:
-    sparse_kernels = None
-DEVICE = torch.device("cpu" if interpreted() else "cuda")
-RUNS = available(DEVICE) and (DEVICE.type == "cpu" or torch.cuda.is_available())
-LATE = sparse_kernels is not None and DEVICE.type == "cpu"
-if LATE:
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-
-    LATE = not isinstance(tl.sum, InterpretedFunction)
-if _SET_HERE:  # the other test modules keep their environment (CPU tensors take the reference)
-    del os.environ["TRITON_INTERPRET"]
-if sparse_kernels is None:
-    pytest.skip("triton is not installed (pip install triton==3.6.0)", allow_module_level=True)
-if not RUNS:
-    pytest.skip(f"Triton kernels cannot run on {DEVICE} here", allow_module_level=True)
-if LATE:
-    pytest.skip("triton was imported without TRITON_INTERPRET=1 before this module (run this "
-                "module first, or alone)", allow_module_level=True)  # fmt: skip
-if DEVICE.type == "cpu":
-    skip_overflow_shadow()
-assert importlib.util.find_spec("triton") is not None
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _interpreter():
-    """TRITON_INTERPRET=1 for this module's tests only, where this module set it."""
-    if _SET_HERE:
-        os.environ["TRITON_INTERPRET"] = "1"
-    yield
-    if _SET_HERE:
-        os.environ.pop("TRITON_INTERPRET", None)
+sparse_kernels, DEVICE, _interpreter = interpreted_kernels("sparse_kernels")
 
 
 # sparseloco's levels: a chunk of equal magnitudes divides by d = 0, as native (numpy warns)

@@ -1,12 +1,70 @@
-"""Helpers the Triton kernel tests share (test_triton_maxmin.py, test_triton_levels.py)."""
+"""Helpers the Triton kernel tests share (test_triton_maxmin*.py, test_triton_levels*.py,
+test_triton_sparse.py)."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import os
+from typing import Callable, Tuple
 
+import pytest
 import torch
 
 import torch_cgx.device.triton as cgx_triton
+
+
+def interpreted_kernels(*names: str) -> Tuple:
+    """A Triton test module's preamble: imports the kernel modules ``names`` of
+    torch_cgx.device.triton under Triton's interpreter where ``TRITON_INTERPRET`` is unset
+    (triton decorates its helpers and kernels when first imported: nothing in the process may
+    import it before), so that they run on CPU tensors, and on CUDA tensors compiled where
+    ``TRITON_INTERPRET=0``. Returns (the modules..., the device, the module's autouse fixture
+    that sets ``TRITON_INTERPRET=1`` during its tests only: other modules keep their
+    environment, where CPU tensors take the reference). Skips the calling module where triton
+    is missing, the kernels cannot run, or triton was imported without the interpreter first."""
+    set_here = "TRITON_INTERPRET" not in os.environ
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    try:
+        found = [importlib.import_module(f"torch_cgx.device.triton.{n}") for n in names]
+    except ImportError:
+        found = None
+    device = torch.device("cpu" if cgx_triton.interpreted() else "cuda")
+    runs = cgx_triton.available(device) and (device.type == "cpu" or torch.cuda.is_available())
+    late = found is not None and device.type == "cpu" and not _interpreter_decorated()
+    if set_here:
+        del os.environ["TRITON_INTERPRET"]
+    if found is None:
+        pytest.skip("triton is not installed (pip install triton==3.6.0)", allow_module_level=True)
+    if not runs:
+        pytest.skip(f"Triton kernels cannot run on {device} here (TRITON_INTERPRET=1 runs them on "
+                    "CPU tensors)", allow_module_level=True)  # fmt: skip
+    if late:
+        pytest.skip("triton was imported without TRITON_INTERPRET=1 before this module (run this "
+                    "module first, or alone)", allow_module_level=True)  # fmt: skip
+    if device.type == "cpu":
+        skip_overflow_shadow()
+    return (*found, device, _interpreter_fixture(set_here))
+
+
+def _interpreter_decorated() -> bool:
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(tl.sum, InterpretedFunction)
+
+
+def _interpreter_fixture(set_here: bool) -> Callable:
+    @pytest.fixture(autouse=True, scope="module")
+    def _interpreter():
+        """TRITON_INTERPRET=1 for this module's tests only, where this module set it."""
+        if set_here:
+            os.environ["TRITON_INTERPRET"] = "1"
+        yield
+        if set_here:
+            os.environ.pop("TRITON_INTERPRET", None)
+
+    return _interpreter
 
 
 def skip_overflow_shadow() -> None:
