@@ -114,15 +114,15 @@ def _peer(name: str, x: torch.Tensor, params: dict):
 
 def _reference(dc):
     """(encode(x), decode_add_(out, payload)) of the tensor operations, whatever kernels say."""
-    if hasattr(dc, "reference_encode"):  # max-min: its encode / decode_add_ may go fused
-        return (lambda x: dc.reference_encode(x, seed=SEED, stream=STREAM)), (
+    if hasattr(dc, "reference_encode"):  # its encode / decode_add_ may go fused
+        return (lambda x: dc.reference_encode(x, seed=SEED, stream=STREAM, shared=SHARED)), (
             dc.reference_decode_add_)  # fmt: skip
     return (lambda x: dc.encode(x, seed=SEED, stream=STREAM, shared=SHARED)), dc.decode_add_
 
 
 def _fused(dc, device: torch.device):
     """The fused implementation that passed its self-check for ``dc`` (a codec with a fused
-    dispatch: max-min, qsgd, terngrad, tbq and the sign codecs), else None."""
+    dispatch: max-min, the level and sign codecs, the sparse ones), else None."""
     if not hasattr(dc, "reference_encode"):
         return None
     from torch_cgx.device import kernels
@@ -144,8 +144,9 @@ def verify(name: str, dc, fused, x: torch.Tensor, payload: torch.Tensor, params:
     sparse = registry.get(name).traits["sparse"]
     if not same and not sparse:
         return "FAIL", "device payload is not the native codec's bytes (small input)", "differ"
-    if fused is not None and not torch.equal(fused.encode(dc, dev, SEED, STREAM).cpu(), want):
-        return "FAIL", "fused payload is not the native codec's bytes (small input)", "differ"
+    fused_small = None if fused is None else fused.encode(dc, dev, SEED, STREAM, SHARED).cpu()
+    if fused_small is not None and not torch.equal(fused_small, got):  # got: native for dense
+        return "FAIL", "fused payload differs from the reference's (small input)", "differ"
     if not same:
         ok = check(name, small, dc.decode(got.to(x.device), SMALL).cpu(), params)
         if not ok.ok:
@@ -159,7 +160,7 @@ def verify(name: str, dc, fused, x: torch.Tensor, payload: torch.Tensor, params:
         if what == "fused":
             if fused is None:
                 continue
-            if not torch.equal(fused.encode(dc, x, SEED, STREAM), payload):
+            if not torch.equal(fused.encode(dc, x, SEED, STREAM, SHARED), payload):
                 return "FAIL", "fused payload differs from the reference's", "="
             add = lambda o, p: fused.decode_add_(dc, o, p)  # noqa: E731
         out = base.clone()
@@ -190,7 +191,7 @@ def measure_one(name: str, params: dict, x: torch.Tensor, bufs: dict, args, time
         "decode_add": lambda: decode_add(out, payload),
     }
     if fused is not None:
-        fns["fused_encode"] = lambda: fused.encode(dc, x, SEED, STREAM)
+        fns["fused_encode"] = lambda: fused.encode(dc, x, SEED, STREAM, SHARED)
         fns["fused_decode_add"] = lambda: fused.decode_add_(dc, out, payload)
     peer = _peer(name, x, params) if args.torch_ops else None
     if peer is not None:

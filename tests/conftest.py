@@ -1,8 +1,23 @@
 """Fixtures shared by the test modules."""
 
+import importlib.util
+import os
+
 import pytest
 
 from torch_cgx import codec
+
+# triton decorates its own helpers (tl.sum, ...) for the interpreter or the compiler when it is
+# first imported, and a process cannot switch afterwards; torch imports it on the way too (a
+# profiler or dispatch mode reaching torch._dynamo). Where TRITON_INTERPRET is unset (a CPU run:
+# the GPU check sets 0), it is imported here first, under the interpreter, so that the Triton
+# tests run on CPU tensors whichever module comes first (tests/triton_testing.py).
+if "TRITON_INTERPRET" not in os.environ and importlib.util.find_spec("triton") is not None:
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton.language  # noqa: F401
+    finally:
+        del os.environ["TRITON_INTERPRET"]
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ class FakeKernel:
         if self.load_error:
             raise OSError(self.load_error)
 
-    def encode(self, codec, x, seed, stream):
+    def encode(self, codec, x, seed, stream, shared=0):
         self.encodes += 1
         if self.encode_error:
             raise RuntimeError(self.encode_error)

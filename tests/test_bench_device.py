@@ -36,7 +36,7 @@ class Fake(kernels.FusedMaxMin):
     def load(self):
         pass
 
-    def encode(self, codec, x, seed, stream):
+    def encode(self, codec, x, seed, stream, shared=0):
         return codec.reference_encode(x, seed=seed, stream=stream)
 
     def decode_add_(self, codec, out, payload):

@@ -33,7 +33,7 @@ class NativeMaxMin(kernels.FusedMaxMin):
     def applies(self, device) -> bool:
         return device.type == "cpu"
 
-    def encode(self, codec, x, seed, stream):
+    def encode(self, codec, x, seed, stream, shared=0):
         from torch_cgx import codec as native
 
         self.encodes += 1

@@ -144,7 +144,9 @@ class TritonLevels(FusedLevels):
         neg = 1 << (bits - 1) if codec.name == "qsgd" else 1
         return {"KIND": KINDS[codec.name], "BITS": bits, "LEVELS": levels, "NEG": neg}
 
-    def encode(self, codec, x: torch.Tensor, seed: int, stream: int) -> torch.Tensor:
+    def encode(self, codec, x: torch.Tensor, seed: int, stream: int, shared: int = 0):
+        """The payload of ``x`` (``shared``: the fused implementations' common signature; the
+        level and sign formats draw nothing shared)."""
         from torch_cgx.device.codecs.base import rng_key
 
         self.load()

@@ -125,8 +125,9 @@ class TritonMaxMin(FusedMaxMin):
 
     # ---- encode ---------------------------------------------------------------------------------
 
-    def encode(self, codec, x: torch.Tensor, seed: int, stream: int) -> torch.Tensor:
-        """The payload of the 1-D contiguous ``x`` on its device (FORMAT.md's layout)."""
+    def encode(self, codec, x: torch.Tensor, seed: int, stream: int, shared: int = 0):
+        """The payload of the 1-D contiguous ``x`` on its device (FORMAT.md's layout); ``shared``,
+        the fused implementations' common signature, draws nothing here."""
         from torch_cgx.device.codecs.base import rng_key
 
         self.load()
