@@ -6,48 +6,21 @@
 #include <cmath>
 #include <vector>
 
-#include "bucketed.h"
+#include "sign_buckets.h"
 
 namespace cgx {
 namespace {
 
-class EFSignSGD final : public EnvelopeCompressor {
+class EFSignSGD final : public bucketed::SignBuckets<EFSignSGD, 1> {
  public:
-  EFSignSGD(const ParamValues& p, uint8_t id)
-      : EnvelopeCompressor("efsignsgd", id), bucket_(p.get_int("bucket_size")) {}
-  CompressorTraits traits() const override {
-    CompressorTraits t;
-    t.biased = true;
-    return t;
+  EFSignSGD(const ParamValues& p, uint8_t id) : SignBuckets("efsignsgd", p, id) {}
+  static void put_scalars(uint8_t* at, const prim::RangeStats& s, int64_t n) {
+    bucketed::put_f32(at, s.finite ? float(s.abs_sum / double(n)) : NAN);
   }
-  int64_t alignment() const override { return bucket_ > 0 ? bucket_ : 1; }
-  size_t max_encoded_size(int64_t count, DType) const override {
-    return kEnvelopeBytes + bucketed::layout(count, bucket_, 1, 1).body;
+  static float value(const uint8_t* scalars, bool negative) {
+    const float scale = bucketed::get_f32(scalars);
+    return negative ? -scale : scale;
   }
-  size_t encode(const void* in, DType dtype, int64_t count, const EncodeContext&, uint8_t* out,
-                size_t capacity) const override {
-    const auto l = bucketed::layout(count, bucket_, 1, 1);
-    uint8_t* body = begin_payload(in, dtype, count, capacity, l.body, 0, uint32_t(bucket_), 0, out);
-    bucketed::encode_signs(in, dtype, l, body, [&](int64_t b, const prim::RangeStats& s) {
-      const int64_t lo = b * l.bucket, hi = std::min(l.count, lo + l.bucket);
-      bucketed::put_f32(body + 4 * b, s.finite ? float(s.abs_sum / double(hi - lo)) : NAN);
-    });
-    return kEnvelopeBytes + l.body;
-  }
-  void decode(const uint8_t* payload, size_t size, void* out, DType out_dtype, int64_t count,
-              bool add) const override {
-    const Envelope e = open_payload(payload, size, out, count);
-    CGX_CHECK_ARG(e.flags == 0, name_, " payload corrupt: unknown flags");
-    const auto l = bucketed::check_body(e, 1, 1, name_);
-    const uint8_t* body = payload + kEnvelopeBytes;
-    bucketed::decode_signs(body, l, out, out_dtype, add, [&](int64_t b, bool negative) {
-      const float scale = bucketed::get_f32(body + 4 * b);
-      return negative ? -scale : scale;
-    });
-  }
-
- private:
-  int64_t bucket_;
 };
 
 }  // namespace
