@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The GPU session's second call (docs/gpu.md, "First GPU runs"): the Triton kernels' launch sweep,
-# every device codec against the device's copy, and the sparse codecs' profile, each with its own
-# timeout so that the whole fits one device call (540 s; the build first, about a minute on 16
-# cores where the machine was not warm), writing JSON and logs into OUTDIR.
+# The GPU session's second call (docs/gpu-check.md): the package installed as a user installs it
+# (pip, no build isolation, no nvcc on PATH) and its fused kernels checked from there; then the
+# Triton kernels' launch sweep, every device codec against the device's copy, and the sparse
+# codecs' profile. Each step has its own timeout so that the whole fits one device call (540 s),
+# writing a log per step, JSON figures and summary.txt into OUTDIR.
 #   scripts/gpu_bench.sh OUTDIR        on a machine with a CUDA GPU (the device tool: OUTDIR=$OUT)
-# Uses $PY (default python3) with its torch and triton; installs nothing.
+# Uses $PY (default python3) with its torch and triton; downloads nothing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -14,6 +15,7 @@ if [ $# -ne 1 ]; then
 fi
 out=$1
 mkdir -p "$out"
+site=$(mktemp -d)
 status=0
 run() {  # name, timeout (s), command...
   local name=$1 limit=$2
@@ -24,10 +26,28 @@ run() {  # name, timeout (s), command...
   echo "$name: exit $rc in $((SECONDS - start)) s (limit $limit s)" | tee -a "$out/summary.txt"
   [ $rc -eq 0 ] || status=1
 }
-# the native codecs the benchmarks compare with (a no-op where the extension is built already)
-run build 150 env MAX_JOBS="$(nproc)" "$PY" setup.py -q build_ext --inplace
-run sweep 180 "$PY" -m benchmarks.triton_sweep --json "$out/sweep.json"
-run device 120 "$PY" -m benchmarks.device --device cuda --size 64M --json "$out/device.json"
+# PATH without any directory holding nvcc: the fused kernels must not need a CUDA toolkit
+no_nvcc=$(tr ':' '\n' <<<"$PATH" | while read -r d; do [ -x "$d/nvcc" ] || echo "$d"; done |
+  paste -sd: -)
+run install 200 env PATH="$no_nvcc" MAX_JOBS="$(nproc)" "$PY" -m pip install -q \
+  --no-build-isolation --no-deps --no-index --target "$site" .
+# from the installed copy (not this checkout): max-min 4-bit and qsgd fused, self-checked
+run installed-kernels 90 env -C "$site" PATH="$no_nvcc" CGX_DEVICE_KERNELS=fused "$PY" -c '
+import torch, torch_cgx
+from torch_cgx.device import codecs, kernels
+assert torch_cgx.__file__.startswith("'"$site"'"), torch_cgx.__file__
+x = torch.randn(1 << 20, device="cuda")
+for name, params in (("maxmin", dict(bits=4, bucket_size=512)), ("qsgd", dict(bits=4))):
+    codec = codecs.get(name, **params)
+    codec.decode_add_(torch.zeros_like(x), codec.encode(x))
+print(torch_cgx.__file__, kernels.decisions())
+assert kernels.decisions() and set(kernels.decisions().values()) == {"fused"}'
+# the benchmarks run from this checkout: its extension is the one just built (same torch)
+ls torch_cgx/_C*.so >/dev/null 2>&1 || cp "$site"/torch_cgx/_C*.so torch_cgx/ 2>/dev/null ||
+  run build 150 env MAX_JOBS="$(nproc)" "$PY" setup.py -q build_ext --inplace
+run sweep 150 "$PY" -m benchmarks.triton_sweep --json "$out/sweep.json"
+run device 100 "$PY" -m benchmarks.device --device cuda --size 64M --json "$out/device.json"
 run sparse 80 "$PY" -m benchmarks.device_sparse_profile --device cuda --size 64M \
   --json "$out/sparse.json"
+rm -rf "$site"
 exit $status
