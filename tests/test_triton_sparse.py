@@ -154,6 +154,30 @@ def test_random_k_kernels(n, k):
         assert torch.equal(impl._prims.random_k(n, k, at_odd, device=DEVICE).cpu(), want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_nan_if_flagged_writes_only_under_the_flag(dtype):
+    """randomk's non-finite flag: every element NaN where the payload has it (several programs
+    and a masked tail: 300 values, 128 per program), ``out`` bitwise untouched where it has not
+    (a NaN with another payload in it stays as it is)."""
+    impl = TritonSparse(block=128)
+    impl.load()
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    for flags in (0, 1, 2, 3):
+        payload = torch.zeros(40, dtype=torch.uint8, device=DEVICE)
+        payload[7] = flags
+        out = torch.randn(300).to(dtype).to(DEVICE)
+        out.view(bits)[5] = -1  # a NaN (all bits set) that is not the dtype's quiet NaN
+        want = sel.REFERENCE.nan_if_flagged(out.clone(), payload)
+        before = out.clone()
+        got = impl._prims.nan_if_flagged(out, payload)
+        assert got is out
+        if flags & 2:
+            assert got.float().isnan().all() and want.float().isnan().all()
+        else:
+            assert torch.equal(got.view(bits), before.view(bits))
+            assert torch.equal(want.view(bits), before.view(bits))
+
+
 def test_selection_and_fallback(fused, monkeypatch):
     """A kernel whose bytes differ fails its first-use self-check: ``fused`` raises, ``auto``
     warns and keeps the reference (a kernel outside torch_cgx.device.triton applies to CPU

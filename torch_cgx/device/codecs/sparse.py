@@ -336,10 +336,10 @@ class RandomK(_Dispatch, DeviceCodec):
     def reference_decode_add_(self, out, payload, dtype=None, prims=sel.REFERENCE):
         """``decode_add_`` through ``prims`` (default: the tensor operations)."""
         dtype = out.dtype if dtype is None else dtype
-        index, values, nonfinite = self._parts(payload, out.numel(), dtype, prims)
+        index, values, _ = self._parts(payload, out.numel(), dtype, prims)
         _add_at(out, index, values)
-        # a non-finite input anywhere: every element becomes out + NaN (one pass, no host read)
-        return out.copy_(torch.where(nonfinite, (out.float() + float("nan")).to(out.dtype), out))
+        # a non-finite input anywhere: every element becomes out + NaN (no host read)
+        return prims.nan_if_flagged(out, payload)
 
     def header_ok(self, payload, numel: int, dtype) -> torch.Tensor:
         try:

@@ -200,5 +200,12 @@ class Reference:
         parts = [head, idx.view(torch.uint8).view(m, 8)[:, :4].reshape(-1)] if index else [head]
         return torch.cat(parts + [x[idx].contiguous().view(-1).view(torch.uint8)])
 
+    @staticmethod
+    def nan_if_flagged(out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
+        """``out + NaN`` everywhere where the payload's flags byte (7) has the non-finite bit
+        (2), else ``out`` unchanged: no host read (three passes over ``out`` either way)."""
+        flagged = (payload[7] & 2) != 0
+        return out.copy_(torch.where(flagged, (out.float() + float("nan")).to(out.dtype), out))
+
 
 REFERENCE = Reference()

@@ -14,7 +14,8 @@ What is fused, each a single kernel where the reference runs the listed tensor o
 - the sampled threshold's draws and the gather of their magnitudes, and the threshold's
   mask (``magnitude_bits(x) >= thr``: 5 ops);
 - the payload: envelope, u32 indices and gathered values in one launch (the reference gathers,
-  slices the int64 indices' bytes and concatenates);
+  slices the int64 indices' bytes and concatenates); randomk's decode spreads a non-finite flag
+  by writing NaN only where the payload has it (the reference: three passes over ``out``);
 - sparseloco's body after its per-chunk selection: two launches (``sparse_loco_kernels``) for
   the reference's ~40 ops (gather, the scalars, the codes, the code stream, cat).
 
@@ -29,6 +30,8 @@ from __future__ import annotations
 import contextlib
 
 import torch
+
+from torch_cgx.device.codecs import sparse_select as sel
 
 __all__ = ["TritonPrims", "TritonSparse"]
 
@@ -191,6 +194,19 @@ class TritonPrims:
         from torch_cgx.device.triton import sparse_loco_kernels
 
         return sparse_loco_kernels
+
+    def nan_if_flagged(self, out: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
+        """``out`` all NaN where the payload flags a non-finite input, else untouched: each
+        program reads the flags byte and writes only then (the reference reads and writes
+        ``out`` three times whatever the flag)."""
+        if not out.is_contiguous() or out.dtype not in _KIND or out.numel() == 0:
+            return sel.REFERENCE.nan_if_flagged(out, payload)
+        n = out.numel()
+        with _on(out.device):
+            self.k.flagged_nan_kernel[self._grid(n)](
+                payload, out.view(_BITS[out.dtype]), n, KIND=_KIND[out.dtype], BLOCK=self.block
+            )
+        return out
 
     def pack(self, head: torch.Tensor, idx: torch.Tensor, x: torch.Tensor, index: bool):
         """The payload: ``head`` (32 bytes), the u32 ``idx`` (``index``), the values ``x[idx]``."""

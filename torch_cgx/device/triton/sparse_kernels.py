@@ -230,3 +230,24 @@ def pack_kernel(head_ptr, idx_ptr, x_ptr, out_ptr, count, val_off, INDEX: tl.con
         _pack_tile(idx_ptr, x_ptr, out_ptr, i, m, val_off, INDEX, ES, True)
     else:
         _pack_tile(idx_ptr, x_ptr, out_ptr, i, m, val_off, INDEX, ES, False)
+
+
+@triton.jit
+def flagged_nan_kernel(pay_ptr, out_ptr, n, KIND: tl.constexpr, BLOCK: tl.constexpr):
+    """Elements BLOCK pid ... of ``out`` (its integer bits, KIND as above) set to NaN where the
+    payload's flags byte (7) has the non-finite bit (2); nothing read or written otherwise.
+    ``out + NaN`` is NaN whatever ``out`` holds: the dtype's quiet NaN (0x7fc00000, 0x7e00,
+    0x7fc0), the NaN a GPU writes too."""
+    flags = tl.load(pay_ptr + 7).to(tl.int32)
+    if (flags & 2) != 0:
+        i = _offsets(BLOCK)
+        if KIND == 0:
+            nan = tl.full([BLOCK], 0x7FC00000, tl.int32)
+        elif KIND == 1:
+            nan = tl.full([BLOCK], 0x7E00, tl.int16)
+        else:
+            nan = tl.full([BLOCK], 0x7FC0, tl.int16)
+        if _full(n, BLOCK):
+            tl.store(out_ptr + i, nan)
+        else:
+            tl.store(out_ptr + i, nan, mask=i < n)
