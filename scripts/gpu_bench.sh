@@ -8,7 +8,7 @@
 # Uses $PY (default python3) with its torch and triton; downloads nothing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-python3}
+PY=$(command -v "${PY:-python3}")
 if [ $# -ne 1 ]; then
   echo "usage: scripts/gpu_bench.sh OUTDIR" >&2
   exit 2
@@ -26,9 +26,13 @@ run() {  # name, timeout (s), command...
   echo "$name: exit $rc in $((SECONDS - start)) s (limit $limit s)" | tee -a "$out/summary.txt"
   [ $rc -eq 0 ] || status=1
 }
-# PATH without any directory holding nvcc: the fused kernels must not need a CUDA toolkit
-no_nvcc=$(tr ':' '\n' <<<"$PATH" | while read -r d; do [ -x "$d/nvcc" ] || echo "$d"; done |
-  paste -sd: -)
+# PATH without the directories holding nvcc (a CUDA toolkit's bin; not /usr/bin or /bin, which
+# hold the compiler too): the fused kernels must not need a toolkit
+no_nvcc=$(tr ':' '\n' <<<"$PATH" | while read -r d; do
+  case "$d" in /usr/bin | /bin) echo "$d" ;; *) [ -x "$d/nvcc" ] || echo "$d" ;; esac
+done | paste -sd: -)
+echo "PATH for the install: $no_nvcc (nvcc: $(PATH=$no_nvcc command -v nvcc || echo none))" \
+  | tee -a "$out/summary.txt"
 run install 200 env PATH="$no_nvcc" MAX_JOBS="$(nproc)" "$PY" -m pip install -q \
   --no-build-isolation --no-deps --no-index --target "$site" .
 # from the installed copy (not this checkout): max-min 4-bit and qsgd fused, self-checked
