@@ -6,23 +6,11 @@ accesses are (vector loads of a full tile's input with a warp's threads on conse
 pieces, the decoder's metadata as words). Compiled in subprocesses without TRITON_INTERPRET
 (about 5 s each); skipped where triton or its NVIDIA backend is missing."""
 
-import importlib.util
-import json
-import os
-import pathlib
 import re
-import subprocess
-import sys
 
-import pytest
+from triton_testing import compiled, require_nvidia_triton
 
-# triton is not imported here: a process decorates triton's helpers for the interpreter or the
-# compiler at its first import (tests/test_triton_levels.py needs the interpreter)
-_SPEC = importlib.util.find_spec("triton")
-if _SPEC is None:
-    pytest.skip("triton is not installed (pip install triton==3.6.0)", allow_module_level=True)
-if not (pathlib.Path(_SPEC.origin).parent / "backends" / "nvidia" / "compiler.py").is_file():
-    pytest.skip("triton has no NVIDIA backend here", allow_module_level=True)
+require_nvidia_triton()
 
 PTX_SCRIPT = r"""
 import json, sys, torch, triton
@@ -70,17 +58,6 @@ json.dump(out, sys.stdout)
 # GPUs (with a 32-bit fast path, div.u32, where both operands fit), a 32-bit one a dozen
 # instructions; the int32 variants take the bucket index by a multiply-high instead
 DIVISION = re.compile(r"\b(?:div|rem)\.[su](?:32|64)\b")
-
-
-def compiled(tmp_path, script: str, *args: str) -> dict:
-    """The JSON a compile script prints, run in a subprocess without TRITON_INTERPRET."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(sys.path)
-    env["TRITON_CACHE_DIR"] = str(tmp_path)  # compiled here, whatever ~/.triton holds
-    run = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout)
 
 
 def test_the_cuda_code_rounds_like_the_reference(tmp_path):

@@ -6,20 +6,10 @@ levels an IEEE division. Compiled in a subprocess without
 TRITON_INTERPRET (about 5 s); skipped where triton or its
 NVIDIA backend is missing."""
 
-import importlib.util
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
 import pytest
+from triton_testing import compiled, require_nvidia_triton
 
-_SPEC = importlib.util.find_spec("triton")
-if _SPEC is None:
-    pytest.skip("triton is not installed (pip install triton==3.6.0)", allow_module_level=True)
-if not (pathlib.Path(_SPEC.origin).parent / "backends" / "nvidia" / "compiler.py").is_file():
-    pytest.skip("triton has no NVIDIA backend here", allow_module_level=True)
+require_nvidia_triton()
 
 SCRIPT = r"""
 import json, sys, torch
@@ -51,13 +41,7 @@ json.dump(out, sys.stdout)
 
 @pytest.fixture(scope="module")
 def ptx(tmp_path_factory):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(sys.path)
-    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))  # compiled here
-    run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout)
+    return compiled(tmp_path_factory.mktemp("triton-cache"), SCRIPT)
 
 
 def test_full_tiles_move_vectors(ptx):

@@ -1,11 +1,16 @@
 """Helpers the Triton kernel tests share (test_triton_maxmin*.py, test_triton_levels*.py,
-test_triton_sparse.py)."""
+test_triton_sparse*.py): the interpreter's preamble and the PTX tests' compile subprocess."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
+import json
 import os
+import pathlib
+import subprocess
+import sys
 from typing import Callable, Tuple
 
 import pytest
@@ -96,3 +101,26 @@ def poison_empty(monkeypatch) -> None:
         return t.fill_(0xA5) if t.dtype == torch.uint8 else t
 
     monkeypatch.setattr(torch, "empty", poisoned)
+
+
+def require_nvidia_triton() -> None:
+    """A PTX test module's preamble: skips it where triton or its NVIDIA backend (the bundled
+    ptxas) is missing, without importing triton (a process decorates triton's helpers for the
+    interpreter or the compiler at its first import)."""
+    spec = importlib.util.find_spec("triton")
+    if spec is None:
+        pytest.skip("triton is not installed (pip install triton==3.6.0)", allow_module_level=True)
+    if not (pathlib.Path(spec.origin).parent / "backends" / "nvidia" / "compiler.py").is_file():
+        pytest.skip("triton has no NVIDIA backend here", allow_module_level=True)
+
+
+def compiled(cache_dir, script: str, *args: str) -> dict:
+    """The JSON a compile script prints, run in a subprocess without TRITON_INTERPRET, compiling
+    into ``cache_dir`` (whatever ~/.triton holds)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    env["TRITON_CACHE_DIR"] = str(cache_dir)
+    run = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)
