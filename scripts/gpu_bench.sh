@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU session's second call (docs/gpu-check.md): the package installed as a user installs it
-# (pip, no build isolation, no nvcc on PATH) and its fused kernels checked from there; then the
-# Triton kernels' launch sweep, every device codec against the device's copy, and the sparse
-# codecs' profile. Each step has its own timeout so that the whole fits one device call (540 s),
-# writing a log per step, JSON figures and summary.txt into OUTDIR.
+# (pip, no build isolation, no nvcc on PATH) and its fused kernels checked from there; then every
+# device codec against the device's copy, Nsight Compute's counters of each call, the sparse
+# codecs' profile and the Triton kernels' launch sweep, in that order (the most needed first).
+# Each step has its own timeout, cut to what is left of BUDGET (default 500 s) so that the whole
+# fits one device call (540 s); a step with under 20 s left is skipped. It writes a log per step,
+# JSON figures and summary.txt into OUTDIR.
 #   scripts/gpu_bench.sh OUTDIR        on a machine with a CUDA GPU (the device tool: OUTDIR=$OUT)
 # Uses $PY (default python3) with its torch and triton; downloads nothing.
 set -uo pipefail
@@ -17,9 +19,17 @@ out=$1
 mkdir -p "$out"
 site=$(mktemp -d)
 status=0
+budget=${BUDGET:-500}
 run() {  # name, timeout (s), command...
   local name=$1 limit=$2
   shift 2
+  local left=$((budget - SECONDS))
+  if [ "$left" -lt 20 ]; then
+    echo "$name: skipped, ${left} s of the budget left" | tee -a "$out/summary.txt"
+    status=1
+    return
+  fi
+  [ "$limit" -le "$left" ] || limit=$left
   local start=$SECONDS
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   local rc=$?
@@ -49,9 +59,10 @@ assert kernels.decisions() and set(kernels.decisions().values()) == {"fused"}'
 # the benchmarks run from this checkout: its extension is the one just built (same torch)
 ls torch_cgx/_C*.so >/dev/null 2>&1 || cp "$site"/torch_cgx/_C*.so torch_cgx/ 2>/dev/null ||
   run build 150 env MAX_JOBS="$(nproc)" "$PY" setup.py -q build_ext --inplace
-run sweep 150 "$PY" -m benchmarks.triton_sweep --json "$out/sweep.json"
 run device 100 "$PY" -m benchmarks.device --device cuda --size 64M --json "$out/device.json"
+run ncu 150 "$PY" -m benchmarks.device_ncu --size 64M --out "$out" --timeout 140
 run sparse 80 "$PY" -m benchmarks.device_sparse_profile --device cuda --size 64M \
   --json "$out/sparse.json"
+run sweep 150 "$PY" -m benchmarks.triton_sweep --json "$out/sweep.json"
 rm -rf "$site"
 exit $status
