@@ -28,9 +28,19 @@ def bf16_bits(v):
 
 
 @triton.jit
+def group_word(code, BITS: tl.constexpr):
+    """The (G, 8) codes as one word per group, ``sum(code_k << k * BITS)`` (disjoint bits):
+    uint32 where eight codes fit (BITS <= 4: half the shifts and adds of 64-bit words), else
+    uint64. Its BITS low bytes are the group's bytes of the stream, little-endian."""
+    WT: tl.constexpr = tl.uint32 if BITS <= 4 else tl.uint64
+    k = tl.arange(0, 8)
+    return tl.sum(code.to(WT) << (k * BITS).to(WT)[None, :], axis=1)
+
+
+@triton.jit
 def store_words(codes_ptr, word, g, gm, BITS: tl.constexpr):
     """Groups ``g``'s BITS bytes (2, 4 or 8) of the code stream at ``codes_ptr`` where ``gm``, as
-    one 16- or 32-bit store per group (two for 8 bits) of the low bytes of its uint64 ``word``:
+    one 16- or 32-bit store per group (two for 8 bits) of the low bytes of its ``word``:
     little-endian, the bytes g * BITS ... of the byte-wise stores. ``codes_ptr`` 4-aligned (both
     formats' streams start 4-aligned in a fresh payload); no store spans two groups."""
     if BITS == 2:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from torch_cgx.device.triton.bits import bf16_bits, store_words
+from torch_cgx.device.triton.bits import bf16_bits, group_word, store_words
 from torch_cgx.device.triton.rng import uniform
 
 NAN_BITS = tl.constexpr(0x7FC00000)
@@ -116,8 +116,7 @@ def pack_store(codes_ptr, code, g, gm, nbytes, g_end, BITS: tl.constexpr, BP: tl
     [k * BITS, (k + 1) * BITS)); bytes past ``nbytes`` are not written. 2, 4 and 8 bits: a
     group's bytes in one 16- or 32-bit store (two for 8 bits; the stream starts at 32 + 4 s nb)
     where the tile ends inside the stream; else (and for 1, 3, 5, 6, 7 bits) byte stores."""
-    k = tl.arange(0, 8)
-    word = tl.sum(code.to(tl.uint64) << (k * BITS).to(tl.uint64)[None, :], axis=1)  # disjoint bits
+    word = group_word(code, BITS)
     if (BITS == 2) or (BITS == 4) or (BITS == 8):
         if g_end * BITS <= nbytes:  # the tile inside the stream
             store_words(codes_ptr, word, g, gm, BITS)
@@ -133,7 +132,7 @@ def store_bytes(codes_ptr, word, g, gm, nbytes, BITS: tl.constexpr, BP: tl.const
     ``nbytes`` (BP: a power of two >= BITS)."""
     m = tl.arange(0, BP)
     at = g[:, None] * BITS + m[None, :]
-    byte = (word[:, None] >> (m * 8).to(tl.uint64)[None, :]) & 0xFF
+    byte = (word[:, None] >> (m * 8).to(word.dtype)[None, :]) & 0xFF
     ok = gm[:, None] & (m[None, :] < BITS)
     tl.store(codes_ptr + at, byte.to(tl.uint8), mask=ok & (at < nbytes))
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from torch_cgx.device.triton.bits import store_words, widen
+from torch_cgx.device.triton.bits import group_word, store_words, widen
 from torch_cgx.device.triton.maxmin_decode import bucket_of, decode_kernel  # noqa: F401
 from torch_cgx.device.triton.rng import uniform
 
@@ -277,8 +277,7 @@ def pack_store(codes_ptr, code, g, gm, nbytes, g_end, BITS: tl.constexpr, BP: tl
     stream's bytes g * BITS ...; bytes from ``nbytes`` on are not written. 2, 4 and 8 bits: a
     group's bytes in one 16- or 32-bit store (two for 8 bits; the stream starts at 24 + 8 nb)
     where the tile ends inside the stream; else (and for 1, 3, 5, 6, 7 bits) byte stores."""
-    k = tl.arange(0, 8)
-    word = tl.sum(code.to(tl.uint64) << (k * BITS).to(tl.uint64)[None, :], axis=1)  # disjoint
+    word = group_word(code, BITS)
     if (BITS == 2) or (BITS == 4) or (BITS == 8):
         if g_end * BITS <= nbytes:  # the tile inside the stream
             store_words(codes_ptr, word, g, gm, BITS)
@@ -294,7 +293,7 @@ def store_bytes(codes_ptr, word, g, gm, nbytes, BITS: tl.constexpr, BP: tl.const
     ``nbytes`` on (BP: a power of two >= BITS)."""
     m = tl.arange(0, BP)
     at = g[:, None] * BITS + m[None, :]
-    byte = (word[:, None] >> (m * 8).to(tl.uint64)[None, :]) & 0xFF
+    byte = (word[:, None] >> (m * 8).to(word.dtype)[None, :]) & 0xFF
     ok = gm[:, None] & (m[None, :] < BITS)
     tl.store(codes_ptr + at, byte.to(tl.uint8), mask=ok & (at < nbytes))
 
