@@ -256,8 +256,9 @@ def code_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, g, gm, full, last, 
             code = level_code(v, s, i, k0, k1, 1, 1, True, True)
     pack_store(codes_ptr, tl.where(m, code, 0), g, gm, nbytes, g_end, BITS, BP)
     if (KIND == SIGNSGD) or (KIND == TBQ):
-        bad = tl.max(tl.max(tl.where(m & ~(tl.abs(v) < float("inf")), 1, 0), axis=1), axis=0)
-        tl.atomic_or(flag_ptr + 1, FLAG_WORD, mask=bad > 0)
+        # v * 0 is 0 for a finite value (masked ones load as 0), NaN for NaN or an infinity
+        z = tl.sum(tl.sum(v * 0.0, axis=1), axis=0)
+        tl.atomic_or(flag_ptr + 1, FLAG_WORD, mask=z != 0)
 
 
 @triton.jit(do_not_specialize=["n", "size", "nbytes", "k0", "k1", "magic", "shift"])
