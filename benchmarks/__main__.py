@@ -32,6 +32,8 @@ ENTRY_POINTS = {
     "device": "every compressor's device codec (tensor ops, fused kernel) vs the device's copy",
     "device_sparse_profile": "where the sparse device codecs' encode time goes: op classes, op "
     "counts, vs a copy",
+    "device_ncu": "Nsight Compute's counters per codec call on a GPU: bytes moved over the "
+    "fewest, issue slots, instructions per value, stalls",
     "device_allreduce": "allreduce of device tensors: cgx's device plane vs NCCL / Gloo exact",
     "triton_sweep": "launch sizes of the Triton kernels on a GPU, bytes checked, vs a copy",
     "triton_ptx": "the Triton kernels compiled for sm_90 (no GPU): integer divisions, SASS size",

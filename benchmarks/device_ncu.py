@@ -254,11 +254,19 @@ def profile(args) -> int:
     env = dict(os.environ, CGX_DEVICE_KERNELS="fused")
     with open(os.path.join(args.out, "ncu_profile.log"), "w") as log:
         for metrics in (True, False):
+            for stale in (report + ".ncu-rep", manifest):  # a run's files are its own
+                if os.path.exists(stale):
+                    os.remove(stale)
             cmd = ncu_command(ncu, report, metrics, inner)
             print("$ " + " ".join(cmd), file=log, flush=True)
-            rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                timeout=args.timeout).returncode  # fmt: skip
-            if rc == 0 and os.path.exists(report + ".ncu-rep"):
+            try:
+                rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    timeout=args.timeout).returncode  # fmt: skip
+            except subprocess.TimeoutExpired:
+                print(f"benchmarks.device_ncu: ncu ran past --timeout {args.timeout:g} s",
+                      file=sys.stderr)  # fmt: skip
+                return 1
+            if rc == 0 and os.path.exists(report + ".ncu-rep") and os.path.exists(manifest):
                 break
             print(f"# ncu exit {rc}" + ("; again with the standard sections" if metrics else ""),
                   file=log, flush=True)  # fmt: skip

@@ -148,3 +148,12 @@ def test_no_ncu_is_a_clear_error(monkeypatch, capsys, tmp_path):
     assert ncu.main(["--out", str(tmp_path)]) == 2
     assert "no ncu" in capsys.readouterr().err
     assert not os.listdir(tmp_path)
+
+
+def test_an_ncu_that_hangs_is_stopped_at_the_timeout(tmp_path, monkeypatch, capsys):
+    fake = tmp_path / "ncu"
+    fake.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("NCU", str(fake))
+    assert ncu.main(["--out", str(tmp_path / "o"), "--timeout", "1"]) == 1
+    assert "ran past --timeout 1 s" in capsys.readouterr().err
