@@ -240,19 +240,22 @@ def scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, nb,
     tl.store(inv_ptr + b, inv, mask=valid)
     sel = tl.where(f32, inv.to(tl.float32), tl.where(positive, -1.0, 0.0))  # f32: inv32 > 0
     tl.store(sel_ptr + b, sel, mask=valid)
+    return tl.min(tl.where(valid, sel, 0.0)) < 0  # a bucket of the fp64 path
 
 
 # ---- pass 2: the codes -----------------------------------------------------------------------
 
 
 @triton.jit
-def quantize(v, mn, sel, inv_ptr, k, km, index, k0, k1, LEVELS: tl.constexpr,
+def quantize(v, mn, sel, inv_ptr, k, km, index, k0, k1, wide, LEVELS: tl.constexpr,
              STOCH: tl.constexpr, CG: tl.constexpr):  # fmt: skip
     """Step 4: q = clamp(floor(t + r), 0, L) as int32: the fp32 path with ``sel`` = (f32)inv
     where ``sel > 0``, the fp64 one with bucket ``k``'s fp64 inv where ``sel < 0``, 0 where
     ``sel == 0``. The fp64 path runs only in a program that holds such a bucket (a branch on a
-    reduction: no host involved). ``mn``, ``sel``, ``k`` and ``km`` (where to load bucket k's
-    inv: in the stream, on the fp64 path): per element, or per group (a (G, 1) column)."""
+    reduction, ``wide``: the encode kernel's, once per program from its scalars; the codes
+    kernel's over the tile, CG False: no host involved). ``mn``, ``sel``, ``k`` and ``km``
+    (where to load bucket k's inv: in the stream, on the fp64 path): per element, or per group
+    (a (G, 1) column)."""
     top = LEVELS * 1.0
     if STOCH:
         r = uniform(k0, k1, index)
@@ -261,7 +264,9 @@ def quantize(v, mn, sel, inv_ptr, k, km, index, k0, k1, LEVELS: tl.constexpr,
     t = (v - mn) * sel  # fp32, one rounding per operation
     q = tl.minimum(tl.maximum(tl.floor(t + r), 0.0), top)
     q = tl.where(sel > 0, q, 0.0)
-    if tl.min(sel) < 0:
+    if not CG:
+        wide = tl.min(sel) < 0
+    if wide:
         if CG:  # written by this program: through L2
             inv = tl.load(inv_ptr + k, mask=km, other=0.0, cache_modifier=".cg")
         else:
@@ -315,7 +320,7 @@ def scalars_of(meta_ptr, sel_ptr, k, m, CG: tl.constexpr):
 
 @triton.jit
 def code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, gm, full, nq, size, nbytes, k0,
-                k1, magic, shift, g_end, BITS: tl.constexpr, STOCH: tl.constexpr,
+                k1, magic, shift, g_end, wide, BITS: tl.constexpr, STOCH: tl.constexpr,
                 BF16: tl.constexpr, BP: tl.constexpr, CG: tl.constexpr,
                 GROUP_META: tl.constexpr):  # fmt: skip
     """The code stream of groups ``g`` (eight elements each, a row of the (G, 8) tile: a warp's
@@ -340,7 +345,7 @@ def code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, gm, full, nq, s
         k = bucket_of(i, size, magic, shift)
         mn, sel = scalars_of(meta_ptr, sel_ptr, k, m, CG)
         km = m & (sel < 0)
-    code = quantize(v, mn, sel, inv_ptr, k, km, i, k0, k1, (1 << BITS) - 1, STOCH, CG)
+    code = quantize(v, mn, sel, inv_ptr, k, km, i, k0, k1, wide, (1 << BITS) - 1, STOCH, CG)
     pack_store(codes_ptr, tl.where(m, code, 0), g, gm, nbytes, g_end, BITS, BP)
 
 
@@ -354,8 +359,8 @@ def codes_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, nbytes,
     g = tl.program_id(0).to(IT) * G + tl.arange(0, G)
     g_end = tl.program_id(0).to(IT) * G + G
     code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, g >= 0, g_end * 8 <= nq.to(IT),
-                nq.to(IT), size.to(IT), nbytes.to(IT), k0, k1, magic, shift, g_end, BITS, STOCH,
-                BF16, BP, False, GROUP_META)  # fmt: skip
+                nq.to(IT), size.to(IT), nbytes.to(IT), k0, k1, magic, shift, g_end, False, BITS,
+                STOCH, BF16, BP, False, GROUP_META)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["nq", "size", "span", "nb", "nbytes", "k0", "k1", "magic", "shift"])
@@ -370,11 +375,12 @@ def encode_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, span, 
     program's own global writes become visible to all its threads), then the codes of their
     elements, G groups of eight at a time (unmasked loads for a tile inside the program's
     elements). The input is read from memory once (the codes' second read hits the cache)
-    and the scalars never leave the cache."""
+    and the scalars never leave the cache; whether any bucket takes the fp64 path is known once
+    (``wide``, from the scalars), not reduced over each tile."""
     IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
     nq, size, nbytes = nq.to(IT), size.to(IT), nbytes.to(IT)
-    scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, inv_ptr, nq, size, span, nb, LEVELS, CLIP, C,
-            BF16, BB, CHUNK, UNROLL, False, IDX64, ALIGN)  # fmt: skip
+    wide = scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, inv_ptr, nq, size, span, nb, LEVELS, CLIP,
+                   C, BF16, BB, CHUNK, UNROLL, False, IDX64, ALIGN)  # fmt: skip
     tl.debug_barrier()
     e0 = tl.program_id(0).to(IT) * BB * size
     e1 = tl.minimum(e0 + BB * size, nq)
@@ -383,6 +389,6 @@ def encode_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, span, 
     while gg < g1:
         g = gg + tl.arange(0, G)
         code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, g < g1, (gg + G) * 8 <= e1,
-                    nq, size, nbytes, k0, k1, magic, shift, gg + G, BITS, STOCH, BF16, BP, True,
-                    GROUP_META)  # fmt: skip
+                    nq, size, nbytes, k0, k1, magic, shift, gg + G, wide, BITS, STOCH, BF16, BP,
+                    True, GROUP_META)  # fmt: skip
         gg += G
