@@ -71,6 +71,26 @@ class Timer:
             fn()
         return (time.perf_counter() - t) / iters
 
+    def captured(self, fn: Callable[[], object]) -> Optional[Callable[[], object]]:
+        """A CUDA graph's replay of one call of ``fn``, to time the device without the host
+        (Python, Triton's launcher, the allocator) between launches; None off CUDA or where
+        ``fn`` cannot be captured (a host synchronisation, a host-to-device copy)."""
+        if not self.cuda:
+            return None
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()  # compiled, self-checked, cached before the capture
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(g):
+                fn()
+        except Exception:  # noqa: BLE001 - not capturable: the caller keeps the events' time
+            torch.cuda.synchronize()
+            return None
+        return g.replay
+
 
 def measure(fns: Dict[str, Callable], timer: Timer, iters: int, rounds: int, warmup: int,
             budget: float) -> Dict[str, float]:  # fmt: skip

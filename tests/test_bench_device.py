@@ -124,6 +124,16 @@ def test_a_payload_other_than_the_native_bytes_fails(tmp_path, monkeypatch):
     assert records[0]["verify"] == "FAIL" and "native codec's bytes" in records[0]["verify_detail"]
 
 
+def test_the_sweep_times_with_the_host_clock_where_no_graph_can_be_captured():
+    from benchmarks import triton_sweep
+
+    calls = []
+    fn = lambda: calls.append(1)  # noqa: E731
+    assert bench.Timer(torch.device("cpu")).captured(fn) is None and calls == []
+    s = triton_sweep.timed(fn)
+    assert s > 0 and triton_sweep.HOST[id(fn)] == s and len(calls) == 2  # a warm-up, one round
+
+
 def test_bad_arguments(capsys):
     assert bench.main(["--device", "meta", "--size", "4K"]) == 2
     assert "--device must be cuda or cpu" in capsys.readouterr().err
