@@ -14,15 +14,17 @@ run times, in rounds whose order rotates (so that a noisy machine affects all al
   :mod:`benchmarks.torch_ops_compressors` on the same device (its factories and generator on
   the device through ``with torch.device(...)``; ``-`` where it cannot run there).
 
-Every rate is GB/s of fp32 input (``4 * numel / seconds / 1e9``), the median of ``--rounds``
-rounds of ``--iters`` calls; CUDA rounds are timed with CUDA events after a warm-up and a
-synchronisation, CPU rounds with ``perf_counter``. Before timing each compressor is verified
-(``verify`` column, any failure makes the exit status 1): on a small input (65539 values) the
-payload must be the native CPU codec's bytes (dense compressors; for sparse ones a difference,
-such as a tie broken otherwise on a GPU, is reported as ``bytes=differ`` and the payload must
-still decode within the bound), the fused payload too; on the timed input the decode must meet
-the compressor's definition (:mod:`benchmarks.compressor_checks`) and ``decode_add_`` (reference
-and fused) must add exactly the decoded values.
+Every rate is GB/s of fp32 input (``4 * numel / seconds / 1e9``), the median of ``--rounds`` rounds
+of ``--iters`` calls; CUDA rounds are timed with CUDA events after a warm-up and a synchronisation,
+CPU rounds with ``perf_counter``. On CUDA the fused calls and the copy are timed once more from
+CUDA-graph replays (``graph_fused_*_vs_copy``, a ``#`` line under the row): the device's time
+alone, where the events' also hold the host's between launches. Before timing each compressor is
+verified (``verify`` column, any failure makes the exit status 1): on a small input (65539 values)
+the payload must be the native CPU codec's bytes (dense compressors; for sparse ones a difference,
+such as a tie broken otherwise on a GPU, is reported as ``bytes=differ`` and the payload must still
+decode within the bound), the fused payload too; on the timed input the decode must meet the
+compressor's definition (:mod:`benchmarks.compressor_checks`) and ``decode_add_`` (reference and
+fused) must add exactly the decoded values.
 """
 
 from __future__ import annotations
@@ -217,6 +219,13 @@ def measure_one(name: str, params: dict, x: torch.Tensor, bufs: dict, args, time
     if peer is not None:
         fns["torch_encode"], fns["torch_decode_add"] = peer
     secs = measure(fns, timer, args.iters, args.rounds, args.warmup, args.budget)
+    graphed = {op: timer.captured(fns[op]) for op in ("copy", "fused_encode", "fused_decode_add")
+               if op in fns and timer.cuda}  # fmt: skip
+    graphed = {op: fn for op, fn in graphed.items() if fn is not None}
+    if "copy" in graphed and len(graphed) > 1:  # the device's time alone, the host's left out
+        g = measure(graphed, timer, args.iters, args.rounds, args.warmup, args.budget)
+        for op in ("fused_encode", "fused_decode_add"):
+            rec[f"graph_{op}_vs_copy"] = g["copy"] / g[op] if op in g else None
     nbytes = 4 * x.numel()
     for op in OPS:
         rec[f"{op}_gbps"] = nbytes / secs[op] / 1e9 if op in secs else None
@@ -326,6 +335,10 @@ def run(args) -> List[dict]:
             rec = measure_one(name, params, x, bufs, args, timer)
             records.append(rec)
             print(format_row(rec), flush=True)
+            if rec.get("graph_fused_encode_vs_copy") or rec.get("graph_fused_decode_add_vs_copy"):
+                print(f"#   {name}: CUDA-graph replays (no host between launches): fe/cp "
+                      f"{_f(rec.get('graph_fused_encode_vs_copy'))}, fd/cp "
+                      f"{_f(rec.get('graph_fused_decode_add_vs_copy'))}", flush=True)  # fmt: skip
             if rec["verify"] == "FAIL":
                 print(f"#   {name}: {rec['verify_detail']}  <-- FAIL", flush=True)
     return records
