@@ -59,7 +59,7 @@ assert kernels.decisions() and set(kernels.decisions().values()) == {"fused"}'
 # the benchmarks run from this checkout: its extension is the one just built (same torch)
 ls torch_cgx/_C*.so >/dev/null 2>&1 || cp "$site"/torch_cgx/_C*.so torch_cgx/ 2>/dev/null ||
   run build 150 env MAX_JOBS="$(nproc)" "$PY" setup.py -q build_ext --inplace
-run device 100 "$PY" -m benchmarks.device --device cuda --size 64M --json "$out/device.json"
+run device 130 "$PY" -m benchmarks.device --device cuda --size 64M --json "$out/device.json"
 run ncu 150 "$PY" -m benchmarks.device_ncu --size 64M --out "$out" --timeout 140
 run sparse 80 "$PY" -m benchmarks.device_sparse_profile --device cuda --size 64M \
   --json "$out/sparse.json"
