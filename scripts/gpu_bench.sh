@@ -45,17 +45,29 @@ echo "PATH for the install: $no_nvcc (nvcc: $(PATH=$no_nvcc command -v nvcc || e
   | tee -a "$out/summary.txt"
 run install 200 env PATH="$no_nvcc" MAX_JOBS="$(nproc)" "$PY" -m pip install -q \
   --no-build-isolation --no-deps --no-index --target "$site" .
-# from the installed copy (not this checkout): max-min 4-bit and qsgd fused, self-checked
-run installed-kernels 90 env -C "$site" PATH="$no_nvcc" CGX_DEVICE_KERNELS=fused "$PY" -c '
-import torch, torch_cgx
+# from the installed copy (not this checkout): max-min 4-bit and qsgd fused, self-checked, with
+# an empty Triton cache: the first call's time is the user's first-use compile (the issue's figure)
+cache=$(mktemp -d)
+run installed-kernels 90 env -C "$site" PATH="$no_nvcc" CGX_DEVICE_KERNELS=fused \
+  TRITON_CACHE_DIR="$cache" "$PY" -c '
+import time, torch, torch_cgx
 from torch_cgx.device import codecs, kernels
 assert torch_cgx.__file__.startswith("'"$site"'"), torch_cgx.__file__
 x = torch.randn(1 << 20, device="cuda")
 for name, params in (("maxmin", dict(bits=4, bucket_size=512)), ("qsgd", dict(bits=4))):
     codec = codecs.get(name, **params)
-    codec.decode_add_(torch.zeros_like(x), codec.encode(x))
+    took = []
+    for _ in range(2):  # the first: compile + self-check; the second: compiled
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        codec.decode_add_(torch.zeros_like(x), codec.encode(x))
+        torch.cuda.synchronize()
+        took.append(time.perf_counter() - t)
+    print(f"{name}: first call {took[0]:.2f} s (compile + self-check), then {took[1] * 1e3:.2f} ms")
 print(torch_cgx.__file__, kernels.decisions())
 assert kernels.decisions() and set(kernels.decisions().values()) == {"fused"}'
+grep -h "first call" "$out/installed-kernels.log" | tee -a "$out/summary.txt"
+rm -rf "$cache"
 # the benchmarks run from this checkout: its extension is the one just built (same torch)
 ls torch_cgx/_C*.so >/dev/null 2>&1 || cp "$site"/torch_cgx/_C*.so torch_cgx/ 2>/dev/null ||
   run build 150 env MAX_JOBS="$(nproc)" "$PY" setup.py -q build_ext --inplace
