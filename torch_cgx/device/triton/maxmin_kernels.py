@@ -11,7 +11,8 @@ thread, a warp's threads on consecutive pieces), the tail tile masked ones:
 - ``scalars_kernel`` (encode, pass 1): a program takes ``BB`` buckets as a (BB, CHUNK) tile and
   loops over them CHUNK values at a time (any bucket size: 2^20 and more is a loop of
   B / CHUNK iterations; ``ALIGN``, a power of two dividing B, the alignment hint of the buckets'
-  starts): finite check, min, max (order-free reductions), then with ``CLIP`` the
+  starts): finite check, min, max (order-free reductions; without ``CLIP`` handed out to one
+  bucket a thread for what follows), then with ``CLIP`` the
   lane-ordered fp64 sums of FORMAT.md over a (BB, 8) tile, row after row (column j is lane j),
   and FORMAT.md's steps 2-3: metadata (mn, unit) as int32 bits, and per bucket into scratch
   buffers step 4's fp64 ``inv`` and its fp32 selector ``sel``: ``(f32)inv`` for the fp32 path,
@@ -26,20 +27,15 @@ thread, a warp's threads on consecutive pieces), the tail tile masked ones:
   or fp64 formula per bucket, the raw tail read from its bytes in the source dtype; ``out +=
   value`` in fp32 rounded once to out's dtype (``ADD``), or the fp32 values.
 
-Exactness on a GPU, by construction (the interpreter computes in numpy, which is IEEE already):
-every division of the reference is in fp64 (``range / L``, ``L / range``, ``S / n``), whose ``/``
-and ``tl.sqrt`` lower to the IEEE ``div.rn.f64`` / ``sqrt.rn.f64`` (an fp32 division would need
-``tl.math.div_rn``: Triton's fp32 ``/`` is approximate; there is none here); no multiply-add is
-fused (``enable_fp_fusion=False`` at every launch: ``acc + e * e``, ``(x - mn) * inv + r``
-and ``mn + q * unit`` round twice, as the reference); the clip constant is made with ``tl.full(...,
-tl.float64)`` (fp64 from the Python float, never through an fp32 constant); indices are of the
-kernel's index type (``IDX64``: int64, or int32 where the host found every index below 2^31, the
-bucket index then a multiply-high by ``divisor(size)`` instead of an int64 division, which GPUs
-emulate) before any product; NaN metadata is the explicit bits 0x7fc00000; bf16 values travel as
-their int16 bits, widened by a shift and rounded by integer arithmetic (the interpreter's fp32 ->
-bf16 cast truncates). Order-dependent reductions (the fp64 sums) never use ``tl.sum`` over more than
-one nonzero value: a lane is extracted as its value plus seven +0.0, exact in any order; min, max
-and the integer reductions do not depend on the order.
+Exactness on a GPU, by construction (docs/gpu.md; the interpreter computes in numpy, IEEE already):
+every division is fp64 (``range / L``, ``L / range``, ``S / n``: ``/`` and ``tl.sqrt`` lower to
+``div.rn.f64`` / ``sqrt.rn.f64``; Triton's fp32 ``/`` is approximate and there is none); no fused
+multiply-add (``enable_fp_fusion=False`` at every launch); the clip constant made in fp64; indices
+of the kernel's index type (``IDX64``: int64, or int32 below 2^31 with the bucket index a
+multiply-high by ``divisor(size)``) before any product; NaN metadata the explicit bits 0x7fc00000;
+bf16 as int16 bits, widened by a shift and rounded by integer arithmetic; order-dependent fp64 sums
+never through ``tl.sum`` of more than one nonzero value (a lane is its value plus seven +0.0); min,
+max and the integer reductions are order-free.
 """
 
 from __future__ import annotations
@@ -71,10 +67,9 @@ def bucket_span(b, size, nq, ALIGN: tl.constexpr):
 
 @triton.jit
 def chunk_range(x_ptr, at, hi, full, BF16: tl.constexpr):
-    """(min, max, z) per row of the tile ``at``: min and max of its finite values and
-    infinities (a NaN is passed over), z the sum of ``v * 0``: 0 for finite values, NaN where
-    the row holds a NaN or an infinity. Unmasked loads where ``full`` (every element in its
-    bucket), else masked by ``hi`` (the rest +-inf for min / max, 0 for z)."""
+    """(min, max, z) per row of the tile ``at`` (a NaN passed over by min and max; z, the sum
+    of ``v * 0``, NaN where the row holds a NaN or an infinity): unmasked loads where ``full``,
+    else masked by ``hi``."""
     if full:
         v = widen(tl.load(x_ptr + at), BF16)
         cmn = tl.min(v, axis=1)
@@ -91,10 +86,9 @@ def chunk_range(x_ptr, at, hi, full, BF16: tl.constexpr):
 def bucket_range(x_ptr, lo, hi, span, run, BF16: tl.constexpr, BB: tl.constexpr,
                  CHUNK: tl.constexpr):  # fmt: skip
     """(min, max, finite) of the buckets ``[lo, hi)``, CHUNK values per iteration (unmasked
-    below ``run``). A bucket is finite where the sum of its ``v * 0`` is 0 (NaN from any NaN or
-    infinity): four operations per value, against seven with a flag compared and reduced of its
-    own; a non-finite bucket's min and max are never used. Their order and the signs of zeros
-    do not matter (the range, the +0.0 minimum and the clip are the same for -0.0 and +0.0)."""
+    below ``run``): finite where the sum of its ``v * 0`` is 0 (a non-finite bucket's min and
+    max are never used). Their order and the signs of zeros do not matter (the range, the +0.0
+    minimum and the clip are the same for -0.0 and +0.0)."""
     cols = tl.arange(0, CHUNK)
     vmn = tl.full([BB], float("inf"), tl.float32)
     vmx = tl.full([BB], float("-inf"), tl.float32)
@@ -195,22 +189,39 @@ def scalars_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, 
 
 
 @triton.jit
+def handed_out(meta_ptr, b, valid, vmn, vmx, finite):
+    """(min, max, finite) of buckets ``b``, one bucket a thread (the reductions leave each
+    thread all BB, each would do every bucket's fp64 arithmetic): through the metadata words
+    (fp32 at ``meta_ptr``), a barrier, L2 and a barrier (copies in several warps read before the
+    words are written over); a non-finite bucket's min goes as NaN."""
+    tl.store(meta_ptr + 2 * b, tl.where(finite, vmn, float("nan")), mask=valid)
+    tl.store(meta_ptr + 2 * b + 1, vmx, mask=valid)
+    tl.debug_barrier()
+    lo = tl.load(meta_ptr + 2 * b, mask=valid, other=0, cache_modifier=".cg")
+    hi = tl.load(meta_ptr + 2 * b + 1, mask=valid, other=0, cache_modifier=".cg")
+    tl.debug_barrier()  # every copy read before the metadata is written over
+    return lo, hi, lo == lo
+
+
+@triton.jit
 def scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, nb,
             LEVELS: tl.constexpr, CLIP: tl.constexpr, C: tl.constexpr, BF16: tl.constexpr,
             BB: tl.constexpr, CHUNK: tl.constexpr, UNROLL: tl.constexpr, SUMS: tl.constexpr,
             IDX64: tl.constexpr, ALIGN: tl.constexpr):  # fmt: skip
-    """Steps 1-3 of FORMAT.md for buckets pid * BB ... pid * BB + BB - 1: metadata (mn, unit) as
-    int32 bits at ``meta_ptr``, step 4's fp64 ``inv`` and fp32 ``sel`` at ``inv_ptr`` /
-    ``sel_ptr``. ``span``: the longest bucket, min(size, nq), the loops' bound (``size`` and
-    ``span`` in the index type). With SUMS (a check of the clip's order, which the payload almost
-    never shows), the fp64 S(x) and S((x - mean)^2) of each bucket at ``sums_ptr`` too. ALIGN: a
-    power of two dividing ``size`` (the buckets' starts: vector loads of whole chunks and rows)."""
+    """Steps 1-3 of FORMAT.md for buckets pid * BB ... pid * BB + BB - 1: metadata (mn, unit)
+    as int32 bits at ``meta_ptr``, step 4's fp64 ``inv`` and fp32 ``sel``; returns whether one
+    takes the fp64 path. ``span``: the longest bucket, min(size, nq), the loops' bound. SUMS (a
+    check of the clip's order): S(x), S((x - mean)^2) at ``sums_ptr`` too. ALIGN: a power of
+    two dividing ``size`` (the buckets' starts: vector loads of whole chunks and rows)."""
     IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
     nq, size, span = nq.to(IT), size.to(IT), span.to(IT)
     b = tl.program_id(0).to(IT) * BB + tl.arange(0, BB)
     valid = b < nb
     lo, hi, run = bucket_span(b, size, nq, ALIGN)
     vmn, vmx, finite = bucket_range(x_ptr, lo, hi, span, run, BF16, BB, CHUNK)
+    if not CLIP:
+        vmn, vmx, finite = handed_out(meta_ptr.to(tl.pointer_type(tl.float32)), b, valid, vmn,
+                                      vmx, finite)  # fmt: skip
     mn64, mx64 = vmn.to(tl.float64), vmx.to(tl.float64)
     width = mx64 - mn64  # unclipped: chooses the path of step 4
     rng = width
@@ -252,10 +263,9 @@ def quantize(v, mn, sel, inv_ptr, k, km, index, k0, k1, wide, LEVELS: tl.constex
     """Step 4: q = clamp(floor(t + r), 0, L) as int32: the fp32 path with ``sel`` = (f32)inv
     where ``sel > 0``, the fp64 one with bucket ``k``'s fp64 inv where ``sel < 0``, 0 where
     ``sel == 0``. The fp64 path runs only in a program that holds such a bucket (a branch on a
-    reduction, ``wide``: the encode kernel's, once per program from its scalars; the codes
-    kernel's over the tile, CG False: no host involved). ``mn``, ``sel``, ``k`` and ``km``
-    (where to load bucket k's inv: in the stream, on the fp64 path): per element, or per group
-    (a (G, 1) column)."""
+    reduction, no host: ``wide``, the encode kernel's from its scalars; over the tile without
+    CG). ``mn``, ``sel``, ``k``, ``km`` (where to load bucket k's inv, on the fp64 path): per
+    element, or per group (a (G, 1) column)."""
     top = LEVELS * 1.0
     if STOCH:
         r = uniform(k0, k1, index)
@@ -370,13 +380,11 @@ def encode_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, span, 
                   UNROLL: tl.constexpr, BITS: tl.constexpr, STOCH: tl.constexpr,
                   G: tl.constexpr, BP: tl.constexpr, IDX64: tl.constexpr, ALIGN: tl.constexpr = 1,
                   GROUP_META: tl.constexpr = False):  # fmt: skip
-    """Both passes in one launch, for buckets that fit a program (``BB`` of them, ``BB * size``
-    a multiple of 8 or a single program): the scalars of buckets pid * BB ..., a barrier (the
-    program's own global writes become visible to all its threads), then the codes of their
-    elements, G groups of eight at a time (unmasked loads for a tile inside the program's
-    elements). The input is read from memory once (the codes' second read hits the cache)
-    and the scalars never leave the cache; whether any bucket takes the fp64 path is known once
-    (``wide``, from the scalars), not reduced over each tile."""
+    """Both passes in one launch for buckets that fit a program (``BB``, ``BB * size`` a
+    multiple of 8 or one program): the scalars of buckets pid * BB ... (``wide``: any on the
+    fp64 path), a barrier (the program's global writes visible to its threads), the codes of
+    their elements G groups at a time. The input is read from memory once (the second read
+    hits the cache), the scalars never leave it."""
     IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
     nq, size, nbytes = nq.to(IT), size.to(IT), nbytes.to(IT)
     wide = scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, inv_ptr, nq, size, span, nb, LEVELS, CLIP,
