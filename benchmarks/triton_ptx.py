@@ -4,16 +4,16 @@ needed (triton's bundled ptxas and cuobjdump):
     python -m benchmarks.triton_ptx [--kernels DIR] [--json PATH]
 
 For each kernel of max-min (scalars, codes, the one-launch encode, decode) and of the level and
-sign codecs (scalars, codes and decode per kind), in its int32 and int64 index variant
-(``IDX64``), the PTX's integer divisions and remainders (``div`` / ``rem``, 64- and 32-bit: a
-64-bit one is a call to an emulation routine on NVIDIA GPUs), its multiply-highs and 64-bit
-multiplies, its global loads (scalar, vector) and stores (bytes; 16 bits or more; vector), and
-the SASS instruction and call counts. Pointers are compiled as 16-byte aligned (as a launch
-from a fresh tensor specialises them), the code stream's as unaligned. A count, not a time: the
-speed needs a GPU (``python -m benchmarks.triton_sweep``). ``--kernels DIR``: compile
+sign codecs (scalars, codes and decode per kind), in its int32 and int64 index variant (``IDX64``),
+the PTX's integer divisions and remainders (``div`` / ``rem``, 64- and 32-bit: a 64-bit one is a
+call to an emulation routine on NVIDIA GPUs), its multiply-highs and 64-bit multiplies, its global
+loads (scalar, vector) and stores (bytes; 16 bits or more; vector), and the SASS instruction and
+call counts, registers a thread and stack bytes (spills). Pointers are compiled as 16-byte aligned
+(as a launch from a fresh tensor specialises them), the code stream's as unaligned. A count, not a
+time: the speed needs a GPU (``python -m benchmarks.triton_sweep``). ``--kernels DIR``: compile
 ``maxmin_kernels.py`` and ``levels_kernels.py`` from DIR instead (an older copy, say ``git show
-REV:PATH``); arguments a kernel lacks are dropped, and a kernel without ``IDX64`` is compiled
-once ("-").
+REV:PATH``); arguments a kernel lacks are dropped, and a kernel without ``IDX64`` is compiled once
+("-").
 """
 
 from __future__ import annotations
@@ -123,6 +123,8 @@ def compile_sm90(fn, sig: dict, consts: dict, options: dict) -> tuple:
 
 
 def sass_counts(cubin: bytes) -> dict:
+    """SASS instructions and calls, and the compiler's resource report: registers a thread and
+    stack bytes (spills; METHOD.md's first look: occupancy falls as registers rise)."""
     import triton
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -130,8 +132,12 @@ def sass_counts(cubin: bytes) -> dict:
         f.write(cubin)
         f.flush()
         sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+        res = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
     ins = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
-    return {"sass": len(ins), "calls": sum(" CALL." in line for line in ins)}
+    regs, stack = re.search(r"REG:(\d+)", res), re.search(r"STACK:(\d+)", res)
+    return {"sass": len(ins), "calls": sum(" CALL." in line for line in ins),
+            "regs": int(regs.group(1)) if regs else None,
+            "stack": int(stack.group(1)) if stack else None}  # fmt: skip
 
 
 def count(ptx: str, cubin: bytes) -> dict:
@@ -173,7 +179,7 @@ def rows(kernels_dir: str | None) -> List[dict]:
 
 
 def table(found: List[dict]) -> str:
-    cols = ["family", "kernel", "index", *PTX_OPS, "sass", "calls"]
+    cols = ["family", "kernel", "index", *PTX_OPS, "sass", "calls", "regs", "stack"]
     lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in found]
     return "\n".join(lines)
