@@ -1,11 +1,11 @@
-"""Planted defects in the Triton max-min kernels (torch_cgx/device/triton/maxmin_kernels.py): a
-copy of the kernels with one edit (a wrong lane order of the clip's fp64 sums, a mask one element
-too long, a program stopping a group short; a defect in one of the paths a tile's place or the
-payload's address selects: full-tile loads, scalars per group, the decoder's words) must fail the
-checks of tests/test_triton_maxmin.py, whose helpers run here (payload bytes and decoded values
-against the native codec, the sums against ``lane_sum``), where the original passes them: the
-checks reach every path. Moved out of that module to keep it readable; the same environment
-rules.
+"""Planted defects in the Triton max-min kernels (torch_cgx/device/triton/maxmin_kernels.py and
+maxmin_buckets.py): a copy of the kernels with one edit (a wrong lane order of the clip's fp64
+sums, a mask one element too long, a program stopping a group short; a defect in one of the paths a
+tile's place or the payload's address selects: full-tile loads, scalars per group, the decoder's
+words) must fail the checks of tests/test_triton_maxmin.py, whose helpers run here (payload bytes
+and decoded values against the native codec, the sums against ``lane_sum``), where the original
+passes them: the checks reach every path. Moved out of that module to keep it readable; the same
+environment rules.
 
 Runs under Triton's interpreter on CPU tensors (TRITON_INTERPRET=1 is set below, before triton
 is imported, and only while this module's tests run); with ``TRITON_INTERPRET=0`` on a machine
@@ -15,6 +15,7 @@ installed or the kernels cannot run.
 
 import importlib.util
 import pathlib
+import sys
 import types
 
 import numpy as np
@@ -26,8 +27,8 @@ from triton_testing import interpreted_kernels, poison_empty
 
 from torch_cgx.device.triton.maxmin import TritonMaxMin
 
-maxmin_decode, maxmin_kernels, DEVICE, _interpreter = interpreted_kernels(
-    "maxmin_decode", "maxmin_kernels"
+maxmin_buckets, maxmin_decode, maxmin_kernels, DEVICE, _interpreter = interpreted_kernels(
+    "maxmin_buckets", "maxmin_decode", "maxmin_kernels"
 )
 
 
@@ -37,24 +38,36 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's ove
 # ---- planted defects: a copy of the kernels with one edit ------------------------------------
 
 
-def mutant(tmp_path, *edits, in_decode=False, **launch) -> TritonMaxMin:
-    """TritonMaxMin(**launch) running a copy of maxmin_kernels.py (``in_decode``: of
-    maxmin_decode.py, for the decode kernel) with each ``(old, new)`` edit made once (a module
-    of its own: compiled or interpreted like the original)."""
-    src = pathlib.Path((maxmin_decode if in_decode else maxmin_kernels).__file__).read_text()
-    for old, new in edits:
-        assert src.count(old) == 1, old
-        src = src.replace(old, new)
-    path = tmp_path / f"maxmin_kernels_mutant_{len(list(tmp_path.iterdir()))}.py"
+def _load(path: pathlib.Path, src: str):
     path.write_text(src)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # importable by the kernels' copy
     spec.loader.exec_module(module)
+    return module
+
+
+def mutant(tmp_path, *edits, in_decode=False, **launch) -> TritonMaxMin:
+    """TritonMaxMin(**launch) running a copy of maxmin_kernels.py and maxmin_buckets.py (the
+    kernels' copy importing the buckets' copy; ``in_decode``: of maxmin_decode.py, for the decode
+    kernel) with each ``(old, new)`` edit made once, in whichever of the two holds it (modules of
+    their own: compiled or interpreted like the originals)."""
+    mods = [maxmin_decode] if in_decode else [maxmin_buckets, maxmin_kernels]
+    srcs = [pathlib.Path(m.__file__).read_text() for m in mods]
+    for old, new in edits:
+        assert sum(src.count(old) for src in srcs) == 1, old
+        srcs = [src.replace(old, new) for src in srcs]
+    tag = len(list(tmp_path.iterdir()))
     impl = TritonMaxMin(**launch)
-    impl._k = module
     if in_decode:  # the encode kernels of the original, the decode kernel of the copy
+        module = _load(tmp_path / f"maxmin_decode_mutant_{tag}.py", srcs[0])
         impl._k = types.ModuleType("maxmin_kernels_mixed")
         impl._k.__dict__.update(vars(maxmin_kernels), decode_kernel=module.decode_kernel)
+        return impl
+    buckets = _load(tmp_path / f"maxmin_buckets_mutant_{tag}.py", srcs[0])
+    kernels = srcs[1].replace("from torch_cgx.device.triton.maxmin_buckets import",
+                              f"from {buckets.__name__} import")  # fmt: skip
+    impl._k = _load(tmp_path / f"maxmin_kernels_mutant_{tag}.py", kernels)
     return impl
 
 
