@@ -53,7 +53,9 @@ def ints(names: str, **more) -> dict:
 MM_PTRS = dict(x_ptr="*fp32", meta_ptr="*i32", inv_ptr="*fp64", sel_ptr="*fp32")
 # the default bucket size (512) of an fp32 tensor: buckets 16-byte aligned (ALIGN), a group of
 # eight never across two buckets (GROUP_META), a fresh payload 8-aligned (decode's WORD)
-MM_SCALARS = dict(LEVELS=15, CLIP=False, C=2.0, BF16=False, BB=4, CHUNK=512, UNROLL=8, ALIGN=4)
+MM_SCALARS = dict(
+    LEVELS=15, CLIP=False, C=2.0, BF16=False, BB=4, CHUNK=512, UNROLL=8, ALIGN=4, SUB=128
+)
 MM = {  # name -> (kernel, signature, constexprs)
     "scalars": ("scalars_kernel", dict(MM_PTRS, sums_ptr="*fp64", **ints("nq size span nb")),
                 dict(MM_SCALARS, SUMS=False)),

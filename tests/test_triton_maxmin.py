@@ -47,7 +47,7 @@ maxmin_kernels, DEVICE, _interpreter = interpreted_kernels("maxmin_kernels")
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's overflow notes
 LEVERS = list(itertools.product([0, 1], [0, 1], [0, 1]))  # raw tail, stochastic, clip
 DEFAULT = TritonMaxMin()
-SMALL = TritonMaxMin(tile=64, codes=64, decode=64)  # several programs per tensor and bucket
+SMALL = TritonMaxMin(tile=64, codes=64, decode=64, sub=16)  # several programs a tensor and bucket
 SWEEP = os.environ.get("CGX_TRITON_SWEEP") == "1"
 
 

@@ -116,15 +116,20 @@ def test_a_mask_off_by_one_is_caught(tmp_path, monkeypatch):
 # ---- the paths of a tile's place and the payload's address (test_triton_maxmin_paths.py) -------
 
 ONE = "bucket_of(tl.maximum(g * 8 - 8, 0), "  # a group takes the previous group's bucket
+LOOP = "static_range(CHUNK // SUB):\n                v ="  # the tiles of a full chunk
 # name -> (edits, decode?, cases (bits, bucket, n, dtype, payload offset)): a defect in one path
 # only, and cases that must show it (64-value launch sizes: full tiles and tail tiles)
 PATHS = {
     "codes: full tile": ([("v = widen(tl.load(x_ptr + i), BF16)",
                            "v = widen(tl.load(x_ptr + i), BF16) * 0.5")], False,
                          [(3, 8, 349, 0, 3), (3, 13, 300, 1, 3)]),
-    "scalars: full chunk": ([("v = widen(tl.load(x_ptr + at), BF16)",
-                              "v = widen(tl.load(x_ptr + at), BF16) * 0.5")], False,
+    "scalars: full chunk": ([("v = widen(tl.load(x_ptr + at + j * SUB), BF16)",
+                              "v = widen(tl.load(x_ptr + at + j * SUB), BF16) * 0.5")], False,
                             [(4, 512, 1100, 0, 3)]),
+    "scalars: masked chunk": ([("v = tl.where(m, v, first)", "v = tl.where(m, v * 0.5, first)")],
+                              False, [(4, 100, 250, 0, 3)]),
+    "scalars: a chunk's last tile": ([(LOOP, LOOP.replace("):", " - 1):"))], False,
+                                     [(4, 512, 1100, 0, 3)]),
     "codes: scalars per group": ([("bucket_of(g * 8, size, ", ONE + "size, ")], False,
                                  [(5, 8, 349, 2, 3), (5, 512, 1100, 1, 3)]),
     "decode: codes as words": ([("grp = group_word(pay_ptr, at[:, None], BITS)",
@@ -152,7 +157,7 @@ PATHS = {
 def test_a_defect_in_one_path_is_caught(tmp_path, path):
     """The cases of test_triton_maxmin_paths.py reach each path: a defect there shows."""
     edits, decode, cases = PATHS[path]
-    impl = mutant(tmp_path, *edits, in_decode=decode, tile=64, codes=64, decode=64)
+    impl = mutant(tmp_path, *edits, in_decode=decode, tile=64, codes=64, decode=64, sub=16)
     for bits, bucket, n, d, at in cases:
         g = np.random.default_rng([bits, n])  # every group of eight on a scale of its own
         x = torch.from_numpy(g.standard_normal(n) * 1.5 ** (np.arange(n) // 8 % 40)).to(DTYPES[d])

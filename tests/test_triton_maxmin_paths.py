@@ -25,7 +25,7 @@ maxmin_kernels, DEVICE, _interpreter = interpreted_kernels("maxmin_kernels")
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's overflow notes
-P64 = TritonMaxMin(tile=64, codes=64, decode=64)
+P64 = TritonMaxMin(tile=64, codes=64, decode=64, sub=16)  # the scalars' loop: 4 tiles a chunk
 # (bits, bucket, n, lever): bucket 8 the one-launch encode with a group's scalars once (size a
 # multiple of 8), 512 two launches (a bucket longer than the 64-value tile: full chunks, then
 # full code tiles, scalars per group), 13 and 100 per element (100: full chunks and clip rows of

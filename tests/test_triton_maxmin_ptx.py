@@ -41,14 +41,14 @@ out = {}
 for wide in (False, True):  # the int32 index variant (GPUs' default) and the int64 one
     at = "64" if wide else ""
     out["scalars" + at] = ptx(K.scalars_kernel, scalars, dict(LEVELS=7, CLIP=True, C=4.1024,
-                              BF16=True, BB=4, CHUNK=512, UNROLL=8, SUMS=False, IDX64=wide,
+                              BF16=True, BB=4, CHUNK=512, SUB=128, UNROLL=8, SUMS=False, IDX64=wide,
                               ALIGN=8))
     bits = 4 if wide else 3  # 4 bits: a group is one 32-bit store
     out["codes" + at] = ptx(K.codes_kernel, codes, dict(BITS=bits, STOCH=True, BF16=False, G=128,
                             BP=4, IDX64=wide, GROUP_META=wide))
     out["encode" + at] = ptx(K.encode_kernel, encode, dict(LEVELS=7, CLIP=True, C=4.1024,
-                             BF16=False, BB=4, CHUNK=512, UNROLL=8, BITS=3, STOCH=True, G=128,
-                             BP=4, IDX64=wide, ALIGN=8, GROUP_META=not wide))
+                             BF16=False, BB=4, CHUNK=512, SUB=128, UNROLL=8, BITS=3, STOCH=True,
+                             G=128, BP=4, IDX64=wide, ALIGN=8, GROUP_META=not wide))
     out["decode" + at] = ptx(K.decode_kernel, decode, dict(BITS=5, TAIL_BYTES=2,
                              TAIL_BF16=False, ADD=True, OUT_BF16=False, BLOCK=1024, IDX64=wide,
                              WORD=8 if wide else 4, GROUP_META=wide))
@@ -118,7 +118,8 @@ def compile(fn, sig, consts):
 def ints(names):
     return dict({n: "i32" for n in names.split()}, magic="i64")
 ptrs = dict(meta_ptr="*i32", inv_ptr="*fp64", sel_ptr="*fp32")
-scal = dict(LEVELS=15, CLIP=True, C=2.0, BF16=False, BB=4, CHUNK=512, UNROLL=8, IDX64=False)
+scal = dict(LEVELS=15, CLIP=True, C=2.0, BF16=False, BB=4, CHUNK=512, SUB=128, UNROLL=8,
+            IDX64=False)
 codes = dict(BITS=4, STOCH=True, BF16=False, G=128, BP=4, IDX64=False, GROUP_META=True)
 out = {}
 for x, align in (("fp32", 4), ("fp16", 8)):
@@ -144,14 +145,14 @@ def loads(ptx: str, kind: str) -> int:
     return len(re.findall(LOAD + r"\." + kind + r"\b", ptx))
 
 
-def load_layouts(ttgir: str, elem: str) -> list:
-    """The layouts (sizePerThread, threadsPerWarp) of the unmasked ``tt.load`` of a 2-D tile of
-    ``elem`` pointers (a load without a mask has one operand)."""
+def load_layouts(ttgir: str, elem: str, warps: bool = False) -> list:
+    """The layouts (sizePerThread, threadsPerWarp; ``warps``: and warpsPerCTA) of the unmasked
+    ``tt.load`` of a 2-D tile of ``elem`` pointers (a load without a mask has one operand)."""
     layouts = dict(re.findall(r"^#(\w+) = #ttg\.blocked<\{(.*?)\}>", ttgir, re.M))
     found = re.findall(r"tt\.load %[\w.]+ : tensor<\d+x\d+x!tt\.ptr<" + elem + r">, #(\w+)>",
                        ttgir)  # fmt: skip
-    return [re.findall(r"(?:sizePerThread|threadsPerWarp) = (\[[\d, ]+\])", layouts[f])
-            for f in found]  # fmt: skip
+    names = "sizePerThread|threadsPerWarp" + ("|warpsPerCTA" if warps else "")
+    return [re.findall(rf"(?:{names}) = (\[[\d, ]+\])", layouts[f]) for f in found]
 
 
 def check_vector_accesses(found: dict) -> None:
@@ -165,13 +166,15 @@ def check_vector_accesses(found: dict) -> None:
     assert load_layouts(found["codes fp32"]["ttgir"], "f32") == [["[1, 4]", "[16, 2]"]]
     assert loads(ptx["codes fp16"], "v4") >= 1 and loads(ptx["codes fp16"], "b16") >= 8
     assert load_layouts(found["codes fp16"]["ttgir"], "f16") == [["[1, 8]", "[32, 1]"]]
-    # scalars: the (BB, CHUNK) chunks as v4 (a warp on 512 consecutive bytes of a bucket), the
-    # clip's rows as one (BB, 8 UNROLL) tile of v2 (a warp per bucket); the one-launch encode
-    # (no clip) its chunks and its codes
+    # scalars: the min / max loop's (BB, SUB) tiles as v4, a warp on 512 consecutive bytes of
+    # one bucket and the four warps on four buckets (the trees after the loop: shuffles, no
+    # shared memory), the clip's rows as one (BB, 8 UNROLL) tile of v2 (a warp per bucket); the
+    # one-launch encode (no clip) its chunks and its codes
     assert loads(ptx["scalars"], "v2") >= 1
     for name in ("scalars", "encode"):
         assert loads(ptx[name], "v4") >= 4, name
-        assert ["[1, 4]", "[1, 32]"] in load_layouts(found[name]["ttgir"], "f32"), name
+        layouts = load_layouts(found[name]["ttgir"], "f32", warps=True)
+        assert ["[1, 4]", "[1, 32]", "[4, 1]"] in layouts, name
     assert ["[1, 4]", "[16, 2]"] in load_layouts(found["encode"]["ttgir"], "f32")
     # decode: out loaded and stored as v4 in a full block; the metadata one 64-bit load per
     # group (8-aligned payload) or two 32-bit ones (4-aligned), a full block's codes one

@@ -72,15 +72,18 @@ class TritonMaxMin(FusedMaxMin):
 
     ``tile``: values per program of the scalars kernel (``BB`` buckets of ``CHUNK`` values, both
     powers of two; a longer bucket is a loop); ``codes`` / ``decode``: values per program of the
-    codes and decode kernels (powers of two >= 8). None: :data:`LAUNCH` (and :data:`TUNED`)."""
+    codes and decode kernels (powers of two >= 8); ``sub``: the columns of the scalars loop's
+    tiles (a power of two >= 8, at most a chunk; default on a GPU 128 x warps / buckets, at
+    least 128, under the interpreter the chunk). None: :data:`LAUNCH` (and :data:`TUNED`)."""
 
     name = "triton-maxmin"
 
-    def __init__(self, tile=None, codes=None, decode=None, num_warps=None) -> None:
-        for what, v in (("tile", tile), ("codes", codes), ("decode", decode)):
+    def __init__(self, tile=None, codes=None, decode=None, num_warps=None, sub=None) -> None:
+        for what, v in (("tile", tile), ("codes", codes), ("decode", decode), ("sub", sub)):
             if v is not None and (v < 8 or v & (v - 1)):
                 raise ValueError(f"{what} must be a power of two >= 8, got {v}")
-        self.fixed = {"tile": tile, "codes": codes, "decode": decode, "num_warps": num_warps}
+        self.fixed = {"tile": tile, "codes": codes, "decode": decode, "num_warps": num_warps,
+                      "sub": sub}  # fmt: skip
         self._k = None
 
     def applies(self, device: torch.device) -> bool:
@@ -191,11 +194,20 @@ class TritonMaxMin(FusedMaxMin):
         grid = _cdiv(nb, bb)
         fused = span <= chunk and ((bb * size) % 8 == 0 or grid == 1)
         unroll = min(8, _pow2_ceil(rows))
+        # the min / max loop's (BB, SUB) tiles: on a GPU a warp's row in one bucket, the warps
+        # on the buckets where BB >= the warps (else on a bucket's columns); one tile under the
+        # interpreter (its programs run op by op)
+        if plan.get("sub"):
+            sub = min(chunk, plan["sub"])
+        elif device.type == "cuda":
+            sub = min(chunk, max(128, 128 * plan["num_warps"] // bb))
+        else:
+            sub = chunk
         block = max(8, plan["codes"])  # the metadata word 2 k of every lane's bucket k, too
         wide = index64((nb + bb) * size + chunk + 16 * unroll + 64, nq + block + 64,
                        2 * max(nb + bb, (nq + block) // size + 1) + 2)  # fmt: skip
         meta = dict(LEVELS=(1 << codec.bits) - 1, CLIP=codec.clip, C=CLIP_SIGMAS[codec.bits],
-                    BB=bb, CHUNK=chunk, UNROLL=unroll, IDX64=wide,
+                    BB=bb, CHUNK=chunk, SUB=sub, UNROLL=unroll, IDX64=wide,
                     ALIGN=math.gcd(size, 16 // itemsize))  # fmt: skip
         return {"grid": grid, "span": span, "fused": fused, "meta": meta}
 

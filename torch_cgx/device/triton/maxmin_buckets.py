@@ -26,43 +26,40 @@ def bucket_span(b, size, nq, ALIGN: tl.constexpr):
 
 
 @triton.jit
-def chunk_range(x_ptr, at, hi, full, BF16: tl.constexpr):
-    """(min, max, z) per row of the tile ``at`` (a NaN passed over by min and max; z, the sum
-    of ``v * 0``, NaN where the row holds a NaN or an infinity): unmasked loads where ``full``,
-    else masked by ``hi``."""
-    if full:
-        v = widen(tl.load(x_ptr + at), BF16)
-        cmn = tl.min(v, axis=1)
-        cmx = tl.max(v, axis=1)
-    else:
-        m = at < hi[:, None]
-        v = widen(tl.load(x_ptr + at, mask=m, other=0), BF16)
-        cmn = tl.min(tl.where(m, v, float("inf")), axis=1)
-        cmx = tl.max(tl.where(m, v, float("-inf")), axis=1)
-    return cmn, cmx, tl.sum(v * 0.0, axis=1)
-
-
-@triton.jit
 def bucket_range(x_ptr, lo, hi, span, run, BF16: tl.constexpr, BB: tl.constexpr,
-                 CHUNK: tl.constexpr):  # fmt: skip
+                 CHUNK: tl.constexpr, SUB: tl.constexpr):  # fmt: skip
     """(min, max, finite) of the buckets ``[lo, hi)``, CHUNK values per iteration (unmasked
-    below ``run``): finite where the sum of its ``v * 0`` is 0 (a non-finite bucket's min and
-    max are never used). Their order and the signs of zeros do not matter (the range, the +0.0
-    minimum and the clip are the same for -0.0 and +0.0)."""
-    cols = tl.arange(0, CHUNK)
-    vmn = tl.full([BB], float("inf"), tl.float32)
-    vmx = tl.full([BB], float("-inf"), tl.float32)
-    z = tl.zeros([BB], tl.float32)
+    below ``run``) as CHUNK / SUB (BB, SUB) tiles (on a GPU SUB = 128 x warps / BB, at least
+    128: a warp's threads on 16-byte pieces of one bucket, the warps on buckets): per value two
+    NaN-propagating min / max into accumulators of the tile's shape, their trees (shuffles, and
+    shared memory where a bucket spans warps) once at the end. Finite where the sum of the
+    accumulators' ``a * 0`` is 0 (a NaN or an infinity stays in one of them; a non-finite
+    bucket's min and max are never used). The accumulators start from the bucket's first
+    value, which a masked element repeats. Order and the signs of zeros do not matter (the
+    range, the +0.0 minimum and the clip are the same for -0.0 and +0.0)."""
+    ALL: tl.constexpr = tl.PropagateNan.ALL
+    cols = tl.arange(0, SUB)[None, :]
+    first = widen(tl.load(x_ptr + lo, mask=lo < hi, other=0), BF16)[:, None]  # in the bucket
+    amn = tl.zeros([BB, SUB], tl.float32) + first
+    amx = amn
     it = span * 0  # the index type; a while loop: the interpreter cannot range() over an argument
     while it * CHUNK < span:
-        off = it * CHUNK  # a multiple of CHUNK the compiler sees (a loop-carried offset is not)
-        cmn, cmx, cz = chunk_range(x_ptr, lo[:, None] + off + cols[None, :], hi,
-                                   off + CHUNK <= run, BF16)  # fmt: skip
-        vmn = tl.minimum(vmn, cmn)
-        vmx = tl.maximum(vmx, cmx)
-        z = z + cz
+        at = lo[:, None] + it * CHUNK + cols
+        if it * CHUNK + CHUNK <= run:  # in every bucket: unmasked vector loads
+            for j in tl.static_range(CHUNK // SUB):
+                v = widen(tl.load(x_ptr + at + j * SUB), BF16)
+                amn = tl.minimum(amn, v, propagate_nan=ALL)
+                amx = tl.maximum(amx, v, propagate_nan=ALL)
+        else:
+            for j in tl.static_range(CHUNK // SUB):
+                m = at + j * SUB < hi[:, None]
+                v = widen(tl.load(x_ptr + at + j * SUB, mask=m, other=0), BF16)
+                v = tl.where(m, v, first)
+                amn = tl.minimum(amn, v, propagate_nan=ALL)
+                amx = tl.maximum(amx, v, propagate_nan=ALL)
         it += 1
-    return vmn, vmx, z == 0
+    z = tl.sum(amn * 0.0 + amx * 0.0, axis=1)
+    return tl.min(amn, axis=1), tl.max(amx, axis=1), z == 0
 
 
 @triton.jit

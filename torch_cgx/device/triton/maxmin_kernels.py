@@ -59,17 +59,18 @@ FLT_MAX = tl.constexpr(3.4028234663852886e38)
 def scalars_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, nb,
                    LEVELS: tl.constexpr, CLIP: tl.constexpr, C: tl.constexpr, BF16: tl.constexpr,
                    BB: tl.constexpr, CHUNK: tl.constexpr, UNROLL: tl.constexpr,
-                   SUMS: tl.constexpr, IDX64: tl.constexpr, ALIGN: tl.constexpr = 1):  # fmt: skip
+                   SUMS: tl.constexpr, IDX64: tl.constexpr, SUB: tl.constexpr,
+                   ALIGN: tl.constexpr = 1):  # fmt: skip
     """Steps 1-3 of FORMAT.md for buckets pid * BB ... pid * BB + BB - 1 (:func:`scalars`)."""
     scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, nb, LEVELS, CLIP, C,
-            BF16, BB, CHUNK, UNROLL, SUMS, IDX64, ALIGN)  # fmt: skip
+            BF16, BB, CHUNK, UNROLL, SUMS, IDX64, ALIGN, SUB)  # fmt: skip
 
 
 @triton.jit
 def scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, nb,
             LEVELS: tl.constexpr, CLIP: tl.constexpr, C: tl.constexpr, BF16: tl.constexpr,
             BB: tl.constexpr, CHUNK: tl.constexpr, UNROLL: tl.constexpr, SUMS: tl.constexpr,
-            IDX64: tl.constexpr, ALIGN: tl.constexpr):  # fmt: skip
+            IDX64: tl.constexpr, ALIGN: tl.constexpr, SUB: tl.constexpr):  # fmt: skip
     """Steps 1-3 of FORMAT.md for buckets pid * BB ... pid * BB + BB - 1: metadata (mn, unit)
     as int32 bits at ``meta_ptr``, step 4's fp64 ``inv`` and fp32 ``sel``; returns whether one
     takes the fp64 path. ``span``: the longest bucket, min(size, nq), the loops' bound. SUMS (a
@@ -80,7 +81,7 @@ def scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, nb,
     b = tl.program_id(0).to(IT) * BB + tl.arange(0, BB)
     valid = b < nb
     lo, hi, run = bucket_span(b, size, nq, ALIGN)
-    vmn, vmx, finite = bucket_range(x_ptr, lo, hi, span, run, BF16, BB, CHUNK)
+    vmn, vmx, finite = bucket_range(x_ptr, lo, hi, span, run, BF16, BB, CHUNK, SUB)
     if not CLIP:
         vmn, vmx, finite = handed_out(meta_ptr.to(tl.pointer_type(tl.float32)), b, valid, vmn,
                                       vmx, finite)  # fmt: skip
@@ -240,8 +241,8 @@ def encode_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, span, 
                   k1, magic, shift, LEVELS: tl.constexpr, CLIP: tl.constexpr, C: tl.constexpr,
                   BF16: tl.constexpr, BB: tl.constexpr, CHUNK: tl.constexpr,
                   UNROLL: tl.constexpr, BITS: tl.constexpr, STOCH: tl.constexpr,
-                  G: tl.constexpr, BP: tl.constexpr, IDX64: tl.constexpr, ALIGN: tl.constexpr = 1,
-                  GROUP_META: tl.constexpr = False):  # fmt: skip
+                  G: tl.constexpr, BP: tl.constexpr, IDX64: tl.constexpr, SUB: tl.constexpr,
+                  ALIGN: tl.constexpr = 1, GROUP_META: tl.constexpr = False):  # fmt: skip
     """Both passes in one launch for buckets that fit a program (``BB``, ``BB * size`` a
     multiple of 8 or one program): the scalars of buckets pid * BB ... (``wide``: any on the
     fp64 path), a barrier (the program's global writes visible to its threads), the codes of
@@ -250,7 +251,7 @@ def encode_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, span, 
     IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
     nq, size, nbytes = nq.to(IT), size.to(IT), nbytes.to(IT)
     wide = scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, inv_ptr, nq, size, span, nb, LEVELS, CLIP,
-                   C, BF16, BB, CHUNK, UNROLL, False, IDX64, ALIGN)  # fmt: skip
+                   C, BF16, BB, CHUNK, UNROLL, False, IDX64, ALIGN, SUB)  # fmt: skip
     tl.debug_barrier()
     e0 = tl.program_id(0).to(IT) * BB * size
     e1 = tl.minimum(e0 + BB * size, nq)
