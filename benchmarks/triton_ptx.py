@@ -60,7 +60,7 @@ MM = {  # name -> (kernel, signature, constexprs)
     "scalars": ("scalars_kernel", dict(MM_PTRS, sums_ptr="*fp64", **ints("nq size span nb")),
                 dict(MM_SCALARS, SUMS=False)),
     "codes": ("codes_kernel", dict(MM_PTRS, codes_ptr="*u8", **ints("nq size nbytes k0 k1 shift")),
-              dict(BITS=4, STOCH=True, BF16=False, G=128, BP=4, GROUP_META=True)),
+              dict(BITS=4, STOCH=True, BF16=False, G=128, BP=4, GROUP_META=True, CLIP=False)),
     "encode": ("encode_kernel",
                dict(MM_PTRS, codes_ptr="*u8", **ints("nq size span nb nbytes k0 k1 shift")),
                dict(MM_SCALARS, BITS=4, STOCH=True, G=128, BP=4, GROUP_META=True)),

@@ -142,6 +142,19 @@ def test_extreme_values_match(kind):
               out_dtype=DTYPES[(k + 1) % 3], what=kind)  # fmt: skip
 
 
+def test_stochastic_rounding_past_the_top_is_clamped():
+    """A bucket's maximum at t = L exactly (range L: inv 1) and an r with fl(L + r) = L + 1: the
+    code is clamped to L (8 bits: one draw in 2^17; the seed found by search, 4096 values).
+    Without that clamp the code 256 would be cut to 0."""
+    from codec_oracle import uniform_array
+
+    n, top = 4096, np.float32(255)
+    seed = next(s for s in range(1000) if (top + uniform_array(s, 7, np.arange(n)) == 256).any())
+    x = np.where(top + uniform_array(seed, 7, np.arange(n)) == 256, top, np.float32(0))
+    for impl in (DEFAULT, SMALL):
+        check(impl, torch.from_numpy(x), 8, 512, (0, 1, 0), seed=seed, stream=7, what="L + r")
+
+
 def test_constant_buckets_signed_zeros_and_16_bit_extremes():
     zeros = torch.tensor([-0.0, 0.0, -0.0, 1.0] + [5.0] * 8 + [-0.0] * 8 + [0.0, -0.0] * 4)
     for bits in range(1, 9):

@@ -45,7 +45,7 @@ for wide in (False, True):  # the int32 index variant (GPUs' default) and the in
                               ALIGN=8))
     bits = 4 if wide else 3  # 4 bits: a group is one 32-bit store
     out["codes" + at] = ptx(K.codes_kernel, codes, dict(BITS=bits, STOCH=True, BF16=False, G=128,
-                            BP=4, IDX64=wide, GROUP_META=wide))
+                            BP=4, IDX64=wide, GROUP_META=wide, CLIP=wide))
     out["encode" + at] = ptx(K.encode_kernel, encode, dict(LEVELS=7, CLIP=True, C=4.1024,
                              BF16=False, BB=4, CHUNK=512, SUB=128, UNROLL=8, BITS=3, STOCH=True,
                              G=128, BP=4, IDX64=wide, ALIGN=8, GROUP_META=not wide))
@@ -120,7 +120,8 @@ def ints(names):
 ptrs = dict(meta_ptr="*i32", inv_ptr="*fp64", sel_ptr="*fp32")
 scal = dict(LEVELS=15, CLIP=True, C=2.0, BF16=False, BB=4, CHUNK=512, SUB=128, UNROLL=8,
             IDX64=False)
-codes = dict(BITS=4, STOCH=True, BF16=False, G=128, BP=4, IDX64=False, GROUP_META=True)
+codes = dict(BITS=4, STOCH=True, BF16=False, G=128, BP=4, IDX64=False, GROUP_META=True,
+             CLIP=False)
 out = {}
 for x, align in (("fp32", 4), ("fp16", 8)):
     out["codes " + x] = compile(K.codes_kernel, dict(ptrs, x_ptr="*" + x, codes_ptr="*u8",
@@ -129,7 +130,7 @@ out["scalars"] = compile(K.scalars_kernel, dict(ptrs, x_ptr="*fp32", sums_ptr="*
                          **ints("nq size span nb")), dict(scal, SUMS=False, ALIGN=4))
 out["encode"] = compile(K.encode_kernel, dict(ptrs, x_ptr="*fp32", codes_ptr="*u8",
                         **ints("nq size span nb nbytes k0 k1 shift")),
-                        dict(scal, **codes, ALIGN=4, CLIP=False))
+                        dict(scal, **codes, ALIGN=4))  # codes' CLIP=False
 for word in (8, 4, 1):  # the payload 8-aligned, 4-aligned, at an odd address
     out[f"decode {word}"] = compile(K.decode_kernel, dict(pay_ptr="*u8", out_ptr="*fp32",
         **ints("n nq size codes_at tail_at shift")), dict(BITS=4, TAIL_BYTES=0,

@@ -169,7 +169,7 @@ class TritonMaxMin(FusedMaxMin):
                 self._scalars(codec, xb, bf16, nq, nb, meta, inv, sel, None, plan)
                 self._k.codes_kernel[(_cdiv(nq, block),)](
                     xb, meta, inv, sel, out[codes_at:], nq, codec.bucket_size, nbytes, k0, k1,
-                    *div, **codes, IDX64=sp["meta"]["IDX64"], **opts)  # fmt: skip
+                    *div, **codes, IDX64=sp["meta"]["IDX64"], CLIP=codec.clip, **opts)  # fmt: skip
         return out
 
     @staticmethod

@@ -122,21 +122,35 @@ def scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, nb,
 
 @triton.jit
 def quantize(v, mn, sel, inv_ptr, k, km, index, k0, k1, wide, LEVELS: tl.constexpr,
-             STOCH: tl.constexpr, CG: tl.constexpr):  # fmt: skip
+             STOCH: tl.constexpr, CG: tl.constexpr, CLIP: tl.constexpr,
+             PER_GROUP: tl.constexpr):  # fmt: skip
     """Step 4: q = clamp(floor(t + r), 0, L) as int32: the fp32 path with ``sel`` = (f32)inv
     where ``sel > 0``, the fp64 one with bucket ``k``'s fp64 inv where ``sel < 0``, 0 where
     ``sel == 0``. The fp64 path runs only in a program that holds such a bucket (a branch on a
     reduction, no host: ``wide``, the encode kernel's from its scalars; over the tile without
     CG). ``mn``, ``sel``, ``k``, ``km`` (where to load bucket k's inv, on the fp64 path): per
-    element, or per group (a (G, 1) column)."""
+    element, or per group (a (G, 1) column). Without CLIP the fp32 path needs no clamp below
+    and, rounding to nearest, none above: mn is the bucket's minimum, so 0 <= v - mn <= range
+    rounded once, and sel is L / range rounded twice, so 0 <= t <= L (1 + 2^-22) and
+    floor(t + 1/2) is in [0, L] (a stochastic r < 1 can reach L + 1: clamped); the floor and
+    the conversion are then one instruction (F2I.FLOOR). Elsewhere (a masked element, a
+    non-finite bucket) the conversion may see anything: those codes are replaced. PER_GROUP
+    (``sel`` a (G, 1) column): the codes where ``sel == 0`` are left for the caller to replace
+    (a group's word at a time), not zeroed here."""
     top = LEVELS * 1.0
     if STOCH:
         r = uniform(k0, k1, index)
     else:
         r = tl.full(v.shape, 0.5, tl.float32)
     t = (v - mn) * sel  # fp32, one rounding per operation
-    q = tl.minimum(tl.maximum(tl.floor(t + r), 0.0), top)
-    q = tl.where(sel > 0, q, 0.0)
+    if CLIP:  # t anywhere: clamped in fp32, then converted
+        q = tl.minimum(tl.maximum(tl.floor(t + r), 0.0), top).to(tl.int32)
+    else:
+        q = tl.floor(t + r).to(tl.int32)
+        if STOCH:
+            q = tl.minimum(q, LEVELS)
+    if not PER_GROUP:
+        q = tl.where(sel > 0, q, 0)
     if not CG:
         wide = tl.min(sel) < 0
     if wide:
@@ -146,18 +160,20 @@ def quantize(v, mn, sel, inv_ptr, k, km, index, k0, k1, wide, LEVELS: tl.constex
             inv = tl.load(inv_ptr + k, mask=km, other=0.0)
         t64 = (v.to(tl.float64) - mn.to(tl.float64)) * inv
         q64 = tl.minimum(tl.maximum(tl.floor(t64 + r.to(tl.float64)), 0.0), top)
-        q = tl.where(sel < 0, q64.to(tl.float32), q)
-    return q.to(tl.int32)
+        q = tl.where(sel < 0, q64.to(tl.int32), q)
+    return q
 
 
 @triton.jit
-def pack_store(codes_ptr, code, g, gm, nbytes, g_end, BITS: tl.constexpr, BP: tl.constexpr):
-    """Stores the (G, 8) codes of groups ``g`` (``g_end``: one past the last) where ``gm``: group
-    g's eight codes are one 64-bit word ``sum(code_k << k * BITS)`` whose BITS low bytes are the
-    stream's bytes g * BITS ...; bytes from ``nbytes`` on are not written. 2, 4 and 8 bits: a
-    group's bytes in one 16- or 32-bit store (two for 8 bits; the stream starts at 24 + 8 nb)
-    where the tile ends inside the stream; else (and for 1, 3, 5, 6, 7 bits) byte stores."""
-    word = group_word(code, BITS)
+def pack_store(codes_ptr, code, keep, g, gm, nbytes, g_end, BITS: tl.constexpr,
+               BP: tl.constexpr):  # fmt: skip
+    """Stores the (G, 8) codes of groups ``g`` (``g_end``: one past the last) where ``gm``, a
+    group's as 0 where not ``keep``: group g's eight codes are one word
+    ``sum(code_k << k * BITS)`` whose BITS low bytes are the stream's bytes g * BITS ...;
+    bytes from ``nbytes`` on are not written. 2, 4 and 8 bits: a group's bytes in one 16- or
+    32-bit store (two for 8 bits; the stream starts at 24 + 8 nb) where the tile ends inside
+    the stream; else (and for 1, 3, 5, 6, 7 bits) byte stores."""
+    word = tl.where(keep, group_word(code, BITS), 0)
     if (BITS == 2) or (BITS == 4) or (BITS == 8):
         if g_end * BITS <= nbytes:  # the tile inside the stream
             store_words(codes_ptr, word, g, gm, BITS)
@@ -192,21 +208,20 @@ def scalars_of(meta_ptr, sel_ptr, k, m, CG: tl.constexpr):
 
 
 @triton.jit
-def code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, gm, full, nq, size, nbytes, k0,
-                k1, magic, shift, g_end, wide, BITS: tl.constexpr, STOCH: tl.constexpr,
-                BF16: tl.constexpr, BP: tl.constexpr, CG: tl.constexpr,
-                GROUP_META: tl.constexpr):  # fmt: skip
-    """The code stream of groups ``g`` (eight elements each, a row of the (G, 8) tile: a warp's
-    threads read consecutive 16-byte pieces) where ``gm``; ``full``: every element of the tile
-    is coded (unmasked loads: vector loads). The buckets' scalars once per group with
-    GROUP_META (the bucket size a multiple of 8), else per element. ``nq``, ``size``,
-    ``nbytes`` in ``g``'s index type; ``magic``, ``shift``: ``divisor(size)`` (int32
-    variant's bucket index)."""
+def group_codes(x_ptr, meta_ptr, inv_ptr, sel_ptr, g, gm, nq, size, k0, k1, magic, shift, wide,
+                BITS: tl.constexpr, STOCH: tl.constexpr, BF16: tl.constexpr, CG: tl.constexpr,
+                GROUP_META: tl.constexpr, CLIP: tl.constexpr, FULL: tl.constexpr):  # fmt: skip
+    """The (G, 8) int32 codes of groups ``g`` (rows of eight elements) where ``gm``, and per
+    group whether they stand (else the group's word is 0: its bucket's sel is 0): FULL, every
+    element of the tile is coded (unmasked loads: vector loads; no mask per element), else 0
+    past ``nq``. The buckets' scalars once per group with GROUP_META (the bucket size a
+    multiple of 8), else per element (each code zeroed where it must be)."""
     i = g[:, None] * 8 + tl.arange(0, 8)[None, :]
-    m = gm[:, None] & (i < nq)
-    if full:
+    if FULL:
+        m = gm[:, None]
         v = widen(tl.load(x_ptr + i), BF16)
     else:
+        m = gm[:, None] & (i < nq)
         v = widen(tl.load(x_ptr + i, mask=m, other=0), BF16)
     if GROUP_META:  # a group never straddles a bucket
         k = bucket_of(g * 8, size, magic, shift)
@@ -214,18 +229,43 @@ def code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, gm, full, nq, s
         k, km = k[:, None], km[:, None]  # (G, 1) columns: one layout for the tile
         mn, sel = scalars_of(meta_ptr, sel_ptr, k, km, CG)
         km = km & (sel < 0)  # the fp64 path's buckets
+        keep = tl.sum(sel, axis=1) != 0  # (G,): the column's one value
     else:
         k = bucket_of(i, size, magic, shift)
         mn, sel = scalars_of(meta_ptr, sel_ptr, k, m, CG)
         km = m & (sel < 0)
-    code = quantize(v, mn, sel, inv_ptr, k, km, i, k0, k1, wide, (1 << BITS) - 1, STOCH, CG)
-    pack_store(codes_ptr, tl.where(m, code, 0), g, gm, nbytes, g_end, BITS, BP)
+        keep = gm
+    code = quantize(v, mn, sel, inv_ptr, k, km, i, k0, k1, wide, (1 << BITS) - 1, STOCH, CG,
+                    CLIP, GROUP_META)  # fmt: skip
+    if not FULL:
+        code = tl.where(m, code, 0)
+    return code, keep
+
+
+@triton.jit
+def code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, gm, full, nq, size, nbytes, k0,
+                k1, magic, shift, g_end, wide, BITS: tl.constexpr, STOCH: tl.constexpr,
+                BF16: tl.constexpr, BP: tl.constexpr, CG: tl.constexpr,
+                GROUP_META: tl.constexpr, CLIP: tl.constexpr):  # fmt: skip
+    """The code stream of groups ``g`` (eight elements each, a row of the (G, 8) tile: a warp's
+    threads read consecutive 16-byte pieces) where ``gm``; ``full``: every element of the tile
+    is coded (:func:`group_codes`' FULL). ``nq``, ``size``, ``nbytes`` in ``g``'s index type;
+    ``magic``, ``shift``: ``divisor(size)`` (int32 variant's bucket index)."""
+    if full:
+        code, keep = group_codes(x_ptr, meta_ptr, inv_ptr, sel_ptr, g, gm, nq, size, k0, k1,
+                                 magic, shift, wide, BITS, STOCH, BF16, CG, GROUP_META, CLIP,
+                                 True)  # fmt: skip
+    else:
+        code, keep = group_codes(x_ptr, meta_ptr, inv_ptr, sel_ptr, g, gm, nq, size, k0, k1,
+                                 magic, shift, wide, BITS, STOCH, BF16, CG, GROUP_META, CLIP,
+                                 False)  # fmt: skip
+    pack_store(codes_ptr, code, keep, g, gm, nbytes, g_end, BITS, BP)
 
 
 @triton.jit(do_not_specialize=["nq", "size", "nbytes", "k0", "k1", "magic", "shift"])
 def codes_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, nbytes, k0, k1, magic,
                  shift, BITS: tl.constexpr, STOCH: tl.constexpr, BF16: tl.constexpr,
-                 G: tl.constexpr, BP: tl.constexpr, IDX64: tl.constexpr,
+                 G: tl.constexpr, BP: tl.constexpr, IDX64: tl.constexpr, CLIP: tl.constexpr,
                  GROUP_META: tl.constexpr = False):  # fmt: skip
     """The code stream of elements 8 G pid ... 8 G (pid + 1) - 1 (groups of eight)."""
     IT: tl.constexpr = tl.int64 if IDX64 else tl.int32  # the index type
@@ -233,7 +273,7 @@ def codes_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, nbytes,
     g_end = tl.program_id(0).to(IT) * G + G
     code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, g >= 0, g_end * 8 <= nq.to(IT),
                 nq.to(IT), size.to(IT), nbytes.to(IT), k0, k1, magic, shift, g_end, False, BITS,
-                STOCH, BF16, BP, False, GROUP_META)  # fmt: skip
+                STOCH, BF16, BP, False, GROUP_META, CLIP)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["nq", "size", "span", "nb", "nbytes", "k0", "k1", "magic", "shift"])
@@ -261,5 +301,5 @@ def encode_kernel(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, nq, size, span, 
         g = gg + tl.arange(0, G)
         code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, g < g1, (gg + G) * 8 <= e1,
                     nq, size, nbytes, k0, k1, magic, shift, gg + G, wide, BITS, STOCH, BF16, BP,
-                    True, GROUP_META)  # fmt: skip
+                    True, GROUP_META, CLIP)  # fmt: skip
         gg += G
