@@ -36,13 +36,15 @@ __all__ = ["TritonMaxMin"]
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
-# Launch sizes (values per program). "gpu": first guesses, NOT measured (no GPU has run these
-# kernels yet); a sweep on a GPU (tile x codes x decode x num_warps, per bits and bucket size)
-# replaces them here: put its winners into TUNED, keyed by (bits, bucket_size), which overrides
-# these per configuration. "interpreter": programs run one after the other (about a millisecond
-# each), so as few as possible.
+# Launch sizes (values per program). "gpu": NOT measured (no GPU has run these kernels yet):
+# the fewest instructions a value in the one-launch encode's sm_90 SASS at 4 warps (docs/gpu.md,
+# "Instructions per value": tile 4096 / codes 2048 ~26, 2048 / 1024 ~35; 8192 takes 150
+# registers a thread); a sweep on a GPU (tile x codes x decode x num_warps, per bits and bucket
+# size) replaces them here: put its winners into TUNED, keyed by (bits, bucket_size), which
+# overrides these per configuration. "interpreter": programs run one after the other (about a
+# millisecond each), so as few as possible.
 LAUNCH = {
-    "gpu": {"tile": 2048, "codes": 1024, "decode": 1024, "num_warps": 4},
+    "gpu": {"tile": 4096, "codes": 2048, "decode": 1024, "num_warps": 4},
     "interpreter": {"tile": 65536, "codes": 8192, "decode": 8192, "num_warps": 1},
 }
 TUNED: dict = {}
