@@ -167,8 +167,10 @@ def test_full_tiles_load_the_input_as_vectors(ptx):
     8 values (one warp, the host's plan for them) load each row of an unrolled iteration inside
     every bucket as one vector per thread (eight), masked scalars for the rest."""
     for kind in range(6):
-        assert loads(ptx[f"codes{kind}"], "v4.b32") == 2, kind
-        scalars = 8 + 1 if kind in (0, 1) else 0  # qsgd, terngrad: the buckets' scalars
+        # qsgd, terngrad: a full tile inside one bucket has a path of its own (two more vectors)
+        assert loads(ptx[f"codes{kind}"], "v4.b32") == (4 if kind in (0, 1) else 2), kind
+        # and the buckets' scalars: per element (8), once (1), once on their own path (1)
+        scalars = 8 + 1 + 1 if kind in (0, 1) else 0
         assert loads(ptx[f"codes{kind}"], "b32") == 8 + scalars, kind  # and the tail tile's
     assert loads(ptx["codes4_f16"], "v4.b32") == 1 and loads(ptx["codes4_f16"], "b16") == 8
     assert loads(ptx["scalars0_bb16"], "v4.b32") == 8
@@ -193,10 +195,11 @@ def test_the_one_launch_encode(ptx):
     """encode_kernel as the host launches it for 16 buckets of 512 (one warp, tiles of 32
     groups): the sums (a vector load per row of the unrolled iteration: eight), a barrier, then
     the codes, whose scalars (this program's own writes) are read through L2
-    (``ld.global.cg``) and whose full tiles load vectors (two); sign codes read no scalar."""
-    code = ptx["encode0"]
-    assert "bar.sync" in code and loads(code, "v4.b32") == 8 + 2
-    assert loads(code, "b32") >= 8 and len(re.findall(r"ld\.global\.cg\.b32", code)) == 9
+    (``ld.global.cg``: per element, once, once on the one-bucket path) and whose full tiles
+    load vectors (two, and two on qsgd's one-bucket path); sign codes read no scalar."""
+    code = ptx["encode0"]  # qsgd: a full tile inside one bucket on a path of its own
+    assert "bar.sync" in code and loads(code, "v4.b32") == 8 + 2 + 2
+    assert loads(code, "b32") >= 8 and len(re.findall(r"ld\.global\.cg\.b32", code)) == 10
     between = code[code.index("st.global.b32") : code.index("ld.global.cg")]
     assert "bar.sync" in between  # the scalars' stores, a barrier, their reads
     assert "ld.global.cg" not in ptx["encode2"] and loads(ptx["encode2"], "v4.b32") == 8 + 2
@@ -205,8 +208,9 @@ def test_the_one_launch_encode(ptx):
 def test_a_tile_in_one_bucket_reads_its_scalar_once(ptx):
     """Codes and decode branch on the tile's first and last elements' buckets: one scalar load
     where they are the same (qsgd's buckets of 512 in tiles of 1024: nearly always for larger
-    buckets), a load per element otherwise (8 per thread)."""
+    buckets), a load per element otherwise (8 per thread); a full tile in one bucket has a
+    path of its own (its one load)."""
     for name in ("codes0", "codes1"):
-        assert loads(ptx[name], "b32") == 8 + 8 + 1, name  # the tail tile's, the scalars
+        assert loads(ptx[name], "b32") == 8 + 8 + 1 + 1, name  # the tail tile's, the scalars
     assert loads(ptx["decode0_4_words"], "b32") == 1 + 8 + 1 + 8  # a word; scalars; the tail
-    assert loads(ptx["encode0"], "cg.b32") == 8 + 1
+    assert loads(ptx["encode0"], "cg.b32") == 8 + 1 + 1

@@ -43,30 +43,23 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from torch_cgx.device.triton.bits import widen
 from torch_cgx.device.triton.levels_parts import (
+    EFSIGN,
+    ONEBIT,
+    QSGD,
+    SIGNSGD,
+    TBQ,
+    TERNGRAD,
     add_store,
     bucket_of,
     byte_codes,
+    code_tile,
     f32_at,
-    level_code,
     nan_or,
     or_one,
-    pack_store,
     row_len,
-    scalar_of,
     word_codes,
 )
-
-# Kinds (constexpr): signum is signsgd's kernel
-QSGD = tl.constexpr(0)
-TERNGRAD = tl.constexpr(1)
-ONEBIT = tl.constexpr(2)
-EFSIGN = tl.constexpr(3)
-SIGNSGD = tl.constexpr(4)
-TBQ = tl.constexpr(5)
-FLAG_WORD = tl.constexpr(1 << 24)  # flag bit 0 (byte 7) in the little-endian word of bytes 4..7
-
 
 # ---- shared helpers ------------------------------------------------------------------------
 
@@ -220,45 +213,6 @@ def scalars_kernel(x_ptr, pay_ptr, scal_ptr, n, size, nb, KIND: tl.constexpr, CL
 
 
 # ---- pass 2: the codes ------------------------------------------------------------------------
-
-
-@triton.jit
-def code_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, g, gm, full, last, n, size, nbytes,
-              g_end, k0, k1, magic, shift, KIND: tl.constexpr, BITS: tl.constexpr,
-              LEVELS: tl.constexpr, NEG: tl.constexpr, BF16: tl.constexpr, BP: tl.constexpr,
-              CG: tl.constexpr):  # fmt: skip
-    """The codes of groups ``g`` where ``gm`` (a (G, 8) tile, element 8 g + j): sign bits
-    (onebit, efsignsgd, signsgd), or prim::Levels' codes with the bucket's scalar (qsgd,
-    terngrad; CG: read through L2, scalars this program has just written) or tbq's tau;
-    signsgd / tbq OR the non-finite flag into the envelope. ``full``: every element of the tile
-    inside the tensor (and ``gm``): unmasked loads of the input; ``last``: the tile's last
-    element inside (the scalar loaded once where it is in the first one's bucket)."""
-    i = g[:, None] * 8 + tl.arange(0, 8)[None, :]
-    m = gm[:, None] & (i < n)
-    if full:
-        raw = tl.load(x_ptr + i)
-    else:
-        raw = tl.load(x_ptr + i, mask=m, other=0)
-    v = widen(raw, BF16)
-    if (KIND == ONEBIT) or (KIND == EFSIGN) or (KIND == SIGNSGD):
-        code = (v < 0.0).to(tl.int32)  # 1 = negative; NaN: 0
-    elif KIND == TBQ:
-        tau = f32_at(pay_ptr, 28, True, False)
-        code = level_code(v, tau, i, k0, k1, 1, 1, False, False)
-    else:
-        k = bucket_of(i, size, magic, shift)
-        kf = bucket_of((g_end - g.shape[0]) * 8, size, magic, shift)  # the first element's
-        one = kf == bucket_of(last, size, magic, shift)
-        s = scalar_of(scal_ptr, k, m, kf, one, CG).to(tl.float32, bitcast=True)
-        if KIND == QSGD:
-            code = level_code(v, s, i, k0, k1, LEVELS, NEG, False, True)
-        else:
-            code = level_code(v, s, i, k0, k1, 1, 1, True, True)
-    pack_store(codes_ptr, tl.where(m, code, 0), g, gm, nbytes, g_end, BITS, BP)
-    if (KIND == SIGNSGD) or (KIND == TBQ):
-        # v * 0 is 0 for a finite value (masked ones load as 0), NaN for NaN or an infinity
-        z = tl.sum(tl.sum(v * 0.0, axis=1), axis=0)
-        tl.atomic_or(flag_ptr + 1, FLAG_WORD, mask=z != 0)
 
 
 @triton.jit(do_not_specialize=["n", "size", "nbytes", "k0", "k1", "magic", "shift"])

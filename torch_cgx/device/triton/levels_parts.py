@@ -1,17 +1,27 @@
-"""Building blocks of the level and sign kernels (``levels_kernels.py``): payload reads (bytes
-at any alignment, or 32-bit words where the host found the payload 4-aligned), prim::Levels'
-code of a value, the code stream's stores, and the decoders' code readers (a block's codes from
-whole words, or byte by byte). Importing this module imports triton."""
+"""Building blocks of the level and sign kernels (``levels_kernels.py``): the kinds, payload
+reads (bytes at any alignment, or 32-bit words where the host found the payload 4-aligned),
+prim::Levels' code of a value, the code stream's stores, a whole tile of codes (the codes and
+encode kernels' body), and the decoders' code readers (a block's codes from whole words, or
+byte by byte). Exactness as levels_kernels.py says. Importing this module imports triton."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from torch_cgx.device.triton.bits import bf16_bits, group_word, store_words
+from torch_cgx.device.triton.bits import bf16_bits, group_word, store_words, widen
 from torch_cgx.device.triton.rng import uniform
 
 NAN_BITS = tl.constexpr(0x7FC00000)
+
+# Kinds (constexpr): signum is signsgd's kernel
+QSGD = tl.constexpr(0)
+TERNGRAD = tl.constexpr(1)
+ONEBIT = tl.constexpr(2)
+EFSIGN = tl.constexpr(3)
+SIGNSGD = tl.constexpr(4)
+TBQ = tl.constexpr(5)
+FLAG_WORD = tl.constexpr(1 << 24)  # flag bit 0 (byte 7) in the little-endian word of bytes 4..7
 
 
 @triton.constexpr_function
@@ -86,16 +96,21 @@ def nan_or(finite, v):
 
 @triton.jit
 def level_code(v, s, index, k0, k1, LEVELS: tl.constexpr, NEG: tl.constexpr,
-               CLIPPED: tl.constexpr, STOCH: tl.constexpr):  # fmt: skip
-    """prim::Levels' code of ``v`` with den = ``s`` (clip = s if CLIPPED, else +Inf), in fp32 in
-    this order: a = min(|x|, clip); f = floor(num * a / den + u); l = min(f, levels); code
-    l + (x < 0 and l > 0 ? neg : 0). 0 where ``s`` is not finite and positive."""
+               CLIPPED: tl.constexpr, STOCH: tl.constexpr, FINITE: tl.constexpr):  # fmt: skip
+    """prim::Levels' code of ``v`` with den = ``s`` (a scalar or per element; clip = s if
+    CLIPPED, else +Inf), in fp32 in this order: a = min(|x|, clip); f = floor(num * a / den +
+    u); l = min(f, levels); code l + (x < 0 and l > 0 ? neg : 0). 0 where ``s`` is not finite
+    and positive. FINITE: every value of a bucket whose ``s`` is finite and positive is finite
+    (qsgd's norm and terngrad's scalars are NaN otherwise): no NaN to map to +Inf, f is never
+    NaN there (num * a may overflow to +Inf: f = +Inf), so min(f, levels) first, then floor and
+    conversion in one instruction (F2I.FLOOR); elsewhere the code is replaced by 0 whatever
+    the conversion gave."""
     ok = (tl.abs(s) < float("inf")) & (s > 0.0)
     den = tl.where(ok, s, 1.0)
     a = tl.abs(v)
     if CLIPPED:
         a = tl.where(a < den, a, den)
-    else:
+    elif not FINITE:
         a = tl.where(a < float("inf"), a, float("inf"))  # NaN -> +Inf, as native
     num = LEVELS * 1.0
     if LEVELS != 1:  # num = 1: 1 * a == a
@@ -103,9 +118,13 @@ def level_code(v, s, index, k0, k1, LEVELS: tl.constexpr, NEG: tl.constexpr,
     f = tl.math.div_rn(a, den)
     if STOCH:
         f = f + uniform(k0, k1, index)
-    f = tl.floor(f)
-    lvl = tl.where(f < num, f, num)
-    code = lvl.to(tl.int32) + tl.where((v < 0.0) & (lvl > 0.0), NEG, 0)
+    if FINITE:
+        lvl = tl.floor(tl.minimum(f, num)).to(tl.int32)  # floor(min(f, L)) = min(floor f, L)
+        code = lvl + tl.where((v < 0.0) & (lvl > 0), NEG, 0)
+    else:
+        f = tl.floor(f)
+        lvl = tl.where(f < num, f, num)
+        code = lvl.to(tl.int32) + tl.where((v < 0.0) & (lvl > 0.0), NEG, 0)
     return tl.where(ok, code, 0)
 
 
@@ -135,6 +154,85 @@ def store_bytes(codes_ptr, word, g, gm, nbytes, BITS: tl.constexpr, BP: tl.const
     byte = (word[:, None] >> (m * 8).to(word.dtype)[None, :]) & 0xFF
     ok = gm[:, None] & (m[None, :] < BITS)
     tl.store(codes_ptr + at, byte.to(tl.uint8), mask=ok & (at < nbytes))
+
+
+# ---- a tile of codes (levels_kernels.py's codes and encode kernels) --------------------------
+
+
+@triton.jit
+def code_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, g, gm, full, last, n, size, nbytes,
+              g_end, k0, k1, magic, shift, KIND: tl.constexpr, BITS: tl.constexpr,
+              LEVELS: tl.constexpr, NEG: tl.constexpr, BF16: tl.constexpr, BP: tl.constexpr,
+              CG: tl.constexpr):  # fmt: skip
+    """The codes of groups ``g`` where ``gm`` (a (G, 8) tile, element 8 g + j): sign bits
+    (onebit, efsignsgd, signsgd), or prim::Levels' codes with the bucket's scalar (qsgd,
+    terngrad; CG: read through L2, scalars this program has just written) or tbq's tau;
+    signsgd / tbq OR the non-finite flag into the envelope. ``full``: every element of the tile
+    inside the tensor (and ``gm``): unmasked loads of the input; ``last``: the tile's last
+    element inside (the scalar loaded once where it is in the first one's bucket). qsgd /
+    terngrad's tile inside the tensor and one bucket (the common one) takes a path of its own:
+    no mask per element, the scalar a scalar."""
+    i = g[:, None] * 8 + tl.arange(0, 8)[None, :]
+    if (KIND == QSGD) or (KIND == TERNGRAD):
+        kf = bucket_of((g_end - g.shape[0]) * 8, size, magic, shift)  # the first element's
+        one = kf == bucket_of(last, size, magic, shift)
+        if full and one:
+            v = widen(tl.load(x_ptr + i), BF16)
+            if CG:
+                s = tl.load(scal_ptr + kf, cache_modifier=".cg")
+            else:
+                s = tl.load(scal_ptr + kf)
+            code = levels_of(v, s.to(tl.float32, bitcast=True), i, k0, k1, KIND, LEVELS, NEG)
+            pack_store(codes_ptr, code, g, gm, nbytes, g_end, BITS, BP)
+        else:
+            any_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, i, g, gm, full, kf, one, n,
+                     size, nbytes, g_end, k0, k1, magic, shift, KIND, BITS, LEVELS, NEG, BF16,
+                     BP, CG)  # fmt: skip
+    else:
+        any_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, i, g, gm, full, 0, False, n,
+                 size, nbytes, g_end, k0, k1, magic, shift, KIND, BITS, LEVELS, NEG, BF16, BP,
+                 CG)  # fmt: skip
+
+
+@triton.jit
+def levels_of(v, s, i, k0, k1, KIND: tl.constexpr, LEVELS: tl.constexpr, NEG: tl.constexpr):
+    """qsgd's (stochastic, LEVELS) or terngrad's (clipped, stochastic) codes with scalar(s)
+    ``s``: every value finite where ``s`` is finite and positive (level_code's FINITE)."""
+    if KIND == QSGD:
+        code = level_code(v, s, i, k0, k1, LEVELS, NEG, False, True, True)
+    else:
+        code = level_code(v, s, i, k0, k1, 1, 1, True, True, True)
+    return code
+
+
+@triton.jit
+def any_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, i, g, gm, full, kf, one, n, size,
+             nbytes, g_end, k0, k1, magic, shift, KIND: tl.constexpr, BITS: tl.constexpr,
+             LEVELS: tl.constexpr, NEG: tl.constexpr, BF16: tl.constexpr, BP: tl.constexpr,
+             CG: tl.constexpr):  # fmt: skip
+    """:func:`code_tile` with a mask per element (``full``: the input's loads unmasked) and,
+    for qsgd / terngrad, the scalar loaded once where ``one`` (bucket ``kf``), else per
+    element."""
+    m = gm[:, None] & (i < n)
+    if full:
+        raw = tl.load(x_ptr + i)
+    else:
+        raw = tl.load(x_ptr + i, mask=m, other=0)
+    v = widen(raw, BF16)
+    if (KIND == ONEBIT) or (KIND == EFSIGN) or (KIND == SIGNSGD):
+        code = (v < 0.0).to(tl.int32)  # 1 = negative; NaN: 0
+    elif KIND == TBQ:
+        tau = f32_at(pay_ptr, 28, True, False)
+        code = level_code(v, tau, i, k0, k1, 1, 1, False, False, False)
+    else:
+        k = bucket_of(i, size, magic, shift)
+        s = scalar_of(scal_ptr, k, m, kf, one, CG).to(tl.float32, bitcast=True)
+        code = levels_of(v, s, i, k0, k1, KIND, LEVELS, NEG)
+    pack_store(codes_ptr, tl.where(m, code, 0), g, gm, nbytes, g_end, BITS, BP)
+    if (KIND == SIGNSGD) or (KIND == TBQ):
+        # v * 0 is 0 for a finite value (masked ones load as 0), NaN for NaN or an infinity
+        z = tl.sum(tl.sum(v * 0.0, axis=1), axis=0)
+        tl.atomic_or(flag_ptr + 1, FLAG_WORD, mask=z != 0)
 
 
 # ---- the decoders' code readers ----------------------------------------------------------------
