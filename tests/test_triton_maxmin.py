@@ -247,6 +247,8 @@ def test_the_fused_protocol():
         impl.encode(codec, torch.ones(3, dtype=torch.float64, device=DEVICE), 0, 0)
     with pytest.raises(ValueError, match="power of two"):
         TritonMaxMin(codes=12)
+    with pytest.raises(ValueError, match="sub must be a power of two"):
+        TritonMaxMin(sub=4)
     out = torch.zeros(9, dtype=torch.bfloat16, device=DEVICE)
     assert impl.decode_add_(codec, out, payload, dtype=torch.float32) is out
     assert torch.equal(out.cpu(), torch.ones(9, dtype=torch.bfloat16))
