@@ -65,7 +65,7 @@ def maxmin_rows(x: torch.Tensor, copy_s: float) -> List[Dict]:
     want = TritonMaxMin().encode(codec, x, SEED, STREAM)
     out = torch.randn_like(x)
     rows = []
-    for tile, codes, warps in itertools.product((1024, 2048, 4096, 8192), (1024, 4096, 8192),
+    for tile, codes, warps in itertools.product((1024, 2048, 4096, 8192), (1024, 2048, 4096),
                                                 (4, 8)):  # fmt: skip
         k = TritonMaxMin(tile=tile, codes=codes, num_warps=warps)
         same = torch.equal(k.encode(codec, x, SEED, STREAM), want)
