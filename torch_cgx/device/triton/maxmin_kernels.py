@@ -8,11 +8,12 @@ Four kernels, all launched with ``enable_fp_fusion=False`` on the caller's curre
 (and its buckets) loads the input unmasked, so the compiler emits vector loads (16 bytes a
 thread, a warp's threads on consecutive pieces), the tail tile masked ones:
 
-- ``scalars_kernel`` (encode, pass 1): a program takes ``BB`` buckets as a (BB, CHUNK) tile and
-  loops over them CHUNK values at a time (any bucket size: 2^20 and more is a loop of
-  B / CHUNK iterations; ``ALIGN``, a power of two dividing B, the alignment hint of the buckets'
-  starts): finite check, min, max (order-free reductions; without ``CLIP`` handed out to one
-  bucket a thread for what follows), with ``CLIP`` the lane-ordered fp64 sums of FORMAT.md over
+- ``scalars_kernel`` (encode, pass 1): a program takes ``BB`` buckets and loops over them
+  CHUNK values at a time, as CHUNK / SUB (BB, SUB) tiles (any bucket size: 2^20 and more is a
+  loop of B / CHUNK iterations; ``ALIGN``, a power of two dividing B, the alignment hint of the
+  buckets' starts): min, max into accumulators, their order-free trees and the finite check
+  after the loop (without ``CLIP`` handed out to one bucket a thread for what follows), with
+  ``CLIP`` the lane-ordered fp64 sums of FORMAT.md over
   a (BB, 8) tile, row after row (column j is lane j) - these in ``maxmin_buckets.py`` - then
   FORMAT.md's steps 2-3: metadata (mn, unit) as int32 bits, and per bucket into scratch
   buffers step 4's fp64 ``inv`` and its fp32 selector ``sel``: ``(f32)inv`` for the fp32 path,
