@@ -1,11 +1,11 @@
-"""Planted defects in the Triton max-min kernels (torch_cgx/device/triton/maxmin_kernels.py and
-maxmin_buckets.py): a copy of the kernels with one edit (a wrong lane order of the clip's fp64
-sums, a mask one element too long, a program stopping a group short; a defect in one of the paths a
-tile's place or the payload's address selects: full-tile loads, scalars per group, the decoder's
-words) must fail the checks of tests/test_triton_maxmin.py, whose helpers run here (payload bytes
-and decoded values against the native codec, the sums against ``lane_sum``), where the original
-passes them: the checks reach every path. Moved out of that module to keep it readable; the same
-environment rules.
+"""Planted defects in the Triton max-min kernels (torch_cgx/device/triton/maxmin_kernels.py,
+maxmin_buckets.py and the bits.py they share): a copy of the kernels with one edit (a wrong lane
+order of the clip's fp64 sums, a mask one element too long, a program stopping a group short; a
+defect in one of the paths a tile's place or the payload's address selects: full-tile loads,
+scalars per group, the decoder's words) must fail the checks of tests/test_triton_maxmin.py,
+whose helpers run here (payload bytes and decoded values against the native codec, the sums
+against ``lane_sum``), where the original passes them: the checks reach every path. Moved out
+of that module to keep it readable; the same environment rules.
 
 Runs under Triton's interpreter on CPU tensors (TRITON_INTERPRET=1 is set below, before triton
 is imported, and only while this module's tests run); with ``TRITON_INTERPRET=0`` on a machine
@@ -27,8 +27,8 @@ from triton_testing import interpreted_kernels, poison_empty
 
 from torch_cgx.device.triton.maxmin import TritonMaxMin
 
-maxmin_buckets, maxmin_decode, maxmin_kernels, DEVICE, _interpreter = interpreted_kernels(
-    "maxmin_buckets", "maxmin_decode", "maxmin_kernels"
+bits, maxmin_buckets, maxmin_decode, maxmin_kernels, DEVICE, _interpreter = interpreted_kernels(
+    "bits", "maxmin_buckets", "maxmin_decode", "maxmin_kernels"
 )
 
 
@@ -48,11 +48,11 @@ def _load(path: pathlib.Path, src: str):
 
 
 def mutant(tmp_path, *edits, in_decode=False, **launch) -> TritonMaxMin:
-    """TritonMaxMin(**launch) running a copy of maxmin_kernels.py and maxmin_buckets.py (the
-    kernels' copy importing the buckets' copy; ``in_decode``: of maxmin_decode.py, for the decode
-    kernel) with each ``(old, new)`` edit made once, in whichever of the two holds it (modules of
-    their own: compiled or interpreted like the originals)."""
-    mods = [maxmin_decode] if in_decode else [maxmin_buckets, maxmin_kernels]
+    """TritonMaxMin(**launch) running a copy of maxmin_kernels.py, maxmin_buckets.py and bits.py
+    (the kernels' copy importing the others' copies; ``in_decode``: of maxmin_decode.py, for the
+    decode kernel) with each ``(old, new)`` edit made once, in whichever of them holds it
+    (modules of their own: compiled or interpreted like the originals)."""
+    mods = [maxmin_decode] if in_decode else [maxmin_buckets, bits, maxmin_kernels]
     srcs = [pathlib.Path(m.__file__).read_text() for m in mods]
     for old, new in edits:
         assert sum(src.count(old) for src in srcs) == 1, old
@@ -64,9 +64,11 @@ def mutant(tmp_path, *edits, in_decode=False, **launch) -> TritonMaxMin:
         impl._k = types.ModuleType("maxmin_kernels_mixed")
         impl._k.__dict__.update(vars(maxmin_kernels), decode_kernel=module.decode_kernel)
         return impl
-    buckets = _load(tmp_path / f"maxmin_buckets_mutant_{tag}.py", srcs[0])
-    kernels = srcs[1].replace("from torch_cgx.device.triton.maxmin_buckets import",
-                              f"from {buckets.__name__} import")  # fmt: skip
+    kernels = srcs[2]
+    for stem, src in (("maxmin_buckets", srcs[0]), ("bits", srcs[1])):
+        copy = _load(tmp_path / f"{stem}_mutant_{tag}.py", src)
+        kernels = kernels.replace(f"from torch_cgx.device.triton.{stem} import",
+                                  f"from {copy.__name__} import")  # fmt: skip
     impl._k = _load(tmp_path / f"maxmin_kernels_mutant_{tag}.py", kernels)
     return impl
 

@@ -1,7 +1,8 @@
-"""Bit-level helpers the Triton kernels share (levels_kernels.py, maxmin_kernels.py): bf16 moves
-as its int16 bits, widened by a shift and rounded by integer arithmetic (the interpreter's
-fp32 -> bf16 conversion truncates); the code stream's groups of 2, 4 and 8 bits stored as whole
-16- / 32-bit words. Importing this module imports triton."""
+"""Bit-level helpers the Triton kernels share (levels_*.py, maxmin_*.py): bf16 moves as its
+int16 bits, widened by a shift and rounded by integer arithmetic (the interpreter's fp32 -> bf16
+conversion truncates); the bucket of an element index; the code stream's groups of eight codes
+stored as whole 16- / 32-bit words (2, 4 and 8 bits) or byte by byte. Importing this module
+imports triton."""
 
 from __future__ import annotations
 
@@ -51,3 +52,42 @@ def store_words(codes_ptr, word, g, gm, BITS: tl.constexpr):
         w32 = codes_ptr.to(tl.pointer_type(tl.uint32)) + 2 * g
         tl.store(w32, (word & 0xFFFFFFFF).to(tl.uint32), mask=gm)
         tl.store(w32 + 1, (word >> 32).to(tl.uint32), mask=gm)
+
+
+@triton.jit
+def store_bytes(codes_ptr, word, g, gm, nbytes, BITS: tl.constexpr, BP: tl.constexpr):
+    """The BITS low bytes of groups ``g``'s words where ``gm``, as bytes g * BITS ..., none from
+    ``nbytes`` on (BP: a power of two >= BITS)."""
+    m = tl.arange(0, BP)
+    at = g[:, None] * BITS + m[None, :]
+    byte = (word[:, None] >> (m * 8).to(word.dtype)[None, :]) & 0xFF
+    ok = gm[:, None] & (m[None, :] < BITS)
+    tl.store(codes_ptr + at, byte.to(tl.uint8), mask=ok & (at < nbytes))
+
+
+@triton.jit
+def pack_store(codes_ptr, word, g, gm, nbytes, g_end, BITS: tl.constexpr, BP: tl.constexpr):
+    """Stores groups ``g``'s words (:func:`group_word`) where ``gm`` (``g_end``: one past the
+    tile's last group) as the code stream's bytes g * BITS ..., none from ``nbytes`` on. 2, 4
+    and 8 bits: a group's bytes in one 16- or 32-bit store (two for 8 bits) where the tile ends
+    inside the stream; else (and for 1, 3, 5, 6, 7 bits) byte stores."""
+    if (BITS == 2) or (BITS == 4) or (BITS == 8):
+        if g_end * BITS <= nbytes:  # the tile inside the stream
+            store_words(codes_ptr, word, g, gm, BITS)
+        else:
+            store_bytes(codes_ptr, word, g, gm, nbytes, BITS, BP)
+    else:
+        store_bytes(codes_ptr, word, g, gm, nbytes, BITS, BP)
+
+
+@triton.jit
+def bucket_of(i, size, magic, shift):
+    """The bucket of element indices ``i`` (a tensor or a scalar) in buckets of ``size`` (of
+    ``i``'s type): an int64 division (emulated on GPUs), or in the int32 variant a multiply-high
+    by ``divisor(size)`` = (``magic``, ``shift``) (triton/__init__.py)."""
+    if i.dtype == tl.int64:
+        k = i // size
+    else:
+        q = tl.umulhi(i.to(tl.uint32) << 1, magic.to(tl.uint32))
+        k = (q >> shift.to(tl.uint32)).to(tl.int32)
+    return k

@@ -43,6 +43,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from torch_cgx.device.triton.bits import bucket_of
 from torch_cgx.device.triton.levels_parts import (
     EFSIGN,
     ONEBIT,
@@ -51,7 +52,6 @@ from torch_cgx.device.triton.levels_parts import (
     TBQ,
     TERNGRAD,
     add_store,
-    bucket_of,
     byte_codes,
     code_tile,
     f32_at,

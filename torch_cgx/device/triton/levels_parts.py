@@ -1,15 +1,15 @@
 """Building blocks of the level and sign kernels (``levels_kernels.py``): the kinds, payload
 reads (bytes at any alignment, or 32-bit words where the host found the payload 4-aligned),
-prim::Levels' code of a value, the code stream's stores, a whole tile of codes (the codes and
-encode kernels' body), and the decoders' code readers (a block's codes from whole words, or
-byte by byte). Exactness as levels_kernels.py says. Importing this module imports triton."""
+prim::Levels' code of a value, a whole tile of codes (the codes and encode kernels' body; stored
+by bits.py's ``pack_store``), and the decoders' code readers (a block's codes from whole words,
+or byte by byte). Exactness as levels_kernels.py says. Importing this module imports triton."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from torch_cgx.device.triton.bits import bf16_bits, group_word, store_words, widen
+from torch_cgx.device.triton.bits import bf16_bits, bucket_of, group_word, pack_store, widen
 from torch_cgx.device.triton.rng import uniform
 
 NAN_BITS = tl.constexpr(0x7FC00000)
@@ -35,19 +35,6 @@ def row_len(bits, block):
 def or_one(align):
     """A constexpr alignment, 1 where it is unset (None: a compile that does not pass it)."""
     return align or 1
-
-
-@triton.jit
-def bucket_of(i, size, magic, shift):
-    """The bucket of element indices ``i`` (a tensor or a scalar) in buckets of ``size`` (of
-    ``i``'s type): an int64 division (emulated on GPUs), or in the int32 variant a
-    multiply-high by ``divisor(size)`` = (``magic``, ``shift``) (triton/__init__.py)."""
-    if i.dtype == tl.int64:
-        k = i // size
-    else:
-        q = tl.umulhi(i.to(tl.uint32) << 1, magic.to(tl.uint32))
-        k = (q >> shift.to(tl.uint32)).to(tl.int32)
-    return k
 
 
 @triton.jit
@@ -128,34 +115,6 @@ def level_code(v, s, index, k0, k1, LEVELS: tl.constexpr, NEG: tl.constexpr,
     return tl.where(ok, code, 0)
 
 
-@triton.jit
-def pack_store(codes_ptr, code, g, gm, nbytes, g_end, BITS: tl.constexpr, BP: tl.constexpr):
-    """Stores the (G, 8) codes of groups ``g`` where ``gm`` (``g_end``: one past the tile's last)
-    as the bit stream: group g's eight codes are the ``BITS`` bytes from g * BITS (code k at bits
-    [k * BITS, (k + 1) * BITS)); bytes past ``nbytes`` are not written. 2, 4 and 8 bits: a
-    group's bytes in one 16- or 32-bit store (two for 8 bits; the stream starts at 32 + 4 s nb)
-    where the tile ends inside the stream; else (and for 1, 3, 5, 6, 7 bits) byte stores."""
-    word = group_word(code, BITS)
-    if (BITS == 2) or (BITS == 4) or (BITS == 8):
-        if g_end * BITS <= nbytes:  # the tile inside the stream
-            store_words(codes_ptr, word, g, gm, BITS)
-        else:
-            store_bytes(codes_ptr, word, g, gm, nbytes, BITS, BP)
-    else:
-        store_bytes(codes_ptr, word, g, gm, nbytes, BITS, BP)
-
-
-@triton.jit
-def store_bytes(codes_ptr, word, g, gm, nbytes, BITS: tl.constexpr, BP: tl.constexpr):
-    """The BITS low bytes of groups ``g``'s words as bytes g * BITS ... where ``gm``, none past
-    ``nbytes`` (BP: a power of two >= BITS)."""
-    m = tl.arange(0, BP)
-    at = g[:, None] * BITS + m[None, :]
-    byte = (word[:, None] >> (m * 8).to(word.dtype)[None, :]) & 0xFF
-    ok = gm[:, None] & (m[None, :] < BITS)
-    tl.store(codes_ptr + at, byte.to(tl.uint8), mask=ok & (at < nbytes))
-
-
 # ---- a tile of codes (levels_kernels.py's codes and encode kernels) --------------------------
 
 
@@ -183,7 +142,7 @@ def code_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, g, gm, full, last, 
             else:
                 s = tl.load(scal_ptr + kf)
             code = levels_of(v, s.to(tl.float32, bitcast=True), i, k0, k1, KIND, LEVELS, NEG)
-            pack_store(codes_ptr, code, g, gm, nbytes, g_end, BITS, BP)
+            pack_store(codes_ptr, group_word(code, BITS), g, gm, nbytes, g_end, BITS, BP)
         else:
             any_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, i, g, gm, full, kf, one, n,
                      size, nbytes, g_end, k0, k1, magic, shift, KIND, BITS, LEVELS, NEG, BF16,
@@ -228,7 +187,7 @@ def any_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, i, g, gm, full, kf, 
         k = bucket_of(i, size, magic, shift)
         s = scalar_of(scal_ptr, k, m, kf, one, CG).to(tl.float32, bitcast=True)
         code = levels_of(v, s, i, k0, k1, KIND, LEVELS, NEG)
-    pack_store(codes_ptr, tl.where(m, code, 0), g, gm, nbytes, g_end, BITS, BP)
+    pack_store(codes_ptr, group_word(tl.where(m, code, 0), BITS), g, gm, nbytes, g_end, BITS, BP)
     if (KIND == SIGNSGD) or (KIND == TBQ):
         # v * 0 is 0 for a finite value (masked ones load as 0), NaN for NaN or an infinity
         z = tl.sum(tl.sum(v * 0.0, axis=1), axis=0)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from torch_cgx.device.triton.bits import bf16_bits, widen
+from torch_cgx.device.triton.bits import bf16_bits, bucket_of, widen
 
 
 @triton.jit
@@ -31,17 +31,6 @@ def le_bytes(ptr, off, mask, NBYTES: tl.constexpr):
     for k in tl.static_range(1, NBYTES):
         w = w | (tl.load(ptr + off + k, mask=mask, other=0).to(tl.uint32) << (8 * k))
     return w
-
-
-@triton.jit
-def bucket_of(i, size, magic, shift):
-    """The bucket of element indices ``i``: an int64 division for the int64 index type (emulated
-    on GPUs), else a multiply-high by ``divisor(size)`` (triton/__init__.py)."""
-    if i.dtype == tl.int64:
-        return i // size
-    else:
-        q = tl.umulhi(i.to(tl.uint32) << 1, magic.to(tl.uint32))
-        return (q >> shift.to(tl.uint32)).to(tl.int32)
 
 
 @triton.jit

@@ -44,9 +44,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from torch_cgx.device.triton.bits import group_word, store_words, widen
+from torch_cgx.device.triton.bits import bucket_of, group_word, pack_store, widen
 from torch_cgx.device.triton.maxmin_buckets import bucket_range, bucket_span, clipped, handed_out
-from torch_cgx.device.triton.maxmin_decode import bucket_of, decode_kernel  # noqa: F401
+from torch_cgx.device.triton.maxmin_decode import decode_kernel  # noqa: F401
 from torch_cgx.device.triton.rng import uniform
 
 NAN_BITS = tl.constexpr(0x7FC00000)
@@ -166,36 +166,6 @@ def quantize(v, mn, sel, inv_ptr, k, km, index, k0, k1, wide, LEVELS: tl.constex
 
 
 @triton.jit
-def pack_store(codes_ptr, code, keep, g, gm, nbytes, g_end, BITS: tl.constexpr,
-               BP: tl.constexpr):  # fmt: skip
-    """Stores the (G, 8) codes of groups ``g`` (``g_end``: one past the last) where ``gm``, a
-    group's as 0 where not ``keep``: group g's eight codes are one word
-    ``sum(code_k << k * BITS)`` whose BITS low bytes are the stream's bytes g * BITS ...;
-    bytes from ``nbytes`` on are not written. 2, 4 and 8 bits: a group's bytes in one 16- or
-    32-bit store (two for 8 bits; the stream starts at 24 + 8 nb) where the tile ends inside
-    the stream; else (and for 1, 3, 5, 6, 7 bits) byte stores."""
-    word = tl.where(keep, group_word(code, BITS), 0)
-    if (BITS == 2) or (BITS == 4) or (BITS == 8):
-        if g_end * BITS <= nbytes:  # the tile inside the stream
-            store_words(codes_ptr, word, g, gm, BITS)
-        else:
-            store_bytes(codes_ptr, word, g, gm, nbytes, BITS, BP)
-    else:
-        store_bytes(codes_ptr, word, g, gm, nbytes, BITS, BP)
-
-
-@triton.jit
-def store_bytes(codes_ptr, word, g, gm, nbytes, BITS: tl.constexpr, BP: tl.constexpr):
-    """The BITS low bytes of groups ``g``'s words where ``gm``, as bytes g * BITS ..., none from
-    ``nbytes`` on (BP: a power of two >= BITS)."""
-    m = tl.arange(0, BP)
-    at = g[:, None] * BITS + m[None, :]
-    byte = (word[:, None] >> (m * 8).to(word.dtype)[None, :]) & 0xFF
-    ok = gm[:, None] & (m[None, :] < BITS)
-    tl.store(codes_ptr + at, byte.to(tl.uint8), mask=ok & (at < nbytes))
-
-
-@triton.jit
 def scalars_of(meta_ptr, sel_ptr, k, m, CG: tl.constexpr):
     """Buckets ``k``'s fp32 mn and sel where ``m`` (CG: through L2, the ``.cg`` cache modifier,
     for scalars this program has just written)."""
@@ -260,7 +230,8 @@ def code_groups(x_ptr, meta_ptr, inv_ptr, sel_ptr, codes_ptr, g, gm, full, nq, s
         code, keep = group_codes(x_ptr, meta_ptr, inv_ptr, sel_ptr, g, gm, nq, size, k0, k1,
                                  magic, shift, wide, BITS, STOCH, BF16, CG, GROUP_META, CLIP,
                                  False)  # fmt: skip
-    pack_store(codes_ptr, code, keep, g, gm, nbytes, g_end, BITS, BP)
+    word = tl.where(keep, group_word(code, BITS), 0)  # a group of a sel-0 bucket: zeros
+    pack_store(codes_ptr, word, g, gm, nbytes, g_end, BITS, BP)
 
 
 @triton.jit(do_not_specialize=["nq", "size", "nbytes", "k0", "k1", "magic", "shift"])
