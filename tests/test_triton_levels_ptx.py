@@ -10,7 +10,7 @@ missing."""
 import re
 
 import pytest
-from triton_testing import compiled, require_nvidia_triton
+from triton_testing import compiled, contractions, require_nvidia_triton
 
 require_nvidia_triton()
 
@@ -99,7 +99,8 @@ def ptx(tmp_path_factory):
 def test_no_fused_flushed_or_approximate_arithmetic(ptx):
     assert len(ptx) == 27
     for name, code in ptx.items():
-        for bad in ("fma.", ".ftz", "div.full", "div.approx", ".approx.", "rcp."):
+        assert contractions(code) == [], name
+        for bad in (".ftz", "div.full", "div.approx", ".approx.", "rcp."):
             assert bad not in code, (name, bad)
 
 
@@ -116,7 +117,8 @@ def test_the_bucket_sums_are_ieee_fp64(ptx):
 def test_the_level_rule_rounds_once_per_operation(ptx):
     for kind in (0, 1, 5):  # qsgd, terngrad, tbq: div_rn, floor
         assert "div.rn.f32" in ptx[f"codes{kind}"] and "cvt.rmi.f32.f32" in ptx[f"codes{kind}"]
-    assert "mul.rn.f32" in ptx["codes0"] and "add.rn.f32" in ptx["codes0"]  # num * a, + u
+    # num * a; + u as the generator's one exact fma (contractions() allows no other)
+    assert "mul.rn.f32" in ptx["codes0"] and "0f33800000" in ptx["codes0"]
     assert "mul.rn.f32" in ptx["decode0"] and "div.rn.f32" in ptx["decode0"]  # s * (l / L)
 
 

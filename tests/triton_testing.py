@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 from typing import Callable, Tuple
@@ -124,3 +125,12 @@ def compiled(cache_dir, script: str, *args: str) -> dict:
                          text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout)
+
+
+def contractions(code: str) -> list:
+    """The fused multiply-adds of PTX ``code`` other than the generator's ``fma.rn.f32 d, r,
+    0f33800000, t`` (rng.py: r a 24-bit integer, times 2^-24 exactly, so the fma rounds once,
+    as the native t + u): any other is a contraction that rounds differently from the native
+    codec (``enable_fp_fusion=False`` must reach the code)."""
+    exact = re.compile(r"fma\.rn\.f32\s+%\w+, %\w+, 0f33800000, %\w+;")
+    return [f for f in re.findall(r"\bfma\.[^;]*;", code) if not exact.fullmatch(f)]

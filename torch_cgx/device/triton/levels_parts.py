@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from torch_cgx.device.triton.bits import bf16_bits, bucket_of, group_word, pack_store, widen
-from torch_cgx.device.triton.rng import uniform
+from torch_cgx.device.triton.rng import SCALE, group_uniform
 
 NAN_BITS = tl.constexpr(0x7FC00000)
 
@@ -82,7 +82,7 @@ def nan_or(finite, v):
 
 
 @triton.jit
-def level_code(v, s, index, k0, k1, LEVELS: tl.constexpr, NEG: tl.constexpr,
+def level_code(v, s, g, k0, k1, LEVELS: tl.constexpr, NEG: tl.constexpr,
                CLIPPED: tl.constexpr, STOCH: tl.constexpr, FINITE: tl.constexpr):  # fmt: skip
     """prim::Levels' code of ``v`` with den = ``s`` (a scalar or per element; clip = s if
     CLIPPED, else +Inf), in fp32 in this order: a = min(|x|, clip); f = floor(num * a / den +
@@ -104,7 +104,7 @@ def level_code(v, s, index, k0, k1, LEVELS: tl.constexpr, NEG: tl.constexpr,
         a = num * a
     f = tl.math.div_rn(a, den)
     if STOCH:
-        f = f + uniform(k0, k1, index)
+        f = tl.fma(group_uniform(k0, k1, g), SCALE, f)  # f + u, rounded once
     if FINITE:
         lvl = tl.floor(tl.minimum(f, num)).to(tl.int32)  # floor(min(f, L)) = min(floor f, L)
         code = lvl + tl.where((v < 0.0) & (lvl > 0), NEG, 0)
@@ -141,7 +141,7 @@ def code_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, g, gm, full, last, 
                 s = tl.load(scal_ptr + kf, cache_modifier=".cg")
             else:
                 s = tl.load(scal_ptr + kf)
-            code = levels_of(v, s.to(tl.float32, bitcast=True), i, k0, k1, KIND, LEVELS, NEG)
+            code = levels_of(v, s.to(tl.float32, bitcast=True), g, k0, k1, KIND, LEVELS, NEG)
             pack_store(codes_ptr, group_word(code, BITS), g, gm, nbytes, g_end, BITS, BP)
         else:
             any_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, i, g, gm, full, kf, one, n,
@@ -154,13 +154,13 @@ def code_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, g, gm, full, last, 
 
 
 @triton.jit
-def levels_of(v, s, i, k0, k1, KIND: tl.constexpr, LEVELS: tl.constexpr, NEG: tl.constexpr):
+def levels_of(v, s, g, k0, k1, KIND: tl.constexpr, LEVELS: tl.constexpr, NEG: tl.constexpr):
     """qsgd's (stochastic, LEVELS) or terngrad's (clipped, stochastic) codes with scalar(s)
     ``s``: every value finite where ``s`` is finite and positive (level_code's FINITE)."""
     if KIND == QSGD:
-        code = level_code(v, s, i, k0, k1, LEVELS, NEG, False, True, True)
+        code = level_code(v, s, g, k0, k1, LEVELS, NEG, False, True, True)
     else:
-        code = level_code(v, s, i, k0, k1, 1, 1, True, True, True)
+        code = level_code(v, s, g, k0, k1, 1, 1, True, True, True)
     return code
 
 
@@ -182,11 +182,11 @@ def any_tile(x_ptr, pay_ptr, scal_ptr, codes_ptr, flag_ptr, i, g, gm, full, kf, 
         code = (v < 0.0).to(tl.int32)  # 1 = negative; NaN: 0
     elif KIND == TBQ:
         tau = f32_at(pay_ptr, 28, True, False)
-        code = level_code(v, tau, i, k0, k1, 1, 1, False, False, False)
+        code = level_code(v, tau, g, k0, k1, 1, 1, False, False, False)
     else:
         k = bucket_of(i, size, magic, shift)
         s = scalar_of(scal_ptr, k, m, kf, one, CG).to(tl.float32, bitcast=True)
-        code = levels_of(v, s, i, k0, k1, KIND, LEVELS, NEG)
+        code = levels_of(v, s, g, k0, k1, KIND, LEVELS, NEG)
     pack_store(codes_ptr, group_word(tl.where(m, code, 0), BITS), g, gm, nbytes, g_end, BITS, BP)
     if (KIND == SIGNSGD) or (KIND == TBQ):
         # v * 0 is 0 for a finite value (masked ones load as 0), NaN for NaN or an infinity

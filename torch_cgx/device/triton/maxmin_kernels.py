@@ -47,7 +47,7 @@ import triton.language as tl
 from torch_cgx.device.triton.bits import bucket_of, group_word, pack_store, widen
 from torch_cgx.device.triton.maxmin_buckets import bucket_range, bucket_span, clipped, handed_out
 from torch_cgx.device.triton.maxmin_decode import decode_kernel  # noqa: F401
-from torch_cgx.device.triton.rng import uniform
+from torch_cgx.device.triton.rng import SCALE, group_uniform
 
 NAN_BITS = tl.constexpr(0x7FC00000)
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
@@ -122,7 +122,7 @@ def scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, nb,
 
 
 @triton.jit
-def quantize(v, mn, sel, inv_ptr, k, km, index, k0, k1, wide, LEVELS: tl.constexpr,
+def quantize(v, mn, sel, inv_ptr, k, km, g, k0, k1, wide, LEVELS: tl.constexpr,
              STOCH: tl.constexpr, CG: tl.constexpr, CLIP: tl.constexpr,
              PER_GROUP: tl.constexpr):  # fmt: skip
     """Step 4: q = clamp(floor(t + r), 0, L) as int32: the fp32 path with ``sel`` = (f32)inv
@@ -139,15 +139,16 @@ def quantize(v, mn, sel, inv_ptr, k, km, index, k0, k1, wide, LEVELS: tl.constex
     (``sel`` a (G, 1) column): the codes where ``sel == 0`` are left for the caller to replace
     (a group's word at a time), not zeroed here."""
     top = LEVELS * 1.0
-    if STOCH:
-        r = uniform(k0, k1, index)
-    else:
-        r = tl.full(v.shape, 0.5, tl.float32)
     t = (v - mn) * sel  # fp32, one rounding per operation
-    if CLIP:  # t anywhere: clamped in fp32, then converted
-        q = tl.minimum(tl.maximum(tl.floor(t + r), 0.0), top).to(tl.int32)
+    if STOCH:  # r = u / SCALE (exact): t + u in one fma, rounded once
+        r = group_uniform(k0, k1, g)
+        tr = tl.fma(r, SCALE, t)
     else:
-        q = tl.floor(t + r).to(tl.int32)
+        tr = t + 0.5
+    if CLIP:  # t anywhere: clamped in fp32, then converted
+        q = tl.minimum(tl.maximum(tl.floor(tr), 0.0), top).to(tl.int32)
+    else:
+        q = tl.floor(tr).to(tl.int32)
         if STOCH:
             q = tl.minimum(q, LEVELS)
     if not PER_GROUP:
@@ -160,7 +161,11 @@ def quantize(v, mn, sel, inv_ptr, k, km, index, k0, k1, wide, LEVELS: tl.constex
         else:
             inv = tl.load(inv_ptr + k, mask=km, other=0.0)
         t64 = (v.to(tl.float64) - mn.to(tl.float64)) * inv
-        q64 = tl.minimum(tl.maximum(tl.floor(t64 + r.to(tl.float64)), 0.0), top)
+        if STOCH:
+            t64 = t64 + (r * SCALE).to(tl.float64)  # u, exact in fp32
+        else:
+            t64 = t64 + 0.5
+        q64 = tl.minimum(tl.maximum(tl.floor(t64), 0.0), top)
         q = tl.where(sel < 0, q64.to(tl.int32), q)
     return q
 
@@ -206,7 +211,7 @@ def group_codes(x_ptr, meta_ptr, inv_ptr, sel_ptr, g, gm, nq, size, k0, k1, magi
         mn, sel = scalars_of(meta_ptr, sel_ptr, k, m, CG)
         km = m & (sel < 0)
         keep = gm
-    code = quantize(v, mn, sel, inv_ptr, k, km, i, k0, k1, wide, (1 << BITS) - 1, STOCH, CG,
+    code = quantize(v, mn, sel, inv_ptr, k, km, g, k0, k1, wide, (1 << BITS) - 1, STOCH, CG,
                     CLIP, GROUP_META)  # fmt: skip
     if not FULL:
         code = tl.where(m, code, 0)
