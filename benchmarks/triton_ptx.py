@@ -98,6 +98,25 @@ def level_kernels() -> Dict[str, tuple]:
     return out
 
 
+L = "*i64"  # the sparse kernels' index and key arrays
+SPARSE = {  # name -> (module under torch_cgx.device.triton, kernel, signature, constexprs)
+    "keys_rows32": ("sparse_kernels", "keys_kernel", dict(x_ptr="*i16", idx_ptr=L, keys_ptr=L,
+                    n="i32", row="i32"), dict(KIND=2, HAS_INDEX=False, ROWS=True, BLOCK=1024,
+                    WIDE=False)),
+    "mask": ("sparse_kernels", "mask_kernel", dict(x_ptr="*i16", thr_ptr="*i32", out_ptr="*i8",
+             n="i32", tau="i32"), dict(KIND=1, FROM_PTR=True, BLOCK=1024)),
+    "jump": ("sparse_kernels", "jump_kernel", dict(taken_in="*i8", ptr_in=L, taken_out="*i8",
+             ptr_out=L, r_ptr=L, picks_ptr=L, count="i32", base="i32"),
+             dict(LAST=False, BLOCK=1024)),
+    "pack": ("sparse_kernels", "pack_kernel", dict(head_ptr="*u8", idx_ptr=L, x_ptr="*i32",
+             out_ptr="*u8", count="i32", val_off="i32"), dict(INDEX=True, ES=4, BLOCK=1024)),
+    "loco_codes": ("sparse_loco_kernels", "loco_codes_kernel", dict(x_ptr="*i32", idx_ptr=L,
+                   out_ptr="*u8", kept="i32", chunk="i32", full="i32", k_full="i32",
+                   codes_at="i32", nbytes="i32"), dict(KIND=0, BITS=2, LEVELS=1, G=128,
+                   WIDE=False)),
+}  # fmt: skip
+
+
 def load(path: str, name: str):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -105,10 +124,10 @@ def load(path: str, name: str):
     return module
 
 
-def compile_sm90(fn, sig: dict, consts: dict, options: dict) -> tuple:
-    """(PTX, cubin) of ``fn`` for sm_90; arguments ``fn`` does not take are dropped."""
+def compile_for(target, fn, sig: dict, consts: dict, options: dict):
+    """``fn`` compiled by triton for ``target`` (a ``GPUTarget``; no GPU needed); arguments
+    ``fn`` does not take are dropped."""
     import triton
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     names = set(fn.arg_names)
@@ -120,8 +139,25 @@ def compile_sm90(fn, sig: dict, consts: dict, options: dict) -> tuple:
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in sig.items()
              if t.startswith("*") and a not in UNALIGNED}  # fmt: skip
     src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(src, target=target, options=options)
+
+
+def compile_sm90(fn, sig: dict, consts: dict, options: dict) -> tuple:
+    """(PTX, cubin) of ``fn`` for sm_90 (an H100 / H200)."""
+    from triton.backends.compiler import GPUTarget
+
+    k = compile_for(GPUTarget("cuda", 90, 32), fn, sig, consts, options)
     return k.asm["ptx"], k.asm["cubin"]
+
+
+def compile_gfx942(fn, sig: dict, consts: dict, options: dict) -> tuple:
+    """(LLVM IR, AMDGCN assembly) of ``fn`` for gfx942 (an MI300; triton's bundled LLVM and
+    linker, no ROCm needed), with the options a ROCm launch passes."""
+    from triton.backends.compiler import GPUTarget
+
+    options = {k: v for k, v in options.items() if k != "enable_reflect_ftz"}  # NVIDIA's
+    k = compile_for(GPUTarget("hip", "gfx942", 64), fn, sig, consts, options)
+    return k.asm["llir"], k.asm["amdgcn"]
 
 
 def sass_counts(cubin: bytes) -> dict:

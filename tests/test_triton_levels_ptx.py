@@ -10,9 +10,9 @@ missing."""
 import re
 
 import pytest
-from triton_testing import compiled, contractions, require_nvidia_triton
+from triton_testing import compiled, contractions, require_triton_backend
 
-require_nvidia_triton()
+require_triton_backend()
 
 # kinds: 0 qsgd, 1 terngrad, 2 onebit, 3 efsignsgd, 4 signsgd / signum, 5 tbq
 SCRIPT = r"""

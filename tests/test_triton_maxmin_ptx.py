@@ -8,9 +8,9 @@ pieces, the decoder's metadata as words). Compiled in subprocesses without TRITO
 
 import re
 
-from triton_testing import compiled, contractions, require_nvidia_triton
+from triton_testing import compiled, contractions, require_triton_backend
 
-require_nvidia_triton()
+require_triton_backend()
 
 PTX_SCRIPT = r"""
 import json, sys, torch, triton

@@ -7,34 +7,19 @@ TRITON_INTERPRET (about 5 s); skipped where triton or its
 NVIDIA backend is missing."""
 
 import pytest
-from triton_testing import compiled, require_nvidia_triton
+from triton_testing import compiled, require_triton_backend
 
-require_nvidia_triton()
+require_triton_backend()
 
 SCRIPT = r"""
-import json, sys, torch
-from benchmarks.triton_ptx import compile_sm90, count
+import importlib, json, sys, torch
+from benchmarks.triton_ptx import SPARSE, compile_sm90, count
 from torch_cgx.device.triton.sparse import _options
-from torch_cgx.device.triton import sparse_kernels as K
-L = "*i64"
-def go(fn, sig, consts):
+out = {}
+for name, (module, kernel, sig, consts) in SPARSE.items():
+    fn = getattr(importlib.import_module("torch_cgx.device.triton." + module), kernel)
     ptx, cubin = compile_sm90(fn, sig, consts, _options(torch.device("cuda")))  # a launch's
-    return dict(count(ptx, cubin), ptx=ptx)
-keys = dict(idx_ptr=L, keys_ptr=L, n="i32", row="i32")
-out = {
-    "keys_rows32": go(K.keys_kernel, dict(keys, x_ptr="*i16"), dict(KIND=2, HAS_INDEX=False,
-                      ROWS=True, BLOCK=1024, WIDE=False)),
-    "mask": go(K.mask_kernel, dict(x_ptr="*i16", thr_ptr="*i32", out_ptr="*i8", n="i32",
-               tau="i32"), dict(KIND=1, FROM_PTR=True, BLOCK=1024)),
-    "jump": go(K.jump_kernel, dict(taken_in="*i8", ptr_in=L, taken_out="*i8", ptr_out=L,
-               r_ptr=L, picks_ptr=L, count="i32", base="i32"), dict(LAST=False, BLOCK=1024)),
-    "pack": go(K.pack_kernel, dict(head_ptr="*u8", idx_ptr=L, x_ptr="*i32", out_ptr="*u8",
-               count="i32", val_off="i32"), dict(INDEX=True, ES=4, BLOCK=1024)),
-}
-from torch_cgx.device.triton import sparse_loco_kernels as LK
-out["loco_codes"] = go(LK.loco_codes_kernel, dict(x_ptr="*i32", idx_ptr=L, out_ptr="*u8",
-                       kept="i32", chunk="i32", full="i32", k_full="i32", codes_at="i32",
-                       nbytes="i32"), dict(KIND=0, BITS=2, LEVELS=1, G=128, WIDE=False))
+    out[name] = dict(count(ptx, cubin), ptx=ptx)
 json.dump(out, sys.stdout)
 """
 

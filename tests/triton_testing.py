@@ -104,15 +104,16 @@ def poison_empty(monkeypatch) -> None:
     monkeypatch.setattr(torch, "empty", poisoned)
 
 
-def require_nvidia_triton() -> None:
-    """A PTX test module's preamble: skips it where triton or its NVIDIA backend (the bundled
-    ptxas) is missing, without importing triton (a process decorates triton's helpers for the
-    interpreter or the compiler at its first import)."""
+def require_triton_backend(backend: str = "nvidia") -> None:
+    """A compile test module's preamble: skips it where triton or its ``backend`` ("nvidia":
+    the bundled ptxas; "amd": the bundled AMDGPU linker) is missing, without importing triton
+    (a process decorates triton's helpers for the interpreter or the compiler at its first
+    import)."""
     spec = importlib.util.find_spec("triton")
     if spec is None:
         pytest.skip("triton is not installed (pip install triton==3.6.0)", allow_module_level=True)
-    if not (pathlib.Path(spec.origin).parent / "backends" / "nvidia" / "compiler.py").is_file():
-        pytest.skip("triton has no NVIDIA backend here", allow_module_level=True)
+    if not (pathlib.Path(spec.origin).parent / "backends" / backend / "compiler.py").is_file():
+        pytest.skip(f"triton has no {backend} backend here", allow_module_level=True)
 
 
 def compiled(cache_dir, script: str, *args: str) -> dict:

@@ -1,0 +1,120 @@
+"""Every Triton kernel compiled for an AMD MI300 (gfx942) with the options a ROCm launch passes
+(triton's bundled LLVM and AMDGPU linker: no ROCm, no GPU), and what the LLVM IR and the
+assembly say about the exactness the interpreter cannot show: IEEE fp32 (``denormal-fp-math-f32``
+"ieee": nothing flushes), no fast-math flag on any operation, no multiply-add but the
+generator's exact one (rng.py), correctly rounded divisions (``fdiv`` lowered with
+``v_div_fixup``), NaN-propagating min / max in max-min's scalars, and the one-launch encodes'
+barrier a workgroup release / acquire fence pair (the program's global writes visible to its
+threads). Nothing here runs on an AMD GPU (none is lent): docs/gpu.md says what only one can
+show. Compiled in a subprocess without TRITON_INTERPRET; skipped where triton or its AMD backend
+is missing."""
+
+import re
+
+import pytest
+from triton_testing import compiled, require_triton_backend
+
+require_triton_backend("amd")
+
+SCRIPT = r"""
+import importlib, json, sys, torch
+from benchmarks.triton_ptx import MM, SPARSE, compile_gfx942, level_kernels
+from torch_cgx.device.triton import levels_kernels, maxmin_kernels
+from torch_cgx.device.triton.levels import TritonLevels
+from torch_cgx.device.triton.maxmin import TritonMaxMin
+
+rocm = torch.device("cuda")  # the options of a launch on a ROCm build's "cuda" device
+plans = [(maxmin_kernels, MM, TritonMaxMin._options(rocm, 4)),
+         (levels_kernels, level_kernels(), TritonLevels._options(rocm))]
+out = {}
+for module, table, options in plans:
+    for name, (kernel, sig, consts) in table.items():
+        fn, c = getattr(module, kernel), dict(consts, IDX64=False)
+        opts = dict(options, num_warps=c.pop("num_warps", options.get("num_warps", 4)))
+        out[name] = compile_gfx942(fn, sig, c, opts)
+for name, (module, kernel, sig, consts) in SPARSE.items():
+    fn = getattr(importlib.import_module("torch_cgx.device.triton." + module), kernel)
+    out[name] = compile_gfx942(fn, sig, consts, TritonLevels._options(rocm))
+json.dump(out, sys.stdout)
+"""
+FAST_MATH = re.compile(r"\b(?:fadd|fsub|fmul|fdiv|frem|fneg|fcmp|call|select|phi)\s+(?:[a-z]+\s+)*?"
+                       r"(?:nnan|ninf|nsz|arcp|contract|afn|reassoc|fast)\b")  # fmt: skip
+FMA = re.compile(r"call [^@\n]*@llvm\.(?:fma|fmuladd)\.[^(]*\([^)]*\)")
+# the generator's: r (a 24-bit integer in fp32) x 2^-24 + t, exact product, one rounding
+EXACT_FMA = re.compile(r"call float @llvm\.fma\.f32\(float %[\w.]+, float 0x3E70000000000000, "
+                       r"float %[\w.]+\)")  # fmt: skip
+APPROXIMATE = ("llvm.amdgcn.rcp", "llvm.amdgcn.rsq", "llvm.amdgcn.fdiv.fast", "__ocml_native",
+               "afn")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def amd(tmp_path_factory):
+    return compiled(tmp_path_factory.mktemp("triton-cache"), SCRIPT)
+
+
+def test_every_kernel_compiles_for_gfx942(amd):
+    from benchmarks.triton_ptx import MM, SPARSE, level_kernels
+
+    assert set(amd) == set(MM) | set(level_kernels()) | set(SPARSE)
+    for name, (llir, asm) in amd.items():
+        assert "amdgpu_kernel" in llir and "s_endpgm" in asm, name
+
+
+def test_ieee_arithmetic_and_no_contraction(amd):
+    for name, (llir, _) in amd.items():
+        assert '"denormal-fp-math-f32"="ieee"' in llir, name
+        assert FAST_MATH.search(llir) is None, (name, FAST_MATH.search(llir))
+        assert [f for f in FMA.findall(llir) if not EXACT_FMA.fullmatch(f)] == [], name
+        for bad in APPROXIMATE:
+            assert bad not in llir, (name, bad)
+    for name in ("codes", "encode", "codes qsgd", "codes terngrad"):  # stochastic rounding
+        assert EXACT_FMA.search(amd[name][0]), name
+
+
+def test_no_contraction_in_the_assembly(amd):
+    """AMDGPU contracts a multiply and an add at instruction selection, which the IR does not
+    show (with ``enable_fp_fusion`` on, max-min's decode gets 10 and its codes 16 where they
+    have 0 and 8). Kernels without a division or a square root (whose correctly rounded
+    expansions use fma) have at most the generator's fmas: one per ``llvm.fma`` call."""
+    plain = [name for name, (llir, _) in amd.items()
+             if "fdiv " not in llir and "llvm.sqrt" not in llir]  # fmt: skip
+    assert {"decode", "codes", "decode terngrad", "mask"} <= set(plain)
+    for name in plain:
+        llir, asm = amd[name]
+        found = len(re.findall(r"\bv_(?:pk_)?(?:fma|fmac|mad|mac)_(?:f|legacy|mix)\w*", asm))
+        assert found <= len(EXACT_FMA.findall(llir)), (name, found)
+
+
+def test_divisions_are_correctly_rounded(amd):
+    """fp64 for max-min's scalars (FORMAT.md), fp32 ``div_rn`` for the level rule: LLVM's
+    ``fdiv`` without flags, which the AMDGPU backend expands to the correctly rounded sequence
+    ending in ``v_div_fixup``."""
+    for name, kind in (("scalars", "double"), ("codes qsgd", "float"), ("codes tbq", "float"),
+                       ("loco_codes", "float")):  # fmt: skip
+        llir, asm = amd[name]
+        assert f"fdiv {kind}" in llir, name
+        assert ("v_div_fixup_f64" if kind == "double" else "v_div_fixup_f32") in asm, name
+
+
+def test_maxmin_min_max_propagate_nan(amd):
+    """The scalars' accumulators take a NaN and keep it (a non-finite bucket is found after
+    the loop): ``propagate_nan=ALL`` lowers to ``minnum`` / ``maxnum`` (which drop a NaN) with
+    an unordered compare and select. Without it the kernels have no such compare (tried); the
+    trees after the loop need none (a non-finite bucket's min and max are never used)."""
+    for name in ("scalars", "encode"):
+        llir = amd[name][0]
+        calls = len(re.findall(r"@llvm\.(?:minnum|maxnum)\.f32\(", llir))
+        lanes = sum(int(w or 1) for w in re.findall(r"fcmp uno (?:<(\d+) x )?float", llir))
+        assert 0 < lanes <= calls, (name, lanes, calls)
+
+
+def test_the_one_launch_encode_fences_its_barrier(amd):
+    """The scalars written by the program's threads are read back by others after
+    ``tl.debug_barrier``: a workgroup-scope release fence before ``s_barrier``, an acquire
+    fence after (the AMDGPU memory model then makes the writes visible)."""
+    for name in ("encode", "encode qsgd"):
+        llir = amd[name][0]
+        pair = re.search(r'fence syncscope\("workgroup"\) release[^\n]*\n[^\n]*'
+                         r'@llvm\.amdgcn\.s\.barrier\(\)[^\n]*\n[^\n]*'
+                         r'fence syncscope\("workgroup"\) acquire', llir)  # fmt: skip
+        assert pair is not None, name
