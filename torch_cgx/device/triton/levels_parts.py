@@ -91,7 +91,7 @@ def level_code(v, s, g, k0, k1, LEVELS: tl.constexpr, NEG: tl.constexpr,
     (qsgd's norm and terngrad's scalars are NaN otherwise): no NaN to map to +Inf, f is never
     NaN there (num * a may overflow to +Inf: f = +Inf), so min(f, levels) first, then floor and
     conversion in one instruction (F2I.FLOOR); elsewhere the code is replaced by 0 whatever
-    the conversion gave."""
+    the conversion gave. ``v`` a (G, 8) tile of groups ``g`` (elements 8 g + j: u's indices)."""
     ok = (tl.abs(s) < float("inf")) & (s > 0.0)
     den = tl.where(ok, s, 1.0)
     a = tl.abs(v)

@@ -125,7 +125,8 @@ def scalars(x_ptr, meta_ptr, inv_ptr, sel_ptr, sums_ptr, nq, size, span, nb,
 def quantize(v, mn, sel, inv_ptr, k, km, g, k0, k1, wide, LEVELS: tl.constexpr,
              STOCH: tl.constexpr, CG: tl.constexpr, CLIP: tl.constexpr,
              PER_GROUP: tl.constexpr):  # fmt: skip
-    """Step 4: q = clamp(floor(t + r), 0, L) as int32: the fp32 path with ``sel`` = (f32)inv
+    """Step 4: q = clamp(floor(t + r), 0, L) as int32 for the (G, 8) tile ``v`` of groups ``g``
+    (elements 8 g + j: the generator's indices): the fp32 path with ``sel`` = (f32)inv
     where ``sel > 0``, the fp64 one with bucket ``k``'s fp64 inv where ``sel < 0``, 0 where
     ``sel == 0``. The fp64 path runs only in a program that holds such a bucket (a branch on a
     reduction, no host: ``wide``, the encode kernel's from its scalars; over the tile without
