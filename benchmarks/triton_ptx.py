@@ -1,7 +1,7 @@
 """Static counts of the Triton kernels' compiled code for sm_90 (issue 36; docs/gpu.md), no GPU
 needed (triton's bundled ptxas and cuobjdump):
 
-    python -m benchmarks.triton_ptx [--kernels DIR] [--json PATH]
+    python -m benchmarks.triton_ptx [--kernels DIR] [--json PATH] [--arch N]
 
 For each kernel of max-min (scalars, codes, the one-launch encode, decode) and of the level and
 sign codecs (scalars, codes and decode per kind), in its int32 and int64 index variant (``IDX64``),
@@ -13,7 +13,7 @@ call counts, registers a thread and stack bytes (spills). Pointers are compiled 
 time: the speed needs a GPU (``python -m benchmarks.triton_sweep``). ``--kernels DIR``: compile
 ``maxmin_kernels.py`` and ``levels_kernels.py`` from DIR instead (an older copy, say ``git show
 REV:PATH``); arguments a kernel lacks are dropped, and a kernel without ``IDX64`` is compiled once
-("-").
+("-"). ``--arch N``: for sm_N instead (80: an A100, 100: a B200, 120: a GeForce RTX 50).
 """
 
 from __future__ import annotations
@@ -142,11 +142,11 @@ def compile_for(target, fn, sig: dict, consts: dict, options: dict):
     return triton.compile(src, target=target, options=options)
 
 
-def compile_sm90(fn, sig: dict, consts: dict, options: dict) -> tuple:
-    """(PTX, cubin) of ``fn`` for sm_90 (an H100 / H200)."""
+def compile_cuda(fn, sig: dict, consts: dict, options: dict, arch: int = 90) -> tuple:
+    """(PTX, cubin) of ``fn`` for sm_``arch`` (90: an H100 / H200; 80 an A100, 100 a B200)."""
     from triton.backends.compiler import GPUTarget
 
-    k = compile_for(GPUTarget("cuda", 90, 32), fn, sig, consts, options)
+    k = compile_for(GPUTarget("cuda", arch, 32), fn, sig, consts, options)
     return k.asm["ptx"], k.asm["cubin"]
 
 
@@ -184,7 +184,7 @@ def count(ptx: str, cubin: bytes) -> dict:
     return out
 
 
-def rows(kernels_dir: str | None) -> List[dict]:
+def rows(kernels_dir: str | None, arch: int = 90) -> List[dict]:
     import torch
 
     from torch_cgx.device.triton.levels import TritonLevels
@@ -211,7 +211,7 @@ def rows(kernels_dir: str | None) -> List[dict]:
                 row = {"family": family, "kernel": name, "index": {None: "-", False: "int32",
                        True: "int64"}[wide]}  # fmt: skip
                 opts = dict(options, num_warps=c.pop("num_warps", options.get("num_warps", 4)))
-                row.update(count(*compile_sm90(fn, dict(sig), c, opts)))
+                row.update(count(*compile_cuda(fn, dict(sig), c, opts, arch)))
                 out.append(row)
     return out
 
@@ -227,11 +227,12 @@ def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernels", help="a folder with maxmin_kernels.py and levels_kernels.py")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--arch", type=int, default=90, help="compile for sm_ARCH (default 90)")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("triton_ptx: compiles; unset TRITON_INTERPRET", file=sys.stderr)
         return 2
-    found = rows(args.kernels)
+    found = rows(args.kernels, args.arch)
     print(table(found))
     if args.json:
         with open(args.json, "w") as f:

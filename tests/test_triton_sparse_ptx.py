@@ -13,12 +13,12 @@ require_triton_backend()
 
 SCRIPT = r"""
 import importlib, json, sys, torch
-from benchmarks.triton_ptx import SPARSE, compile_sm90, count
+from benchmarks.triton_ptx import SPARSE, compile_cuda, count
 from torch_cgx.device.triton.sparse import _options
 out = {}
 for name, (module, kernel, sig, consts) in SPARSE.items():
     fn = getattr(importlib.import_module("torch_cgx.device.triton." + module), kernel)
-    ptx, cubin = compile_sm90(fn, sig, consts, _options(torch.device("cuda")))  # a launch's
+    ptx, cubin = compile_cuda(fn, sig, consts, _options(torch.device("cuda")))  # a launch's
     out[name] = dict(count(ptx, cubin), ptx=ptx)
 json.dump(out, sys.stdout)
 """
