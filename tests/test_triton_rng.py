@@ -24,7 +24,7 @@ def tile_kernel(_interpreter):
     import triton
     import triton.language as tl
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["g0", "k0", "k1"])  # as the kernels take them
     def kernel(out_ptr, g0, k0, k1, WIDE: tl.constexpr, G: tl.constexpr):
         if WIDE:
             g = g0.to(tl.int64) + tl.arange(0, G).to(tl.int64)
