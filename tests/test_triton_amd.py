@@ -35,7 +35,22 @@ for module, table, options in plans:
 for name, (module, kernel, sig, consts) in SPARSE.items():
     fn = getattr(importlib.import_module("torch_cgx.device.triton." + module), kernel)
     out[name] = compile_gfx942(fn, sig, consts, TritonLevels._options(rocm))
-json.dump(out, sys.stdout)
+# the scalars kernel as TritonMaxMin plans it for 64 MB of fp32, buckets of 1024 (4 a program),
+# on 32- and 64-lane warps
+from torch_cgx.device import codecs
+from torch_cgx.device.triton import maxmin as M
+codec, impl, nq = codecs.get("maxmin", bits=4, bucket_size=1024), TritonMaxMin(), 1 << 24
+kernel, sig, consts = MM["scalars"]
+planned = {}
+for width in (32, 64):
+    M.lanes = lambda device: width
+    plan = impl.launch(codec, rocm)
+    meta = M.TritonMaxMin._scalars_plan(codec, nq, nq // 1024, plan, rocm, 4)["meta"]
+    c = dict(consts, **{k: v for k, v in meta.items() if k in consts}, IDX64=False)
+    llir, asm = compile_gfx942(maxmin_kernels.scalars_kernel, sig, c,
+                               TritonMaxMin._options(rocm, plan["num_warps"]))
+    planned[width] = [llir, asm, meta["BB"], meta["SUB"]]
+json.dump({"kernels": out, "planned": planned}, sys.stdout)
 """
 FAST_MATH = re.compile(r"\b(?:fadd|fsub|fmul|fdiv|frem|fneg|fcmp|call|select|phi)\s+(?:[a-z]+\s+)*?"
                        r"(?:nnan|ninf|nsz|arcp|contract|afn|reassoc|fast)\b")  # fmt: skip
@@ -48,8 +63,14 @@ APPROXIMATE = ("llvm.amdgcn.rcp", "llvm.amdgcn.rsq", "llvm.amdgcn.fdiv.fast", "_
 
 
 @pytest.fixture(scope="module")
-def amd(tmp_path_factory):
+def compiled_amd(tmp_path_factory):
     return compiled(tmp_path_factory.mktemp("triton-cache"), SCRIPT)
+
+
+@pytest.fixture(scope="module")
+def amd(compiled_amd):
+    """name -> (LLVM IR, assembly) of every kernel."""
+    return compiled_amd["kernels"]
 
 
 def test_every_kernel_compiles_for_gfx942(amd):
@@ -118,3 +139,15 @@ def test_the_one_launch_encode_fences_its_barrier(amd):
                          r'@llvm\.amdgcn\.s\.barrier\(\)[^\n]*\n[^\n]*'
                          r'fence syncscope\("workgroup"\) acquire', llir)  # fmt: skip
         assert pair is not None, name
+
+
+def test_the_scalars_rows_fit_the_warp_width(compiled_amd):
+    """The scalars loop's (BB, SUB) tiles take a warp's row of 16 bytes of fp32 a thread: SUB
+    from the device's warp width (``triton.lanes``), 256 on a 64-lane MI300, so its loads are
+    ``<4 x float>`` (``global_load_dwordx4``); planned for 32 lanes, as on NVIDIA, a program of
+    4 buckets of 1024 loads 8 bytes a thread there."""
+    llir32, _, bb32, sub32 = compiled_amd["planned"]["32"]
+    llir64, asm64, bb64, sub64 = compiled_amd["planned"]["64"]
+    assert (bb32, sub32, bb64, sub64) == (4, 128, 4, 256)
+    assert "load <4 x float>" in llir64 and "global_load_dwordx4" in asm64
+    assert "load <4 x float>" not in llir32 and "load <2 x float>" in llir32

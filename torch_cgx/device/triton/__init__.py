@@ -7,12 +7,13 @@ Importing this package never imports triton; :func:`available` says whether it c
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
 import torch
 
-__all__ = ["available", "divisor", "index64", "interpreted"]
+__all__ = ["available", "divisor", "index64", "interpreted", "lanes"]
 
 # Kernels whose every index (element, byte, bucket, and the padding lanes past the end) stays
 # below this run the int32 variant (``IDX64=False``: no 64-bit integer arithmetic, the bucket
@@ -33,6 +34,20 @@ def available(device: torch.device) -> bool:
     if device.type == "cuda":
         return True
     return device.type == "cpu" and interpreted()
+
+
+def lanes(device: torch.device) -> int:
+    """Threads a warp on ``device``: its ``warp_size`` (32 on NVIDIA GPUs, 64 on AMD's CDNA, an
+    MI300 say); 32 where torch sees no GPU (a plan made on a CPU machine)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return 32
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _lanes(index)
+
+
+@functools.cache
+def _lanes(index: int) -> int:
+    return int(getattr(torch.cuda.get_device_properties(index), "warp_size", 32))
 
 
 def index64(*extents: int) -> bool:

@@ -30,7 +30,7 @@ import torch
 
 from torch_cgx.device.codecs.maxmin import CLIP_SIGMAS, HEADER_BYTES
 from torch_cgx.device.fused import FusedMaxMin
-from torch_cgx.device.triton import divisor, index64
+from torch_cgx.device.triton import divisor, index64, lanes
 
 __all__ = ["TritonMaxMin"]
 
@@ -75,8 +75,10 @@ class TritonMaxMin(FusedMaxMin):
     ``tile``: values per program of the scalars kernel (``BB`` buckets of ``CHUNK`` values, both
     powers of two; a longer bucket is a loop); ``codes`` / ``decode``: values per program of the
     codes and decode kernels (powers of two >= 8); ``sub``: the columns of the scalars loop's
-    tiles (a power of two >= 8, at most a chunk; default on a GPU 128 x warps / buckets, at
-    least 128, under the interpreter the chunk). None: :data:`LAUNCH` (and :data:`TUNED`)."""
+    tiles (a power of two >= 8, at most a chunk; default on a GPU 4 x lanes x warps / buckets,
+    at least 4 x lanes: a warp's row 16 bytes of fp32 a thread, 128 columns on NVIDIA, 256 on
+    AMD's 64-lane CDNA; under the interpreter the chunk). None: :data:`LAUNCH` (and
+    :data:`TUNED`)."""
 
     name = "triton-maxmin"
 
@@ -205,7 +207,8 @@ class TritonMaxMin(FusedMaxMin):
         if plan.get("sub"):
             sub = min(chunk, plan["sub"])
         elif device.type == "cuda":
-            sub = min(chunk, max(128, 128 * plan["num_warps"] // bb))
+            row = 4 * lanes(device)  # a warp's row: 16 bytes of fp32 a thread
+            sub = min(chunk, max(row, row * plan["num_warps"] // bb))
         else:
             sub = chunk
         block = max(8, plan["codes"])  # the metadata word 2 k of every lane's bucket k, too

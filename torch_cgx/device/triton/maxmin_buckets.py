@@ -29,14 +29,14 @@ def bucket_span(b, size, nq, ALIGN: tl.constexpr):
 def bucket_range(x_ptr, lo, hi, span, run, BF16: tl.constexpr, BB: tl.constexpr,
                  CHUNK: tl.constexpr, SUB: tl.constexpr):  # fmt: skip
     """(min, max, finite) of the buckets ``[lo, hi)``, CHUNK values per iteration (unmasked
-    below ``run``) as CHUNK / SUB (BB, SUB) tiles (on a GPU SUB = 128 x warps / BB, at least
-    128: a warp's threads on 16-byte pieces of one bucket, the warps on buckets): per value two
-    NaN-propagating min / max into accumulators of the tile's shape, their trees (shuffles, and
-    shared memory where a bucket spans warps) once at the end. Finite where the sum of the
-    accumulators' ``a * 0`` is 0 (a NaN or an infinity stays in one of them; a non-finite
-    bucket's min and max are never used). The accumulators start from the bucket's first
-    value, which a masked element repeats. Order and the signs of zeros do not matter (the
-    range, the +0.0 minimum and the clip are the same for -0.0 and +0.0)."""
+    below ``run``) as CHUNK / SUB (BB, SUB) tiles (on a GPU SUB = 4 x lanes x warps / BB, at
+    least 4 x lanes: a warp's threads on 16-byte pieces of one bucket, the warps on buckets):
+    per value two NaN-propagating min / max into accumulators of the tile's shape, their trees
+    (shuffles, and shared memory where a bucket spans warps) once at the end. Finite where the
+    sum of the accumulators' ``a * 0`` is 0 (a NaN or an infinity stays in one of them; a
+    non-finite bucket's min and max are never used). The accumulators start from the bucket's
+    first value, which a masked element repeats. Order and the signs of zeros do not matter
+    (the range, the +0.0 minimum and the clip are the same for -0.0 and +0.0)."""
     ALL: tl.constexpr = tl.PropagateNan.ALL
     cols = tl.arange(0, SUB)[None, :]
     first = widen(tl.load(x_ptr + lo, mask=lo < hi, other=0), BF16)[:, None]  # in the bucket
