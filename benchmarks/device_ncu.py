@@ -11,15 +11,17 @@ call compiled and self-checked first, then profiled alone inside ``cudaProfilerS
 the card's clocks are left as they are (ncu would lock them to base otherwise).
 
 Per kernel: time, DRAM bytes and throughput (% of peak), SM throughput, issue slots busy,
-achieved occupancy, registers, thread instructions per value and the two largest warp stall
-reasons (cycles per issued instruction). Per call, the method's two numbers: the fewest bytes
-it must move (encode: the input read and the payload written; ``decode_add_``: the payload and
-``out`` read, ``out`` written), the DRAM bytes it moved over those (re-reads, uncoalesced
-access, spills), and its speed in those bytes over the copy's (the issue's ratio, one launch
-each, caches flushed between ncu's passes). Where the metrics cannot be collected (a name this
-ncu lacks), one more run takes ncu's standard sections instead; every figure is in
-``DIR/ncu.csv`` (the report's details page) and ``DIR/ncu.json``, the report in
-``DIR/ncu.ncu-rep``. ``ERR_NVGPUCTRPERM`` in the log: the counters need root on that machine.
+achieved occupancy, registers, thread instructions per value, the two largest warp stall
+reasons (cycles per issued instruction) and the three busiest pipes (% of their peak
+instruction rate: integer work runs at half the fp32 rate on sm_90, conversions at 1/8).
+Per call, the method's two numbers: the fewest bytes it must move (encode: the input read and
+the payload written; ``decode_add_``: the payload and ``out`` read, ``out`` written), the DRAM
+bytes it moved over those (re-reads, uncoalesced access, spills), and its speed in those bytes
+over the copy's (the issue's ratio, one launch each, caches flushed between ncu's passes).
+Where the metrics cannot be collected (a name this ncu lacks), one more run takes ncu's
+standard sections instead; every figure is in ``DIR/ncu.csv`` (the report's details page) and
+``DIR/ncu.json``, the report in ``DIR/ncu.ncu-rep``. ``ERR_NVGPUCTRPERM`` in the log: the
+counters need root on that machine.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ DEFAULT = "maxmin,qsgd,terngrad,onebit,signsgd,tbq,topk,sparseloco"
 SEED, STREAM, SHARED = 1, 7, 3
 MARKER = "spin_kernel"  # torch.cuda._sleep's kernel
 STALLS = r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+# each pipe's instructions over its peak (alu: integer and logic, fma: fp32 and IMAD, xu:
+# conversions such as F2I / I2F, lsu: memory): a pipe near 100 % bounds a kernel whose issue
+# slots are not all busy (on sm_90 the integer pipes take half the fp32 rate, conversions 1/8)
+PIPES = r"regex:sm__inst_executed_pipe_[a-z0-9_]+\.avg\.pct_of_peak_sustained_active"
 # key -> (the metric's name under --metrics, its display name in ncu's standard sections)
 METRICS = {
     "ns": ("gpu__time_duration.sum", "Duration"),
@@ -150,6 +156,14 @@ def stalls(metrics: dict, top: int = 2) -> List[tuple]:
     return sorted(found, key=lambda kv: -kv[1])[:top]
 
 
+def pipes(metrics: dict, top: int = 3) -> List[tuple]:
+    """The ``top`` busiest pipes: (pipe, % of its peak instruction rate)."""
+    pre, post = "sm__inst_executed_pipe_", ".avg.pct_of_peak_sustained_active"
+    found = [(k[len(pre) : -len(post)], v) for k, v in metrics.items()
+             if k.startswith(pre) and k.endswith(post) and isinstance(v, float)]  # fmt: skip
+    return sorted(found, key=lambda kv: -kv[1])[:top]
+
+
 def kernel_row(k: dict, numel: int) -> dict:
     m = k["metrics"]
     row = {key: _value(m, key) for key in METRICS}
@@ -159,6 +173,7 @@ def kernel_row(k: dict, numel: int) -> dict:
     ti = row.pop("thread_inst")
     row["inst_per_value"] = None if ti is None else ti / numel
     row["stalls"] = stalls(m)
+    row["pipes"] = pipes(m)
     return row
 
 
@@ -203,13 +218,15 @@ def table(calls: List[dict]) -> str:
     it one per kernel."""
     out = [f"{'call':<24}{'us':>9}{'vs copy':>9}{'moved/least':>12}",
            f"  {'kernel':<30}{'us':>9}{'dram%':>7}{'sm%':>6}{'issue%':>7}{'occ%':>6}{'regs':>5}"
-           f"{'inst/v':>8}  stalls (cycles per issue)"]  # fmt: skip
+           f"{'inst/v':>8}  stalls (cycles per issue); busiest pipes (% of peak)"]  # fmt: skip
     for c in calls:
         ns = c.get("ns")
         out.append(f"{c['case'] + ' ' + c['phase']:<24}{_f(ns and ns / 1e3):>9}"
                    f"{_f(c.get('vs_copy')):>9}{_f(c.get('moved_over_least')):>12}")  # fmt: skip
         for r in c["kernels"]:
             st = ", ".join(f"{k} {v:.2g}" for k, v in r["stalls"])
+            if r.get("pipes"):
+                st += "; " + ", ".join(f"{k} {v:.0f}" for k, v in r["pipes"])
             pct = "".join(f"{_f(r[k], '{:.0f}'):>{w}}" for k, w in
                           (("dram_pct", 7), ("sm_pct", 6), ("issue_pct", 7), ("occ_pct", 6),
                            ("regs", 5)))  # fmt: skip
@@ -233,7 +250,7 @@ def ncu_command(ncu: str, report: str, metrics: bool, inner: List[str]) -> List[
     stall reasons (``metrics``) or ncu's standard sections."""
     cmd = [ncu, "--profile-from-start", "off", "--clock-control", "none", "-f", "-o", report]
     if metrics:
-        names = [m[0] for m in METRICS.values()] + [STALLS]
+        names = [m[0] for m in METRICS.values()] + [STALLS, PIPES]
         cmd += ["--metrics", ",".join(names)]
     else:
         for s in SECTIONS:

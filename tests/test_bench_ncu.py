@@ -32,13 +32,17 @@ def csv_rows(kernels):
     return "\n".join(out) + "\n"
 
 
-def kernel(ns, read, write, inst=None, stalls=()):
+PIPE = "sm__inst_executed_pipe_{}.avg.pct_of_peak_sustained_active"
+
+
+def kernel(ns, read, write, inst=None, stalls=(), pipes=()):
     m = {"gpu__time_duration.sum": f"{ns:,}", "dram__bytes_read.sum": f"{read:,}",
          "dram__bytes_write.sum": f"{write:,}", "launch__registers_per_thread": "40",
          "dram__throughput.avg.pct_of_peak_sustained_elapsed": "91.5"}  # fmt: skip
     if inst is not None:
         m["smsp__thread_inst_executed.sum"] = f"{inst:,}"
     m.update({STALL.format(k): v for k, v in stalls})
+    m.update({PIPE.format(k): v for k, v in pipes})
     return m
 
 
@@ -55,7 +59,9 @@ def test_details_are_assigned_to_the_calls_behind_their_markers():
     text = csv_rows([MARK, ("copy_kernel", kernel(2000, 4000, 4000)),
                      MARK, ("scalars_kernel", kernel(1000, 4000, 100, inst=30000)),
                      ("codes_kernel", kernel(1500, 4000, 500, inst=25000, stalls=[
-                         ("long_scoreboard", "3.5"), ("barrier", "9.25"), ("wait", "1.0")])),
+                         ("long_scoreboard", "3.5"), ("barrier", "9.25"), ("wait", "1.0")],
+                         pipes=[("alu", "61.2"), ("fma", "38.4"), ("xu", "70.1"),
+                                ("lsu", "12.0")])),
                      MARK, ("decode_kernel", kernel(2150, 8600, 4000))])  # fmt: skip
     kernels = ncu.parse_details(text)
     assert [k["id"] for k in kernels] == list(range(7))
@@ -70,11 +76,13 @@ def test_details_are_assigned_to_the_calls_behind_their_markers():
     codes = enc["kernels"][1]
     assert codes["inst_per_value"] == 25.0 and codes["regs"] == 40 and codes["dram_pct"] == 91.5
     assert codes["stalls"] == [("barrier", 9.25), ("long_scoreboard", 3.5)]
+    assert codes["pipes"] == [("xu", 70.1), ("alu", 61.2), ("fma", 38.4)]  # the three busiest
     assert dec["kernels"][0]["inst_per_value"] is None  # not collected: no figure, no guess
     lines = ncu.table(calls).splitlines()
     assert lines[2].split() == ["copy", "copy", "2", "1", "1"]
     assert lines[6].split()[:4] == ["codes_kernel", "1.5", "92", "-"]
-    assert lines[6].endswith("25  barrier 9.2, long_scoreboard 3.5")
+    assert lines[6].endswith("25  barrier 9.2, long_scoreboard 3.5; xu 70, alu 61, fma 38")
+    assert lines[5].endswith("30")  # the scalars kernel: no stall or pipe collected
 
 
 def test_markers_that_miss_the_calls_leave_the_kernels_unassigned():
