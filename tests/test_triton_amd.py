@@ -58,8 +58,8 @@ FMA = re.compile(r"call [^@\n]*@llvm\.(?:fma|fmuladd)\.[^(]*\([^)]*\)")
 # the generator's: r (a 24-bit integer in fp32) x 2^-24 + t, exact product, one rounding
 EXACT_FMA = re.compile(r"call float @llvm\.fma\.f32\(float %[\w.]+, float 0x3E70000000000000, "
                        r"float %[\w.]+\)")  # fmt: skip
-APPROXIMATE = ("llvm.amdgcn.rcp", "llvm.amdgcn.rsq", "llvm.amdgcn.fdiv.fast", "__ocml_native",
-               "afn")  # fmt: skip
+# approximate intrinsics (the fast-math flags, ``afn`` among them, are FAST_MATH's)
+APPROXIMATE = ("llvm.amdgcn.rcp", "llvm.amdgcn.rsq", "llvm.amdgcn.fdiv.fast", "__ocml_native")
 
 
 @pytest.fixture(scope="module")
