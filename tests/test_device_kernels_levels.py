@@ -197,3 +197,53 @@ def test_decoded_values_compare_nan_as_nan_and_everything_else_bitwise(dtype, ca
     for got, want in [([zero], [0]), ([one + 1], [one]), ([canonical], [one])]:
         with pytest.raises(pytest.fail.Exception, match="1 of 1 elements differ"):
             assert_same(_from_bits(got, dtype), _from_bits(want, dtype))
+
+
+# ---- a bucket summed serially on a GPU: named once, with what to change ----------------------
+
+
+def test_serial_buckets_are_the_lane_summed_ones_past_the_limit():
+    from torch_cgx.device.codecs.fused import SERIAL_VALUES, serial_bucket
+
+    cuda, big = torch.device("cuda"), SERIAL_VALUES + 1
+    whole = codecs.get("efsignsgd")  # its default bucket_size 0: the whole tensor
+    message = serial_bucket(whole, big, cuda)
+    assert "efsignsgd with bucket_size=0" in message and f"{big} values" in message
+    assert "set bucket_size" in message
+    assert serial_bucket(whole, big, torch.device("cpu")) == ""  # the host engine's own speed
+    assert serial_bucket(whole, SERIAL_VALUES, cuda) == ""
+    assert serial_bucket(codecs.get("efsignsgd", bucket_size=512), big, cuda) == ""
+    for name, params in [("qsgd", dict(bucket_size=0)), ("onebit", dict(bucket_size=0)),
+                         ("terngrad", dict(bucket_size=0, clip=2.5))]:  # fmt: skip
+        assert serial_bucket(codecs.get(name, **params), big, cuda), name
+    for name, params in [("terngrad", dict(bucket_size=0)), ("signsgd", {}), ("tbq", {}),
+                         ("maxmin", dict(bits=4, bucket_size=4 * big))]:  # fmt: skip
+        assert serial_bucket(codecs.get(name, **params), big, cuda) == "", name  # order-free
+
+
+def test_a_serial_bucket_warns_once_and_still_encodes(monkeypatch):
+    """Through the codecs' one dispatch: one SlowPathWarning per configuration, the payload
+    unchanged (here on CPU tensors with the GPU's answer stubbed in)."""
+    from torch_cgx import compressors, warn
+    from torch_cgx.device.codecs import fused
+
+    monkeypatch.setattr(warn, "_warned", set())
+    monkeypatch.setattr(fused, "serial_bucket", lambda codec, n, device: "slow, for a test")
+    codec, x = codecs.get("efsignsgd"), torch.randn(1000)
+    with pytest.warns(warn.SlowPathWarning, match="torch_cgx: slow, for a test"):
+        got = codec.encode(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        codec.encode(x)  # once per process and configuration
+    assert torch.equal(got, compressors.get("efsignsgd").encode(x))
+
+
+def test_a_whole_tensor_efsignsgd_warns_on_a_gpu():
+    from test_device_maxmin import cuda_or_skip
+
+    from torch_cgx import warn
+
+    cuda = cuda_or_skip()
+    warn._warned.discard(("serial-bucket", "efsignsgd", 0))
+    with pytest.warns(warn.SlowPathWarning, match="efsignsgd with bucket_size=0"):
+        codecs.get("efsignsgd").encode(torch.randn((1 << 20) + 8, device=cuda))

@@ -30,7 +30,8 @@ import threading
 import warnings
 from typing import List, Mapping, Optional
 
-__all__ = ["NothingCompressedWarning", "check_group", "requested", "warn_once", "watch_env"]
+__all__ = ["NothingCompressedWarning", "SlowPathWarning", "check_group", "requested", "warn_once",
+           "watch_env"]  # fmt: skip
 
 _BITS_VAR, _COMPRESSOR_VAR = "CGX_COMPRESSION_QUANTIZATION_BITS", "CGX_COMPRESSOR"
 _HOW = (
@@ -44,19 +45,25 @@ class NothingCompressedWarning(UserWarning):
     """torch_cgx settings ask for compression, but nothing is compressed (see the module)."""
 
 
+class SlowPathWarning(UserWarning):
+    """A configuration that works but takes a path known to be slow on this device (once per
+    process and configuration; the message says what to change)."""
+
+
 _lock = threading.Lock()
 _warned: set = set()
 _armed = False
 
 
-def warn_once(key, message: str, stacklevel: int = 3) -> bool:
-    """Warns ``message`` unless ``key`` was warned about before in this process; True if it
-    warned."""
+def warn_once(key, message: str, stacklevel: int = 3,
+              category: type = NothingCompressedWarning) -> bool:  # fmt: skip
+    """Warns ``message`` (a ``category``) unless ``key`` was warned about before in this process;
+    True if it warned."""
     with _lock:
         if key in _warned:
             return False
         _warned.add(key)
-    warnings.warn(f"torch_cgx: {message}", NothingCompressedWarning, stacklevel=stacklevel)
+    warnings.warn(f"torch_cgx: {message}", category, stacklevel=stacklevel)
     return True
 
 

@@ -206,6 +206,11 @@ class DenseCodec(DeviceCodec):
     def layout(self, numel: int) -> Buckets:
         return Buckets(numel, self.bucket_size)
 
+    def lane_sums(self) -> bool:
+        """Whether the scalars come from FORMAT.md's lane-ordered fp64 sums over a bucket: one
+        dependent chain per lane, serial within a bucket on any device."""
+        return False
+
     def body_size(self, numel: int) -> int:
         return self.layout(numel).count * self.scalars * 4 + (numel * self.bits + 7) // 8
 

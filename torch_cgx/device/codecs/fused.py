@@ -11,7 +11,26 @@ import torch
 
 from torch_cgx.device.codecs.dense_common import check_input, check_keys
 
-__all__ = ["Fusable"]
+__all__ = ["Fusable", "SERIAL_VALUES", "serial_bucket"]
+
+SERIAL_VALUES = 1 << 20  # a lane-summed bucket longer than this is slow on a GPU
+
+
+def serial_bucket(codec, n: int, device: torch.device) -> str:
+    """Why encoding ``n`` values on ``device`` with ``codec`` is slow, or "": on a GPU, a codec
+    whose scalars are lane-ordered fp64 sums (FORMAT.md: one dependent chain per lane, the
+    native bits) sums each bucket in one program, so a bucket above :data:`SERIAL_VALUES`
+    values (``bucket_size=0``: the whole tensor) takes one program's latency-bound loop
+    (efsignsgd's whole tensor, 64 MB: 0.6 GB/s on an H100)."""
+    lane_sums = getattr(codec, "lane_sums", None)  # the dense codecs' (max-min: none)
+    if device.type != "cuda" or lane_sums is None or not lane_sums():
+        return ""
+    size = codec.layout(n).width
+    if size <= SERIAL_VALUES:
+        return ""
+    return (f"{codec.name} with bucket_size={codec.bucket_size} sums a bucket of {size} values "
+            "in one GPU program (the format's fp64 lane order is serial: about 0.6 GB/s on an "
+            "H100); set bucket_size (512, say) for GPU speed")  # fmt: skip
 
 
 class Fusable:
@@ -37,9 +56,14 @@ class Fusable:
 
     def encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0) -> torch.Tensor:
         """The payload; through a fused kernel where one applies, else the tensor operations."""
+        from torch_cgx import warn
         from torch_cgx.device import kernels
 
         x = self.fusable_input(x, seed, stream, shared)
+        slow = serial_bucket(self, x.numel(), x.device)
+        if slow:
+            warn.warn_once(("serial-bucket", self.name, self.bucket_size), slow,
+                           category=warn.SlowPathWarning)  # fmt: skip
         fused = kernels.fused_for(self, x.device, x.dtype)
         if fused is not None:
             return fused.encode(self, x, seed, stream)

@@ -85,6 +85,9 @@ class TernGrad(Fusable, _Levels):
         self.clip = to_f32(self.config["clip"])
         self.param1 = f32_bits(self.clip)
 
+    def lane_sums(self) -> bool:
+        return self.clip > 0  # sigma: sum x^2 (max |x| is order-free)
+
     def reference_encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0):
         x, v = self._prepare(x, seed, stream, shared)
         layout = self.layout(v.numel())
@@ -120,6 +123,9 @@ class QSGD(Fusable, _Levels):
         self.bucket_size = int(self.config["bucket_size"])
         self.bits = self.param1 = int(self.config["bits"])
         self.levels = (1 << (self.bits - 1)) - 1
+
+    def lane_sums(self) -> bool:
+        return True  # the norm: sum x^2
 
     def reference_encode(self, x, *, seed: int = 0, stream: int = 0, shared: int = 0):
         x, v = self._prepare(x, seed, stream, shared)

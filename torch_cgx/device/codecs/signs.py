@@ -70,6 +70,9 @@ class _Bucketed(_Signs):
         super().__init__(**params)
         self.bucket_size = int(self.config["bucket_size"])
 
+    def lane_sums(self) -> bool:
+        return True  # the means: sum x, sum |x|
+
     def _stats(self, x: torch.Tensor):
         """Per bucket: finite, sum, sum |x| (fp64 lane sums), the (padded) fp32 grid."""
         layout = self.layout(x.numel())
