@@ -19,6 +19,10 @@ Three situations, each warned about once per process (:class:`NothingCompressedW
 
 Nothing here runs a collective, and nothing warns on the normal paths (a cgx group whose
 settings compress, a hook that runs): tests/test_integrations.py checks both ways.
+
+:class:`SlowPathWarning` is the other kind, through the same :func:`warn_once`: a configuration
+that works but is known to be slow where it runs (a lane-summed bucket of over 2^20 values on a
+GPU: torch_cgx/device/codecs/fused.py), once per configuration, naming the setting to change.
 """
 
 from __future__ import annotations
