@@ -127,6 +127,26 @@ def test_the_launch_plan():
     assert not TritonLevels(one_launch=False)._scalars_plan(qsgd, qsgd.layout(4096), cuda)["fused"]
 
 
+def test_a_long_bucket_sums_long_trips():
+    """A program of one bucket of at least LONG_ROWS rows sums LONG_UNROLL rows a loop trip
+    (each lane one dependent chain: fewer memory round trips), in full trips and a masked
+    last one, with the native bytes (efsignsgd's and qsgd's whole tensor, 2^15 + 777 values);
+    shorter or shared buckets keep 8 rows a trip."""
+    from torch_cgx.device.triton.levels import LONG_ROWS, LONG_UNROLL
+
+    n, cuda = 8 * LONG_ROWS + 777, torch.device("cuda")
+    for name, params in [("efsignsgd", {}), ("qsgd", {"bits": 4, "bucket_size": 0})]:
+        codec = codecs.get(name, **params)
+        impl = recording()
+        assert impl._scalars_plan(codec, codec.layout(n), cuda)["unroll"] == LONG_UNROLL
+        assert impl._scalars_plan(codec, codec.layout(n - 800), cuda)["unroll"] == 8
+        base.check(impl, name, params, base.make_input(n, torch.float32, "gauss", 3))
+        assert [kw["UNROLL"] for kw in launched(impl, "scalars_kernel")] == [LONG_UNROLL]
+    shared = codecs.get("qsgd", bucket_size=1 << 16)  # 16 buckets a program on a GPU
+    plan = TritonLevels()._scalars_plan(shared, shared.layout(1 << 30), cuda)
+    assert (plan["bb"], plan["unroll"]) == (16, 8)
+
+
 @pytest.mark.parametrize("offset", [1, 4, 7])
 def test_decode_of_a_payload_inside_a_larger_tensor(offset):
     """A payload at ``offset`` bytes into a larger uint8 tensor: 4-aligned (words) or not

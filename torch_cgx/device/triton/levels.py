@@ -22,7 +22,9 @@ in order: the cost is B / 64 dependent loop iterations (eight rows each) per buc
 several buckets per program when there are many (``buckets_per_program``). Large buckets are
 therefore latency-bound: a whole-tensor bucket of 2^26 values is 2^20 serial iterations of one
 program (no other order gives the native fp64 bits): on an H100, efsignsgd with bucket size 0
-encoded 64 MB at 0.6 GB/s (docs/gpu.md), still 13x the tensor-op reference.
+encoded 64 MB at 0.6 GB/s (docs/gpu.md), still 13x the tensor-op reference, at 8 rows a loop
+trip; a program of one long bucket now takes ``LONG_UNROLL`` rows a trip (unmeasured), and the
+first such encode of a CUDA tensor warns (torch_cgx/device/codecs/fused.py).
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ __all__ = ["TritonLevels"]
 KINDS = {"qsgd": 0, "terngrad": 1, "onebit": 2, "efsignsgd": 3, "signsgd": 4, "signum": 4,
          "tbq": 5}  # fmt: skip
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+# a program of one bucket at least LONG_ROWS rows of eight long (32768 values: bucket_size 0 on
+# a large tensor, say) sums LONG_UNROLL rows a loop trip: each lane's sum is one dependent fp64
+# chain, and a trip of 8 rows pays a whole memory round trip for 64 values (0.6 GB/s on the
+# H100 run); 64 rows a trip spread it over 512 (unmeasured)
+LONG_ROWS, LONG_UNROLL = 1 << 12, 64
 FUSED_VALUES = 1 << 13  # one launch where a program's buckets hold at most this many values:
 # the codes of one program are a loop (a large single bucket: two launches, its codes in parallel)
 
@@ -193,18 +200,20 @@ class TritonLevels(FusedLevels):
 
     def _scalars_plan(self, codec, layout, device: torch.device) -> dict:
         """The scalars pass's launch: ``bb`` buckets per program, ``grid`` programs, ``unroll``
-        rows per iteration, ``warps`` (one per 16 buckets, at most 4: a row of the (bb, 8) tile
-        is four values a thread, a vector load where aligned), ``align`` (a power of two <= 8
-        dividing every bucket's start), ``wide`` (its int64 variant: the tiles of every program,
-        the last one's padding buckets, the scalars), and ``fused``: the codes in the same
-        launch (``one_launch``; None: where a program's buckets hold at most ``FUSED_VALUES``
-        values), where each program's buckets end on a group of eight or there is one (its
-        codes then in tiles of a group of eight values per thread)."""
+        rows per iteration (``LONG_UNROLL`` in a program of one long bucket), ``warps`` (one per
+        16 buckets, at most 4: a row of the (bb, 8) tile is four values a thread, a vector load
+        where aligned), ``align`` (a power of two <= 8 dividing every bucket's start), ``wide``
+        (its int64 variant: the tiles of every program, the last one's padding buckets, the
+        scalars), and ``fused``: the codes in the same launch (``one_launch``; None: where a
+        program's buckets hold at most ``FUSED_VALUES`` values), where each program's buckets
+        end on a group of eight or there is one (its codes then in tiles of a group of eight
+        values per thread)."""
         nb, size = layout.count, layout.size
         bb = self._bb(nb, size, device)
         grid = _cdiv(nb, bb)
         rows = (layout.width + 7) // 8
-        unroll = min(self.unroll, 1 << (rows - 1).bit_length())
+        unroll = LONG_UNROLL if bb == 1 and rows >= LONG_ROWS else self.unroll
+        unroll = min(unroll, 1 << (rows - 1).bit_length())
         wide = index64((nb + bb) * size + 16 * unroll + 64, 2 * (nb + bb) + 2)
         align = 8 if nb == 1 and bb == 1 else min(8, size & -size)  # one bucket: at 0
         fits = (bb * size) % 8 == 0 or grid == 1
