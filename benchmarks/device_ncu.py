@@ -18,10 +18,10 @@ Per call, the method's two numbers: the fewest bytes it must move (encode: the i
 the payload written; ``decode_add_``: the payload and ``out`` read, ``out`` written), the DRAM
 bytes it moved over those (re-reads, uncoalesced access, spills), and its speed in those bytes
 over the copy's (the issue's ratio, one launch each, caches flushed between ncu's passes).
-Where the metrics cannot be collected (a name this ncu lacks), one more run takes ncu's
-standard sections instead; every figure is in ``DIR/ncu.csv`` (the report's details page) and
-``DIR/ncu.json``, the report in ``DIR/ncu.ncu-rep``. ``ERR_NVGPUCTRPERM`` in the log: the
-counters need root on that machine.
+Where the metrics cannot be collected (a name this ncu lacks), one more run takes them without
+the pipes, and then one ncu's standard sections instead; every figure is in ``DIR/ncu.csv``
+(the report's details page) and ``DIR/ncu.json``, the report in ``DIR/ncu.ncu-rep``.
+``ERR_NVGPUCTRPERM`` in the log: the counters need root on that machine.
 """
 
 from __future__ import annotations
@@ -245,13 +245,19 @@ def find_ncu() -> Optional[str]:
     return None
 
 
-def ncu_command(ncu: str, report: str, metrics: bool, inner: List[str]) -> List[str]:
-    """The profiling run: only the windows, the clocks as found, the metrics of METRICS and the
-    stall reasons (``metrics``) or ncu's standard sections."""
+# what each profiling run collects, in the order tried: an ncu that refuses one (a metric name
+# it lacks) is asked for the next
+KINDS = ("metrics and pipes", "metrics", "standard sections")
+
+
+def ncu_command(ncu: str, report: str, kind: str, inner: List[str]) -> List[str]:
+    """The profiling run: only the windows, the clocks as found, and the ``kind`` of KINDS: the
+    metrics of METRICS and the stall reasons (and the pipes' utilisation), or ncu's standard
+    sections."""
     cmd = [ncu, "--profile-from-start", "off", "--clock-control", "none", "-f", "-o", report]
-    if metrics:
-        names = [m[0] for m in METRICS.values()] + [STALLS, PIPES]
-        cmd += ["--metrics", ",".join(names)]
+    if kind != KINDS[-1]:
+        names = [m[0] for m in METRICS.values()] + [STALLS]
+        cmd += ["--metrics", ",".join(names + ([PIPES] if kind == KINDS[0] else []))]
     else:
         for s in SECTIONS:
             cmd += ["--section", s]
@@ -270,11 +276,11 @@ def profile(args) -> int:
              "--device", args.device]  # fmt: skip
     env = dict(os.environ, CGX_DEVICE_KERNELS="fused")
     with open(os.path.join(args.out, "ncu_profile.log"), "w") as log:
-        for metrics in (True, False):
+        for kind in KINDS:
             for stale in (report + ".ncu-rep", manifest):  # a run's files are its own
                 if os.path.exists(stale):
                     os.remove(stale)
-            cmd = ncu_command(ncu, report, metrics, inner)
+            cmd = ncu_command(ncu, report, kind, inner)
             print("$ " + " ".join(cmd), file=log, flush=True)
             try:
                 rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -285,8 +291,9 @@ def profile(args) -> int:
                 return 1
             if rc == 0 and os.path.exists(report + ".ncu-rep") and os.path.exists(manifest):
                 break
-            print(f"# ncu exit {rc}" + ("; again with the standard sections" if metrics else ""),
-                  file=log, flush=True)  # fmt: skip
+            then = KINDS.index(kind) + 1
+            print(f"# ncu exit {rc}" + (f"; again for the {KINDS[then]}" if then < len(KINDS)
+                                        else ""), file=log, flush=True)  # fmt: skip
         else:
             print(f"benchmarks.device_ncu: ncu failed (exit {rc}); see {log.name}", file=sys.stderr)
             return 1
@@ -298,7 +305,7 @@ def profile(args) -> int:
         f.write(text)
     with open(manifest) as f:
         calls = assign(parse_details(text), json.load(f))
-    print(("metrics" if metrics else "standard sections") + f" of {ncu}:\n" + table(calls))
+    print(f"{kind} of {ncu}:\n" + table(calls))
     with open(os.path.join(args.out, "ncu.json"), "w") as f:
         json.dump(calls, f, indent=1)
     return 0

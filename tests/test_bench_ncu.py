@@ -95,7 +95,8 @@ def test_markers_that_miss_the_calls_leave_the_kernels_unassigned():
 
 FAKE = """\
 #!{python}
-# a stand-in ncu: runs the profiled command, refuses --metrics, prints sections on --import
+# a stand-in ncu: runs the profiled command, refuses --metrics naming {refuse!r}, prints
+# sections on --import
 import json, subprocess, sys
 argv = sys.argv[1:]
 if "--import" in argv:
@@ -111,7 +112,7 @@ if "--import" in argv:
                       f'"SpeedOfLight","{{metric}}","{{unit}}","{{value}}"')
             i += 1
     sys.exit(0)
-if "--metrics" in argv:
+if "--metrics" in argv and {refuse!r} in argv[argv.index("--metrics") + 1]:
     print("==ERROR== Failed to find metric")
     sys.exit(1)
 report = argv[argv.index("-o") + 1]
@@ -123,12 +124,16 @@ sys.exit(rc)
 """
 
 
-def test_driver_falls_back_to_sections_and_reports_every_call(tmp_path, monkeypatch, capsys):
+def fake_ncu(tmp_path, monkeypatch, refuse: str) -> None:
     fake = tmp_path / "ncu"
-    fake.write_text(FAKE.format(python=sys.executable, head=HEAD))
+    fake.write_text(FAKE.format(python=sys.executable, head=HEAD, refuse=refuse))
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("NCU", str(fake))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+def test_driver_falls_back_to_sections_and_reports_every_call(tmp_path, monkeypatch, capsys):
+    fake_ncu(tmp_path, monkeypatch, refuse="gpu__time")  # refuses every --metrics run
     out = tmp_path / "o"
     args = ["--device", "cpu", "--size", "64K", "--compressors", "maxmin,signsgd", "--out",
             str(out), "--timeout", "120"]  # fmt: skip
@@ -136,7 +141,8 @@ def test_driver_falls_back_to_sections_and_reports_every_call(tmp_path, monkeypa
     printed = capsys.readouterr().out
     assert "standard sections" in printed and "maxmin encode" in printed
     log = (out / "ncu_profile.log").read_text()
-    assert log.count("$ ") == 2 and "--metrics" in log and "--section SpeedOfLight" in log
+    assert log.count("$ ") == 3 and log.count("--metrics") == 2 and "--section SpeedOfLight" in log
+    assert log.count("inst_executed_pipe") == 1  # the second run: the metrics without the pipes
     assert "--clock-control none" in log and "--profile-from-start off" in log
     calls = json.loads((out / "ncu.json").read_text())
     assert [(c["case"], c["phase"]) for c in calls] == [
@@ -147,6 +153,17 @@ def test_driver_falls_back_to_sections_and_reports_every_call(tmp_path, monkeypa
         assert c["vs_copy"] == pytest.approx(c["least_bytes"] / (8 * 16384))
     # encode reads the input and writes the payload that decode_add reads beside out
     assert calls[1]["least_bytes"] - 4 * 16384 == calls[2]["least_bytes"] - 8 * 16384 > 0
+
+
+def test_an_ncu_without_the_pipe_metrics_still_gives_the_others(tmp_path, monkeypatch, capsys):
+    fake_ncu(tmp_path, monkeypatch, refuse="inst_executed_pipe")
+    out = tmp_path / "o"
+    args = ["--device", "cpu", "--size", "64K", "--compressors", "signsgd", "--out", str(out),
+            "--timeout", "120"]  # fmt: skip
+    assert ncu.main(args) == 0
+    assert capsys.readouterr().out.startswith("metrics of ")
+    log = (out / "ncu_profile.log").read_text()
+    assert log.count("$ ") == 2 and "--section" not in log and "again for the metrics" in log
 
 
 def test_no_ncu_is_a_clear_error(monkeypatch, capsys, tmp_path):
