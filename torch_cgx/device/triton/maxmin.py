@@ -167,8 +167,8 @@ class TritonMaxMin(FusedMaxMin):
         with self._on(dev):
             if sp["fused"]:  # one launch: the input read once
                 # code tiles no longer than a program's values (a longer one is all masked)
-                span = _pow2_floor(max(8, sp["meta"]["BB"] * codec.bucket_size))
-                codes["G"] = min(block, span) // 8
+                held = _pow2_floor(max(8, sp["meta"]["BB"] * codec.bucket_size))
+                codes["G"] = min(block, held) // 8
                 self._k.encode_kernel[(sp["grid"],)](
                     xb, meta, inv, sel, out[codes_at:], nq, codec.bucket_size, sp["span"], nb,
                     nbytes, k0, k1, *div, **sp["meta"], **codes, **opts)  # fmt: skip
