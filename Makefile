@@ -79,12 +79,12 @@ demo: build
 bench: build
 	$(PY) -m benchmarks.codec
 
-lint:
+lint: $(DEPS_STAMP)
 	ruff check torch_cgx cgx_utils benchmarks examples tests scripts setup.py
 	ruff format --check torch_cgx cgx_utils benchmarks examples tests scripts setup.py
 	clang-format --dry-run --Werror $$(git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.inc')
 
-format:
+format: $(DEPS_STAMP)
 	ruff format torch_cgx cgx_utils benchmarks examples tests scripts setup.py
 	clang-format -i $$(git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.inc')
 
