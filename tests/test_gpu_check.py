@@ -5,6 +5,7 @@ is read back; and the offline harness refuses installers. The whole check runs i
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import re
@@ -14,9 +15,21 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts" / "gpucheck"))
 
-import steps  # noqa: E402
+
+def _load(name: str):
+    """scripts/gpucheck/<name>.py as a module of its own name, without putting its folder on
+    sys.path: the check's scripts are plain files, and a folder on the path of the one pytest
+    process (and of every rank it spawns) would shadow installed packages of the same names."""
+    path = ROOT / "scripts" / "gpucheck" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"gpucheck_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+steps = _load("steps")
 
 
 def _ctx(tmp_path, cpu):

@@ -196,7 +196,7 @@ def _pytest_collect(ctx: Context) -> Dict:
 
 
 def _memcheck_argv(ctx: Context) -> List[str]:
-    run = [PY, str(HERE / "kernels.py"), "--device", ctx.device]
+    run = [PY, str(HERE / "kernel_check.py"), "--device", ctx.device]
     if ctx.cpu:
         return run
     return ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", *run, "--quick"]
