@@ -50,6 +50,19 @@ for width in (32, 64):
     llir, asm = compile_gfx942(maxmin_kernels.scalars_kernel, sig, c,
                                TritonMaxMin._options(rocm, plan["num_warps"]))
     planned[width] = [llir, asm, meta["BB"], meta["SUB"]]
+# the level codecs' scalars kernel as TritonLevels plans it (qsgd, buckets of 512), compiled for
+# 64 lanes with its plan for 32 and 64 lanes
+from torch_cgx.device.triton import levels as L
+qsgd = codecs.get("qsgd", bits=4, bucket_size=512)
+kernel, sig, consts = level_kernels()["scalars qsgd"]
+for width in (32, 64):
+    L.lanes = lambda device: width
+    sp = TritonLevels()._scalars_plan(qsgd, qsgd.layout(nq), rocm)
+    c = dict(consts, BB=sp["bb"], UNROLL=sp["unroll"], ALIGN=sp["align"], IDX64=False)
+    c.pop("num_warps")
+    llir, asm = compile_gfx942(levels_kernels.scalars_kernel, sig, c,
+                               dict(TritonLevels._options(rocm), num_warps=sp["warps"]))
+    planned["levels%d" % width] = [llir, asm, sp["bb"], sp["warps"]]
 json.dump({"kernels": out, "planned": planned}, sys.stdout)
 """
 FAST_MATH = re.compile(r"\b(?:fadd|fsub|fmul|fdiv|frem|fneg|fcmp|call|select|phi)\s+(?:[a-z]+\s+)*?"
@@ -149,5 +162,16 @@ def test_the_scalars_rows_fit_the_warp_width(compiled_amd):
     llir32, _, bb32, sub32 = compiled_amd["planned"]["32"]
     llir64, asm64, bb64, sub64 = compiled_amd["planned"]["64"]
     assert (bb32, sub32, bb64, sub64) == (4, 128, 4, 256)
+    assert "load <4 x float>" in llir64 and "global_load_dwordx4" in asm64
+    assert "load <4 x float>" not in llir32 and "load <2 x float>" in llir32
+
+
+def test_the_level_scalars_rows_fit_the_warp_width(compiled_amd):
+    """The level codecs' scalars tile (bb, 8) at four values a thread: 32 buckets a warp on a
+    64-lane MI300, ``<4 x float>`` loads (``global_load_dwordx4``); their plan for 32 lanes (16
+    buckets a warp, as on NVIDIA) would load 8 bytes a thread there."""
+    llir32, _, bb32, warps32 = compiled_amd["planned"]["levels32"]
+    llir64, asm64, bb64, warps64 = compiled_amd["planned"]["levels64"]
+    assert (bb32, warps32, bb64, warps64) == (16, 1, 32, 1)
     assert "load <4 x float>" in llir64 and "global_load_dwordx4" in asm64
     assert "load <4 x float>" not in llir32 and "load <2 x float>" in llir32

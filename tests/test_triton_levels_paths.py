@@ -127,6 +127,22 @@ def test_the_launch_plan():
     assert not TritonLevels(one_launch=False)._scalars_plan(qsgd, qsgd.layout(4096), cuda)["fused"]
 
 
+def test_the_scalars_tile_follows_the_warp_width(monkeypatch):
+    """A warp's (bb, 8) tile holds four values a thread (one 16-byte vector load a row): 16
+    buckets a warp on 32 lanes (NVIDIA), 32 on 64 (AMD's CDNA); buckets of <= 8 values 64 a
+    program, on 4 or 2 warps; the one-launch codes a group of eight a thread."""
+    import torch_cgx.device.triton.levels as L
+
+    cuda, n = torch.device("cuda"), 1 << 24
+    qsgd, tiny = codecs.get("qsgd", bucket_size=512), codecs.get("qsgd", bucket_size=8)
+    want = {32: [(16, 1, 32), (64, 4, 128)], 64: [(32, 1, 64), (64, 2, 128)]}
+    for width, plans in want.items():
+        monkeypatch.setattr(L, "lanes", lambda device, width=width: width)
+        got = [TritonLevels()._scalars_plan(c, c.layout(n), cuda) for c in (qsgd, tiny)]
+        assert [(p["bb"], p["warps"], p["threads"]) for p in got] == plans, width
+        assert all(p["bb"] * 8 == 4 * p["threads"] for p in got)
+
+
 def test_a_long_bucket_sums_long_trips():
     """A program of one bucket of at least LONG_ROWS rows sums LONG_UNROLL rows a loop trip
     (each lane one dependent chain: fewer memory round trips), in full trips and a masked

@@ -36,7 +36,7 @@ import torch
 from torch_cgx.device import constants
 from torch_cgx.device.codecs.base import DTYPE_CODES
 from torch_cgx.device.fused import FusedLevels
-from torch_cgx.device.triton import divisor, index64
+from torch_cgx.device.triton import divisor, index64, lanes
 
 __all__ = ["TritonLevels"]
 
@@ -85,8 +85,9 @@ class TritonLevels(FusedLevels):
 
     ``block``: values per program of the codes and decode kernels (a power of two >= 8);
     ``buckets_per_program``: buckets summed per program of the scalars kernel (a power of two);
-    None: on a GPU enough for about 1024 programs (at most 16, or 64 for buckets of <= 8
-    values), under the interpreter (programs run one after the other) up to 64 (1024).
+    None: on a GPU enough for about 1024 programs (at most half a warp's lanes: 16 on NVIDIA,
+    32 on AMD's 64-lane CDNA; or 64 for buckets of <= 8 values), under the interpreter
+    (programs run one after the other) up to 64 (1024).
     ``one_launch``: scalars and codes in one launch (``encode_kernel``) wherever a program's
     buckets end on a group of eight (True), never (False), or (None) there where a program's
     buckets also hold at most ``FUSED_VALUES`` values (its codes: a few tiles)."""
@@ -126,7 +127,9 @@ class TritonLevels(FusedLevels):
             return self.buckets_per_program
         if device.type != "cuda":  # the interpreter: programs run one after the other
             return min(1024 if size <= 8 else 64, 1 << (nb - 1).bit_length())
-        cap = 64 if size <= 8 else 16  # a bucket of one row leaves lanes idle: more buckets
+        # a warp's (bb, 8) tile at four values a thread: 16 buckets on 32 lanes, 32 on 64 (AMD's
+        # CDNA); a bucket of one row leaves lanes idle: more buckets
+        cap = 64 if size <= 8 else lanes(device) // 2
         return min(cap, _pow2_at_most(nb // 1024))  # about 1024 programs or more
 
     @staticmethod
@@ -181,7 +184,7 @@ class TritonLevels(FusedLevels):
                 sp = self._scalars_plan(codec, layout, dev)
                 args = (xb, out, scal)
                 if sp["fused"]:  # one launch: the scalars stay in L2, the input is read once
-                    codes["G"] = min(groups, 32 * sp["warps"])  # a group of 8 values a thread
+                    codes["G"] = min(groups, sp["threads"])  # a group of 8 values a thread
                     k.encode_kernel[(sp["grid"],)](
                         *args, out[scal_end:], n, size, nb, nbytes, k0, k1, *divisor(size),
                         CLIP=sp["clip"], BB=sp["bb"], UNROLL=sp["unroll"], ALIGN=sp["align"],
@@ -201,13 +204,13 @@ class TritonLevels(FusedLevels):
     def _scalars_plan(self, codec, layout, device: torch.device) -> dict:
         """The scalars pass's launch: ``bb`` buckets per program, ``grid`` programs, ``unroll``
         rows per iteration (``LONG_UNROLL`` in a program of one long bucket), ``warps`` (one per
-        16 buckets, at most 4: a row of the (bb, 8) tile is four values a thread, a vector load
-        where aligned), ``align`` (a power of two <= 8 dividing every bucket's start), ``wide``
-        (its int64 variant: the tiles of every program, the last one's padding buckets, the
-        scalars), and ``fused``: the codes in the same launch (``one_launch``; None: where a
-        program's buckets hold at most ``FUSED_VALUES`` values), where each program's buckets
-        end on a group of eight or there is one (its codes then in tiles of a group of eight
-        values per thread)."""
+        lanes / 2 buckets, at most 4: a row of the (bb, 8) tile is four values a thread, a vector
+        load where aligned; ``threads``: lanes x warps), ``align`` (a power of two <= 8 dividing
+        every bucket's start), ``wide`` (its int64 variant: the tiles of every program, the last
+        one's padding buckets, the scalars), and ``fused``: the codes in the same launch
+        (``one_launch``; None: where a program's buckets hold at most ``FUSED_VALUES`` values),
+        where each program's buckets end on a group of eight or there is one (its codes then in
+        tiles of a group of eight values per thread)."""
         nb, size = layout.count, layout.size
         bb = self._bb(nb, size, device)
         grid = _cdiv(nb, bb)
@@ -219,9 +222,11 @@ class TritonLevels(FusedLevels):
         fits = (bb * size) % 8 == 0 or grid == 1
         want = self.one_launch if self.one_launch is not None else bb * size <= FUSED_VALUES
         clip = codec.name == "terngrad" and codec.clip > 0
-        warps = max(1, min(4, bb // 16))  # a (bb, 8) row: 4 values a thread, one vector load
+        width = lanes(device)
+        warps = max(1, min(4, bb * 2 // width))  # (bb, 8): 4 values a thread, one vector load
         return {"bb": bb, "grid": grid, "unroll": unroll, "wide": wide, "align": align,
-                "fused": fits and want, "clip": clip, "warps": warps}  # fmt: skip
+                "fused": fits and want, "clip": clip, "warps": warps,
+                "threads": width * warps}  # fmt: skip
 
     def decode_add_(self, codec, out: torch.Tensor, payload: torch.Tensor, dtype=None):
         """``out += decode(payload)``; ``dtype`` (the payload's source dtype) changes no byte the
