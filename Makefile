@@ -44,8 +44,8 @@ test: lint core-test fuzz-short tsan py-test gpu-check-cpu
 
 # Fuzzing (docs/reliability.md): libFuzzer + ASan + UBSan over every decoder of received bytes
 # (cgx_fuzz_decode) and the allreduce algorithms as receivers (cgx_fuzz_allreduce), in a clang
-# build of its own. Short: 30 s per target, part of `make test`. Long: every case alone for
-# FUZZ_RUNS executions (FUZZ_JOBS cases at a time).
+# build of its own. Short: 30 s per target (side by side), part of `make test`. Long: every
+# case alone for FUZZ_RUNS executions (FUZZ_JOBS cases at a time).
 FUZZ_RUNS ?= 10000000
 FUZZ_ALLREDUCE_RUNS ?= 1000000
 fuzz-build: $(DEPS_STAMP)

@@ -36,8 +36,12 @@ if os.environ.get("CGX_SKIP_EXT") != "1":
             sources,
             include_dirs=[os.path.abspath("csrc")],
             define_macros=[("CGX_BUILT_WITH_TORCH", f'"{TORCH_VERSION}"')],
+            # -g1 (after Python's -g): line tables for backtraces, without the full debug
+            # information of torch's templates, which doubled each binding's compile time
+            # (backend_binding.cc 38 s -> 22 s on the 2-core machine; objects 19 MB -> 5 MB)
             extra_compile_args=[
                 "-O3",
+                "-g1",
                 "-Wall",
                 "-Wextra",
                 "-Wno-psabi",
