@@ -20,16 +20,6 @@ if "TRITON_INTERPRET" not in os.environ and importlib.util.find_spec("triton") i
         del os.environ["TRITON_INTERPRET"]
 
 
-def pytest_collection_finish(session):
-    """Starts the compile scripts of the collected test modules that list them (tests/
-    compile_jobs.py), in the background: they compile while the tests before them run."""
-    import compile_jobs
-
-    for module in dict.fromkeys(getattr(item, "module", None) for item in session.items):
-        for script in getattr(module, "COMPILE_SCRIPTS", ()):
-            compile_jobs.start(script)
-
-
 @pytest.fixture
 def restore_threads():
     """Restores the codec's thread count after a test that changes it."""

@@ -75,12 +75,9 @@ EXACT_FMA = re.compile(r"call float @llvm\.fma\.f32\(float %[\w.]+, float 0x3E70
 APPROXIMATE = ("llvm.amdgcn.rcp", "llvm.amdgcn.rsq", "llvm.amdgcn.fdiv.fast", "__ocml_native")
 
 
-COMPILE_SCRIPTS = (SCRIPT,)  # started at collection (tests/compile_jobs.py)
-
-
 @pytest.fixture(scope="module")
-def compiled_amd():
-    return compiled(SCRIPT)
+def compiled_amd(tmp_path_factory):
+    return compiled(tmp_path_factory.mktemp("triton-cache"), SCRIPT)
 
 
 @pytest.fixture(scope="module")

@@ -60,13 +60,13 @@ json.dump(out, sys.stdout)
 DIVISION = re.compile(r"\b(?:div|rem)\.[su](?:32|64)\b")
 
 
-def test_the_cuda_code_rounds_like_the_reference():
+def test_the_cuda_code_rounds_like_the_reference(tmp_path):
     """The kernels compiled for sm_90 (triton's bundled ptxas; no GPU needed) with the launch's
     options: every fp32 / fp64 add, sub and mul is a separate round-to-nearest instruction (no
     fma but the generator's exact one: ``enable_fp_fusion=False`` reaches the code), divisions
     and the square root are the IEEE fp64 ones, nothing flushes denormals (no .ftz), no
     approximate instruction."""
-    ptx = compiled(PTX_SCRIPT)
+    ptx = compiled(tmp_path, PTX_SCRIPT)
     for name, code in ptx.items():
         assert contractions(code) == [], name
         for bad in (".ftz", "div.full", "div.approx", ".approx.", "rcp.", "div.rn.f32"):
@@ -192,10 +192,7 @@ def check_vector_accesses(found: dict) -> None:
     assert loads(ptx["decode 8"], "b64") == 1 and loads(ptx["decode 4"], "b64") == 0
 
 
-COMPILE_SCRIPTS = (PTX_SCRIPT, VECTOR_SCRIPT)  # started at collection (tests/compile_jobs.py)
-
-
-def test_full_tiles_load_vectors_and_decode_reads_words():
+def test_full_tiles_load_vectors_and_decode_reads_words(tmp_path):
     """The fp32 / fp16 kernels with 16-byte aligned pointers, as a launch from fresh tensors
     specialises them, and a bucket size that is a multiple of 8 (check_vector_accesses)."""
-    check_vector_accesses(compiled(VECTOR_SCRIPT))
+    check_vector_accesses(compiled(tmp_path, VECTOR_SCRIPT))

@@ -24,12 +24,9 @@ json.dump(out, sys.stdout)
 """
 
 
-COMPILE_SCRIPTS = (SCRIPT,)  # started at collection (tests/compile_jobs.py)
-
-
 @pytest.fixture(scope="module")
-def ptx():
-    return compiled(SCRIPT)
+def ptx(tmp_path_factory):
+    return compiled(tmp_path_factory.mktemp("triton-cache"), SCRIPT)
 
 
 def test_full_tiles_move_vectors(ptx):

@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import json
 import os
 import pathlib
 import re
+import subprocess
+import sys
 from typing import Callable, Tuple
 
-import compile_jobs
 import pytest
 import torch
 
@@ -114,11 +116,16 @@ def require_triton_backend(backend: str = "nvidia") -> None:
         pytest.skip(f"triton has no {backend} backend here", allow_module_level=True)
 
 
-def compiled(script: str, *args: str) -> dict:
-    """The JSON a compile script prints, run in a subprocess without TRITON_INTERPRET into a
-    fresh cache (tests/compile_jobs.py: started in the background when the tests are collected,
-    where the module lists the script in ``COMPILE_SCRIPTS``)."""
-    return compile_jobs.result(script, *args)
+def compiled(cache_dir, script: str, *args: str) -> dict:
+    """The JSON a compile script prints, run in a subprocess without TRITON_INTERPRET, compiling
+    into ``cache_dir`` (whatever ~/.triton holds)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    env["TRITON_CACHE_DIR"] = str(cache_dir)
+    run = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)
 
 
 def contractions(code: str) -> list:

@@ -1,7 +1,8 @@
 // torch tensors in, csrc/core/lowrank.h's fused PowerSGD passes out (fp32, CPU, contiguous).
 #include "lowrank_binding.h"
 
-#include <torch/extension.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <optional>
 

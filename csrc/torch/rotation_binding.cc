@@ -1,7 +1,8 @@
 // torch tensors in, csrc/core/rotation.h's seeded block rotation out (fp32, CPU, contiguous).
 #include "rotation_binding.h"
 
-#include <torch/extension.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "core/rotation.h"
 
