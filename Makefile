@@ -70,7 +70,7 @@ fuzz-corpus: fuzz-build
 # build on 2 cores: part of `make test`).
 tsan: $(DEPS_STAMP)
 	cmake -S . -B build/tsan -G Ninja -DCGX_TSAN=ON > /dev/null
-	ninja -C build/tsan -j $(MAX_JOBS) cgx_core_tests
+	ninja -C build/tsan -j $(MAX_JOBS) cgx_tsan_tests
 	./scripts/tsan.sh
 
 demo: build

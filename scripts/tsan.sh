@@ -9,8 +9,7 @@ cd "$(dirname "$0")/.."
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
 # Newer kernels randomize mmap beyond what older TSan runtimes map: run without ASLR if needed.
 runner=()
-if ! build/tsan/cgx_core_tests --gtest_filter='SerialExecutor.*' >/dev/null 2>&1; then
+if ! build/tsan/cgx_tsan_tests --gtest_filter='SerialExecutor.*' >/dev/null 2>&1; then
   command -v setarch >/dev/null && runner=(setarch "$(uname -m)" -R)
 fi
-"${runner[@]}" build/tsan/cgx_core_tests \
-  --gtest_filter='Allreduce*:AllreduceCompressors*:SerialExecutor*:ShmNode*:Codec*:EveryCompressor*:Hierarchical*:Rotated*:ReduceScatter*'
+"${runner[@]}" build/tsan/cgx_tsan_tests
