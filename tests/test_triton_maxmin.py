@@ -167,14 +167,15 @@ def test_constant_buckets_signed_zeros_and_16_bit_extremes():
 
 
 def test_buckets_longer_than_a_program(monkeypatch):
-    """Buckets of 2^20 and 65537 values (loops of 16 and 2 tiles of the interpreter's 65536),
-    and clipped buckets of 513 and 1000 values over 64-value tiles (the min / max loop and the
-    row loop of the sums); the 2^20 bucket on the int64 index variant."""
+    """Buckets of 2^17 values over tiles of 8192 (a loop of 16 tiles) and 65537 values (2 tiles
+    of the interpreter's 65536), and clipped buckets of 513 and 1000 values over 64-value tiles
+    (the min / max loop and the row loop of the sums); the 2^17 bucket on the int64 index
+    variant."""
     g = np.random.default_rng(20)
-    x = torch.from_numpy((g.standard_normal((1 << 20) + 3) * 2.0).astype(np.float32))
+    x = torch.from_numpy((g.standard_normal(2 * 65537 + 5) * 2.0).astype(np.float32))
     with monkeypatch.context() as mp:
         wide_indices(mp)
-        check(DEFAULT, x, 5, 1 << 20, (0, 1, 0), what="2^20")
+        check(TritonMaxMin(tile=8192), x[: (1 << 17) + 3], 5, 1 << 17, (0, 1, 0), what="2^17")
     check(DEFAULT, x[: 2 * 65537 + 5].to(torch.bfloat16), 2, 65537, (1, 0, 0), what="65537")
     y = torch.from_numpy((g.standard_normal(3 * 1000 + 7) * 5.0).astype(np.float32))
     check(SMALL, y[:1541], 3, 513, (1, 1, 1), what="clipped 513")
