@@ -26,6 +26,7 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(decode allreduce)
 
 max_len() { [ "$1" = decode ] && echo 8192 || echo 32768; }
+seeds_of() { echo "csrc/fuzz/corpus/$1"; }
 
 # fuzz TARGET LOG SEEDS [libFuzzer options...]: one libFuzzer run; fails with the log's tail.
 fuzz() {
@@ -53,7 +54,7 @@ summary() {  # LOG: executions per case, total, speed
 
 for target in "${targets[@]}"; do
   bin=$out/cgx_fuzz_$target
-  seeds=csrc/fuzz/corpus/$target
+  seeds=$(seeds_of "$target")
   [ -x "$bin" ] || { echo "$bin missing: make fuzz-build" >&2; exit 1; }
   # Every seed must be accepted (a valid payload / an honest run), else the corpus is stale.
   CGX_FUZZ_STRICT=1 "$bin" -runs=0 -max_len="$(max_len "$target")" -artifact_prefix="$out/" "$seeds" \
@@ -96,7 +97,7 @@ done
 start=$SECONDS
 pids=()
 for target in "${targets[@]}"; do
-  fuzz "$target" "$out/fuzz-$target.log" "csrc/fuzz/corpus/$target" -max_total_time="$seconds" &
+  fuzz "$target" "$out/fuzz-$target.log" "$(seeds_of "$target")" -max_total_time="$seconds" &
   pids+=($!)
 done
 failed=0

@@ -176,7 +176,7 @@ def test_buckets_longer_than_a_program(monkeypatch):
     with monkeypatch.context() as mp:
         wide_indices(mp)
         check(TritonMaxMin(tile=8192), x[: (1 << 17) + 3], 5, 1 << 17, (0, 1, 0), what="2^17")
-    check(DEFAULT, x[: 2 * 65537 + 5].to(torch.bfloat16), 2, 65537, (1, 0, 0), what="65537")
+    check(DEFAULT, x.to(torch.bfloat16), 2, 65537, (1, 0, 0), what="65537")
     y = torch.from_numpy((g.standard_normal(3 * 1000 + 7) * 5.0).astype(np.float32))
     check(SMALL, y[:1541], 3, 513, (1, 1, 1), what="clipped 513")
     check(SMALL, y.to(torch.float16), 6, 1000, (0, 0, 1), what="clipped 1000")
