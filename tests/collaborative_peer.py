@@ -1,0 +1,126 @@
+"""One peer of a collaboration (one process) for tests/test_collaborative_peers.py.
+
+The first peer (``host=True``) hosts the Lighthouse (``initial_peers=None``) and writes its
+address to ``<out>/address``; the others wait for that file and join. Every peer builds the
+same seeded model only by chance of its own seed (``seed``): the first round makes them equal
+(a heal from the first peer). Each micro-batch of ``BATCH`` samples sleeps ``delay`` seconds
+(the emulated compute: a slow peer has a larger one). After every epoch it writes
+``<out>/<name>/<epoch>.pt``: parameters, optimizer state, the round's table, whether it healed.
+Controls: ``<out>/stop`` (an epoch: exit once reached); ``kill_round`` (SIGKILL this process in
+the middle of its n-th round with samples: after the headers went round, before the payloads).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+
+BATCH = 8
+TARGET = 64
+
+
+def _wait_for(path: str, limit: float = 60.0) -> str:
+    deadline = time.monotonic() + limit
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {limit} s")
+        time.sleep(0.02)
+    with open(path) as f:
+        return f.read().strip()
+
+
+def _stop_epoch(out: str):
+    try:
+        with open(os.path.join(out, "stop")) as f:
+            return int(f.read().strip() or "0")
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _die_in_round(n: int) -> None:
+    """SIGKILL on the payload gather of this peer's n-th round with a payload."""
+    from torch_cgx.collaborative import wire
+
+    gather, calls = wire._gather, [0]
+
+    def gather_or_die(pg, tensor, world):
+        if tensor.dtype == torch.uint8:
+            calls[0] += 1
+            if calls[0] == n:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return gather(pg, tensor, world)
+
+    wire._gather = gather_or_die
+
+
+def _compression(kind: str):
+    from torch_cgx import compression as C
+
+    if kind == "fp16":
+        return C.Float16Compression()
+    if kind == "adaptive":  # the seed's policy, with a threshold that splits this model
+        return C.SizeAdaptiveCompression(256, C.Float16Compression(), C.Uniform8BitQuantization())
+    if kind == "maxmin4":
+        return C.CGXCompression("maxmin", bits=4, bucket_size=64)
+    return None
+
+
+def _snapshot(opt, model, healed) -> dict:
+    return {
+        "epoch": opt.local_epoch,
+        "healed": healed,
+        "params": {n: p.detach().clone() for n, p in model.named_parameters()},
+        "optimizer": opt.optimizer.state_dict(),
+        "table": opt.last_round.get("table"),
+        "residuals": [None if r is None else r.clone() for r in opt.state.residuals],
+        "time": time.time(),
+    }
+
+
+def run(out, name, first, delay, compression="fp16", kill_round=0, local=False, seed=0):
+    from torch_cgx.collaborative import Optimizer
+
+    if kill_round:
+        _die_in_round(kill_round)
+    torch.manual_seed(1000 + seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    teacher = torch.nn.Linear(16, 1)
+    torch.manual_seed(0)
+    teacher.reset_parameters()
+    address = None if first else _wait_for(os.path.join(out, "address"))
+    opt = Optimizer(
+        run_id="test", target_batch_size=TARGET, batch_size_per_step=BATCH,
+        optimizer=lambda ps: torch.optim.Adam(ps, lr=0.01), params=model.parameters(),
+        grad_compression=None if local else _compression(compression),
+        state_averaging_compression=_compression(compression) if local else None,
+        use_local_updates=local, initial_peers=address, host="127.0.0.1",
+        matchmaking_time=3.0, averaging_timeout=5.0, heartbeat_timeout=1.0,
+    )  # fmt: skip
+    if first:
+        with open(os.path.join(out, "address.tmp"), "w") as f:
+            f.write(opt.address)
+        os.replace(os.path.join(out, "address.tmp"), os.path.join(out, "address"))
+    folder = os.path.join(out, name)
+    os.makedirs(folder, exist_ok=True)
+    data = torch.Generator().manual_seed(7919 * (seed + 1))
+    epoch, healed = opt.local_epoch, opt.healed
+    torch.save(_snapshot(opt, model, healed), os.path.join(folder, f"join{epoch}.pt"))
+    while True:
+        stop = _stop_epoch(out)
+        if stop is not None and opt.local_epoch >= stop:
+            break
+        x = torch.randn(BATCH, 16, generator=data)
+        loss = torch.nn.functional.mse_loss(model(x), teacher(x).detach())
+        loss.backward()
+        time.sleep(delay)
+        opt.step()
+        opt.zero_grad()
+        healed = healed or opt.healed
+        if opt.local_epoch != epoch:
+            epoch = opt.local_epoch
+            torch.save(_snapshot(opt, model, healed), os.path.join(folder, f"{epoch}.pt"))
+            healed = False
+    opt.shutdown()

@@ -1,0 +1,148 @@
+"""One round's traffic over a torchft Manager's process group: the header table and the
+sample-weighted average of per-tensor compressed tensors.
+
+A round is two all-gathers over the quorum (Gloo on CPU): a header of float64 ``(samples,
+rate, batch size, payload bytes)`` per peer, then every peer's payload padded to the largest.
+A payload is the peer's tensors, each compressed by the object its policy chooses for it
+(``resolve(policy, CompressionInfo(key=index, role=...))``, hivemind's per-tensor policies
+included), each as ``u32 length + Payload.to_bytes()``. Every peer decodes the contributors'
+payloads in rank order and forms ``sum_i (n_i * x_i) / sum_i n_i`` on the host, each product
+and sum a separate IEEE operation (no fused multiply-add): the same bytes on every peer,
+whatever its CPU.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from torch_cgx.compression import (
+    CompressionBase,
+    CompressionInfo,
+    NoCompression,
+    Payload,
+    TensorRole,
+    extract,
+    resolve,
+)
+from torch_cgx.compression.base import TensorDescriptor
+from torch_cgx.diloco.managed import _gather, _process_group, _rank
+
+__all__ = ["HEADER", "Codec", "average", "gather_round", "is_biased"]
+
+HEADER = 4  # samples, rate (samples/s, 0: unknown), batch size (0: unknown), payload bytes
+_LEN = struct.Struct("<I")
+
+
+def is_biased(leaf: CompressionBase) -> bool:
+    """Whether ``leaf`` leaves a systematic error that error feedback should carry: every
+    compressor but the exact one, fp16 (one rounding to nearest) and the unbiased stochastic
+    compressors of the registry."""
+    from torch_cgx.compression import Float16Compression, ScaledFloat16Compression
+    from torch_cgx.compression.registered import CGXCompression
+
+    if isinstance(leaf, (NoCompression, Float16Compression, ScaledFloat16Compression)):
+        return False
+    if isinstance(leaf, CGXCompression):
+        return bool(leaf._codec.traits.get("biased", True))
+    return True
+
+
+class Codec:
+    """The compression of each tensor of a list (shapes fixed at construction)."""
+
+    def __init__(self, policy: Optional[CompressionBase], shapes, role: TensorRole) -> None:
+        policy = NoCompression() if policy is None else policy
+        if not isinstance(policy, CompressionBase):
+            raise ValueError(
+                f"compression must be a torch_cgx.compression object (Float16Compression(), "
+                f"SizeAdaptiveCompression(...), CGXCompression('maxmin', bits=4), ...) or None, "
+                f"got {policy!r}"
+            )
+        self.shapes = [tuple(s) for s in shapes]
+        self.leaves = [
+            resolve(policy, CompressionInfo(i, TensorDescriptor(s, torch.float32), role))
+            for i, s in enumerate(self.shapes)
+        ]
+        self.biased = [is_biased(leaf) for leaf in self.leaves]
+
+    def encode(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        parts = []
+        for i, (leaf, x) in enumerate(zip(self.leaves, tensors)):
+            info = CompressionInfo(i, TensorDescriptor(self.shapes[i], torch.float32))
+            blob = leaf.compress(x.reshape(self.shapes[i]), info).to_bytes()
+            parts += [_LEN.pack(len(blob)), blob]
+        data = b"".join(parts)
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else _empty()
+
+    def decode(self, payload: torch.Tensor) -> List[torch.Tensor]:
+        """The flat fp32 tensors of ``payload``; ValueError when it is truncated, corrupted or
+        of other shapes."""
+        raw = payload.numpy().tobytes()
+        out, pos = [], 0
+        for i, shape in enumerate(self.shapes):
+            if pos + 4 > len(raw):
+                raise ValueError(f"collaborative payload truncated at tensor {i}")
+            (size,) = _LEN.unpack_from(raw, pos)
+            if pos + 4 + size > len(raw):
+                raise ValueError(f"collaborative payload truncated in tensor {i}")
+            x = extract(Payload.from_bytes(raw[pos + 4 : pos + 4 + size]))
+            if tuple(x.shape) != shape:
+                raise ValueError(f"collaborative payload: tensor {i} has shape "
+                                 f"{tuple(x.shape)}, expected {shape}")  # fmt: skip
+            out.append(x.detach().to(torch.float32).reshape(-1))
+            pos += 4 + size
+        if pos != len(raw):
+            raise ValueError(f"collaborative payload: {len(raw) - pos} bytes past its tensors")
+        return out
+
+
+def _empty() -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8)
+
+
+def gather_round(manager, header: Sequence[float], payload: Optional[torch.Tensor]):
+    """Header rows of every peer of the quorum (rank order) and their payloads (None where a
+    peer sent none). Raises what the process group raises (a peer gone, a timeout)."""
+    pg = _process_group(manager)
+    world = pg.size()
+    mine = torch.tensor(list(header), dtype=torch.float64)
+    rows, work = _gather(pg, mine, world)
+    work.wait()
+    table = [tuple(r.tolist()) for r in rows]
+    longest = int(max(row[3] for row in table))
+    if longest == 0:
+        return table, [None] * world, 0
+    wire = torch.zeros(longest, dtype=torch.uint8)
+    if payload is not None:
+        wire[: payload.numel()] = payload
+    parts, work = _gather(pg, wire, world)
+    work.wait()
+    payloads = [p[: int(row[3])] if row[3] > 0 else None for p, row in zip(parts, table)]
+    return table, payloads, longest * (world - 1)
+
+
+def rank_of(manager) -> int:
+    return _rank(_process_group(manager))
+
+
+def average(codec: Codec, table, payloads) -> Tuple[Optional[List[torch.Tensor]], int]:
+    """The sample-weighted average of the contributors' tensors (None when nobody contributed)
+    and the total samples."""
+    total = sum(int(row[0]) for row in table)
+    if total == 0:
+        return None, 0
+    acc = [torch.zeros(int(torch.Size(s).numel()), dtype=torch.float32) for s in codec.shapes]
+    for row, payload in zip(table, payloads):
+        samples = int(row[0])
+        if samples == 0:
+            continue
+        if payload is None:
+            raise ValueError("collaborative round: a peer reported samples without a payload")
+        for a, x in zip(acc, codec.decode(payload)):
+            a.add_(x.mul_(float(samples)))  # two roundings, each IEEE: no fused multiply-add
+    for a in acc:
+        a.div_(float(total))
+    return acc, total
