@@ -69,18 +69,22 @@ def _compression(kind: str):
 
 
 def _snapshot(opt, model, healed) -> dict:
+    from torch_cgx.collaborative import wire
+
     return {
         "epoch": opt.local_epoch,
         "healed": healed,
         "params": {n: p.detach().clone() for n, p in model.named_parameters()},
         "optimizer": opt.optimizer.state_dict(),
         "table": opt.last_round.get("table"),
+        "rank": wire.rank_of(opt.manager),
         "residuals": [None if r is None else r.clone() for r in opt.state.residuals],
         "time": time.time(),
     }
 
 
-def run(out, name, first, delay, compression="fp16", kill_round=0, local=False, seed=0):
+def run(out, name, first, delay, compression="fp16", kill_round=0, local=False, seed=0,
+        stop=None):
     from torch_cgx.collaborative import Optimizer
 
     if kill_round:
@@ -109,8 +113,8 @@ def run(out, name, first, delay, compression="fp16", kill_round=0, local=False, 
     epoch, healed = opt.local_epoch, opt.healed
     torch.save(_snapshot(opt, model, healed), os.path.join(folder, f"join{epoch}.pt"))
     while True:
-        stop = _stop_epoch(out)
-        if stop is not None and opt.local_epoch >= stop:
+        last = stop if stop is not None else _stop_epoch(out)
+        if last is not None and opt.local_epoch >= last:
             break
         x = torch.randn(BATCH, 16, generator=data)
         loss = torch.nn.functional.mse_loss(model(x), teacher(x).detach())

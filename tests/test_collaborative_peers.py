@@ -1,0 +1,131 @@
+"""Collaborative training with real peers (processes on 127.0.0.1, torchft's Gloo): the first
+peer hosts the Lighthouse; one peer is 3x slower; one is SIGKILLed in the middle of a round and a
+new one joins later (tests/collaborative_peer.py). Checked from every peer's snapshots:
+parameters and optimizer state bitwise equal after every epoch, the slow peer's share, the
+epochs' pace, the others going on after the kill, the newcomer equal and contributing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import collaborative_peer
+import pytest
+import torch
+import torch.multiprocessing as mp
+from dist_helpers import context_start_method
+
+pytest.importorskip("torchft")
+
+LIMIT = 120.0
+FAST, SLOW = 0.01, 0.03  # seconds of emulated compute per micro-batch
+STOP = 36
+
+
+def _start(ctx, out, name, first, delay, **kw):
+    p = ctx.Process(target=collaborative_peer.run, args=(str(out), name, first, delay),
+                    kwargs=dict(stop=STOP, **kw), daemon=True)  # fmt: skip
+    p.start()
+    return p
+
+
+def _snapshots(out, name):
+    folder = os.path.join(out, name)
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    epochs = sorted(int(f[:-3]) for f in names if f.endswith(".pt") and f[0].isdigit())
+    return {e: torch.load(os.path.join(folder, f"{e}.pt"), weights_only=False) for e in epochs}
+
+
+def _wait(what, procs, condition):
+    deadline = time.monotonic() + LIMIT
+    while not condition():
+        for name, p in procs.items():
+            if p.exitcode not in (None, 0, -signal.SIGKILL):
+                raise AssertionError(f"peer {name} exited with {p.exitcode} waiting for {what}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _equal(a, b, what):
+    for key in a["params"]:
+        assert torch.equal(a["params"][key], b["params"][key]), f"{what}: parameter {key}"
+    sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
+    assert sa.keys() == sb.keys(), what
+    for i in sa:
+        for k in sa[i]:
+            assert torch.equal(sa[i][k], sb[i][k]), f"{what}: optimizer state {i}.{k}"
+
+
+@pytest.mark.timeout(240)
+def test_slow_peer_kill_and_join(tmp_path):
+    out = str(tmp_path)
+    ctx = mp.get_context(context_start_method())
+    procs = {"a": _start(ctx, out, "a", True, FAST, seed=0, compression="adaptive")}
+    procs["b"] = _start(ctx, out, "b", False, FAST, seed=1, compression="adaptive", kill_round=8)
+    procs["c"] = _start(ctx, out, "c", False, SLOW, seed=2, compression="adaptive")
+    try:
+        _wait("b's death", procs, lambda: procs["b"].exitcode == -signal.SIGKILL)
+        killed_at = max(_snapshots(out, "a"), default=0)
+        procs["d"] = _start(ctx, out, "d", False, FAST, seed=3, compression="adaptive")
+        for name in "acd":
+            procs[name].join(LIMIT)
+            assert procs[name].exitcode == 0, (name, procs[name].exitcode)
+    finally:
+        for p in procs.values():
+            if p.is_alive():
+                p.kill()
+    snaps = {n: _snapshots(out, n) for n in "abcd"}
+    # the others went on after the kill, without a restart, to the last epoch
+    assert max(snaps["a"]) == max(snaps["c"]) == max(snaps["d"]) == STOP
+    assert killed_at < STOP - 5
+    # bitwise equal after every epoch, on every peer that saw it
+    for e, a in snaps["a"].items():
+        for n in "bcd":
+            if e in snaps[n]:
+                _equal(a, snaps[n][e], f"epoch {e}, peers a and {n}")
+    # the newcomer: healed at its first round, equal from then, contributing within 2 epochs
+    first = min(snaps["d"])
+    join = torch.load(os.path.join(out, "d", f"join{first - 1}.pt"), weights_only=False)
+    assert join["healed"]
+    _equal(snaps["a"][first - 1], join, "the newcomer after its heal")
+    gave = [e for e, s in snaps["d"].items() if s["table"][s["rank"]][0] > 0]
+    assert gave and min(gave) <= first + 1, (first, gave)
+    # the slow peer: fewer samples per epoch than the fast ones, and the epochs at their pace
+    three = [s for e, s in snaps["c"].items() if e > 3 and len(s["table"]) == 3]
+    assert three, "no epoch with three peers"
+    slow = sum(s["table"][s["rank"]][0] for s in three)
+    fast = sum(sum(r[0] for r in s["table"]) for s in three) - slow
+    assert slow * 1.5 < fast / 2, (slow, fast)  # a fast peer contributes > 1.5x the slow one
+    times = [snaps["c"][e]["time"] for e in sorted(snaps["c"])]
+    per_epoch = (times[-1] - times[0]) / (len(times) - 1)
+    # with an equal share the slow peer alone needs TARGET / 3 samples at its pace per epoch
+    equal_share = collaborative_peer.TARGET / 3 / collaborative_peer.BATCH * SLOW
+    assert per_epoch < equal_share * 1.5 + 0.3, (per_epoch, equal_share)
+
+
+@pytest.mark.timeout(120)
+def test_local_updates_average_parameters_bitwise(tmp_path):
+    out = str(tmp_path)
+    ctx = mp.get_context(context_start_method())
+    procs = {"a": _start(ctx, out, "a", True, FAST, seed=0, compression="maxmin4", local=True)}
+    procs["b"] = _start(ctx, out, "b", False, SLOW, seed=1, compression="maxmin4", local=True)
+    try:
+        for name in "ab":
+            procs[name].join(LIMIT)
+            assert procs[name].exitcode == 0, (name, procs[name].exitcode)
+    finally:
+        for p in procs.values():
+            if p.is_alive():
+                p.kill()
+    a, b = _snapshots(out, "a"), _snapshots(out, "b")
+    common = sorted(set(a) & set(b))
+    assert len(common) > 10
+    for e in common:
+        for key in a[e]["params"]:
+            assert torch.equal(a[e]["params"][key], b[e]["params"][key]), (e, key)
+    # the optimizer steps locally: its statistics are each peer's own
+    last = common[-1]
+    assert not torch.equal(a[last]["optimizer"]["state"][0]["exp_avg"],
+                           b[last]["optimizer"]["state"][0]["exp_avg"])  # fmt: skip
+    assert any(r is not None for r in a[last]["residuals"])  # 4-bit max-min: error feedback
