@@ -43,7 +43,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 # CGXStrategy, CGXStatsCallback: module __getattr__
-__all__ = ["CGXStatsCallback", "CGXStrategy", "make_hook", "stats_callback_class", "strategy_class"]  # noqa: F822
+__all__ = ["CGXStatsCallback", "CGXStrategy", "HivemindStrategy", "extract_batch_size",  # noqa: F822
+           "hivemind_strategy_class", "make_hook", "stats_callback_class", "strategy_class"]  # fmt: skip
 
 _PACKAGES = {"lightning": "lightning.pytorch", "pytorch_lightning": "pytorch_lightning"}
 
@@ -240,7 +241,48 @@ class _StatsMixin:
             print(self.stats.summary(), flush=True)
 
 
+@functools.cache
+def hivemind_strategy_class(package: str = "auto") -> type:
+    """``HivemindStrategy`` (torch_cgx.collaborative) for ``package``, as :func:`strategy_class`."""
+    if package == "auto":
+        return hivemind_strategy_class(installed_package(package, "HivemindStrategy"))
+    from torch_cgx.collaborative.strategy import mixin
+
+    return lightning_subclass(package, "strategies.SingleDeviceStrategy", mixin,
+                              "HivemindStrategy", __name__)  # fmt: skip
+
+
+def imported_package() -> str:
+    """The Lightning package this program imported first (``sys.modules`` keeps the order of
+    imports; the other one may be imported by the first at run time), else as "auto"."""
+    import sys
+
+    for name in sys.modules:
+        if name in ("pytorch_lightning", "lightning.pytorch"):
+            return "pytorch_lightning" if name == "pytorch_lightning" else "lightning"
+    return installed_package("auto", "HivemindStrategy")
+
+
+class _HivemindSelector:
+    """``HivemindStrategy(...)``: the flavour of the Lightning package the program imported
+    (hivemind's page imports ``pytorch_lightning``); ``hivemind_strategy_class(package)`` names
+    one explicitly."""
+
+    def __new__(cls, *args, **kwargs):
+        return hivemind_strategy_class(imported_package())(*args, **kwargs)
+
+
+def extract_batch_size(batch, package: str = "auto") -> int:
+    """The batch size ``package``'s Lightning reads off a batch."""
+    package = _PACKAGES[installed_package(package, "HivemindStrategy")]
+    return importlib.import_module(f"{package}.utilities.data").extract_batch_size(batch)
+
+
 def __getattr__(name: str):
+    if name == "HivemindStrategy":
+        return _HivemindSelector
+    if name.startswith("_HivemindStrategy_") and name[len("_HivemindStrategy_") :] in _PACKAGES:
+        return hivemind_strategy_class(name[len("_HivemindStrategy_") :])
     if name == "CGXStrategy":
         return strategy_class("auto")
     if name == "CGXStatsCallback":
