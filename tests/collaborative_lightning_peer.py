@@ -100,7 +100,7 @@ def run(out, peer, addresses, steps, seed):
     ))  # fmt: skip
     # block 2
     compression = SizeAdaptiveCompression(
-        threshold=2 ** 16 + 1, less=Float16Compression(), greater_equal=Uniform8BitQuantization()
+        threshold=2**16 + 1, less=Float16Compression(), greater_equal=Uniform8BitQuantization()
     )
     blocks.append(lambda: pl.Trainer(
         strategy=HivemindStrategy(
@@ -115,7 +115,7 @@ def run(out, peer, addresses, steps, seed):
     blocks.append(lambda: pl.Trainer(
         strategy=HivemindStrategy(
             target_batch_size=TARGET,
-            grad_averager_factory=partial(PowerSGDGradientAverager, averager_rank=32, min_compression_ratio=0.5),
+            grad_averager_factory=partial(PowerSGDGradientAverager, averager_rank=32, min_compression_ratio=0.5),  # noqa: E501
         ),
         accelerator="cpu",
         devices=1,

@@ -83,8 +83,7 @@ def _snapshot(opt, model, healed) -> dict:
     }
 
 
-def run(out, name, first, delay, compression="fp16", kill_round=0, local=False, seed=0,
-        stop=None):
+def run(out, name, first, delay, compression="fp16", kill_round=0, local=False, seed=0, stop=None):
     from torch_cgx.collaborative import Optimizer
 
     if kill_round:

@@ -5,6 +5,9 @@
 ...                   strategy=CGXStrategy(grad_compression="maxmin",
 ...                                        compression_params={"bits": 4}))
 
+``HivemindStrategy`` (lightning-hivemind's signature) trains collaboratively with peers that
+join and leave, on :mod:`torch_cgx.collaborative` (its module ``collaborative/strategy.py``).
+
 ``CGXStrategy`` subclasses Lightning's ``DDPStrategy`` with ``process_group_backend="cgx"`` and
 registers the torch_cgx DDP hook that ``grad_compression`` names, on CPU and GPU alike (Lightning
 itself registers ``ddp_comm_hook`` on CUDA only):
@@ -44,7 +47,8 @@ import torch
 
 # CGXStrategy, CGXStatsCallback: module __getattr__
 __all__ = ["CGXStatsCallback", "CGXStrategy", "HivemindStrategy", "extract_batch_size",  # noqa: F822
-           "hivemind_strategy_class", "make_hook", "stats_callback_class", "strategy_class"]  # fmt: skip
+           "hivemind_strategy_class", "make_hook", "stats_callback_class",
+           "strategy_class"]  # fmt: skip
 
 _PACKAGES = {"lightning": "lightning.pytorch", "pytorch_lightning": "pytorch_lightning"}
 

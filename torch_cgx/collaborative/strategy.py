@@ -98,8 +98,10 @@ class mixin:
             arguments.check_number("batch_size", batch_size, 1, integer=True)
         for key in ("optimizer", "params", "scheduler", "batch_size_per_step"):
             if key in optimizer_kwargs:
-                raise ValueError(f"HivemindStrategy: {key} comes from the LightningModule "
-                                 "(configure_optimizers) and batch_size, not a keyword")  # fmt: skip
+                raise ValueError(
+                    f"HivemindStrategy: {key} comes from the LightningModule "
+                    "(configure_optimizers) and batch_size, not a keyword"
+                )
         arguments.check_hivemind_only(
             {k: v for k, v in optimizer_kwargs.items() if k in arguments.REFUSED}
         )
@@ -109,8 +111,9 @@ class mixin:
         self._fixed_batch = batch_size is not None
         self.collaborative = None
         self._options = dict(
-            run_id=run_id, target_batch_size=target_batch_size, reuse_grad_buffers=reuse_grad_buffers,
-            scheduler=scheduler_fn, matchmaking_time=matchmaking_time,
+            run_id=run_id, target_batch_size=target_batch_size,
+            reuse_grad_buffers=reuse_grad_buffers, scheduler=scheduler_fn,
+            matchmaking_time=matchmaking_time,
             averaging_timeout=averaging_timeout, verbose=verbose, host_maddrs=host_maddrs,
             initial_peers=initial_peers, delay_state_averaging=delay_state_averaging,
             delay_optimizer_step=delay_optimizer_step, delay_grad_averaging=delay_grad_averaging,
