@@ -8,7 +8,7 @@ size. From that one table every peer computes the same plan for the next epoch:
 
 - the batches of all peers together reach ``target_batch_size``;
 - each peer's batches end by the same moment ``T`` at the peers' rates, the smallest such
-  ``T`` (and every peer does all the batches that end by ``T``): a peer 3x slower is given
+  ``T`` (and the batches that end by ``T`` anyway, up to 1.25x the target): a peer 3x slower is given
   about a third of a fast peer's batches and is done when the fast ones are, so nobody waits
   for it longer than one of its batches (and no peer is given fewer than one batch: a peer
   slower than the whole epoch holds the round for one batch).
@@ -26,7 +26,9 @@ from __future__ import annotations
 import heapq
 from typing import List, Optional, Sequence
 
-__all__ = ["Rate", "batches_per_peer", "plan"]
+__all__ = ["FILL", "Rate", "batches_per_peer", "plan"]
+
+FILL = 1.25  # an epoch takes the batches that end by its end up to this times its target
 
 
 class Rate:
@@ -71,9 +73,17 @@ def plan(rates: Sequence[Optional[float]], batch_sizes: Sequence[int], target: i
         counts[i] += 1
         total += sizes[i]
         heapq.heappush(heap, ((counts[i] + 1) * sizes[i] / speed[i], i))
-    # the epoch lasts until the last peer's batches end: batches that end by then are free
+    # the epoch lasts until the last peer's batches end: batches that end by then cost no
+    # time; they are added (earliest first) while the epoch stays within 1.25x its target
     end = max(c * b / s for c, b, s in zip(counts, sizes, speed))
-    return [max(c, int(end * s / b * (1 + 1e-9))) for c, b, s in zip(counts, sizes, speed)]
+    while heap and heap[0][0] <= end * (1 + 1e-9):
+        _, i = heapq.heappop(heap)
+        if total + sizes[i] > target * FILL:
+            continue
+        counts[i] += 1
+        total += sizes[i]
+        heapq.heappush(heap, ((counts[i] + 1) * sizes[i] / speed[i], i))
+    return counts
 
 
 def batches_per_peer(table, target: int, default_batch: int) -> List[int]:

@@ -1,0 +1,190 @@
+"""torch_cgx.collaborative in one process: the plan of an epoch, the round's payloads and
+weighted average, bad arguments, and one peer alone on a Lighthouse of its own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("torchft")
+
+from torch_cgx import compression as C  # noqa: E402
+from torch_cgx.collaborative import Optimizer, plan, rendezvous, wire  # noqa: E402
+from torch_cgx.compression import TensorRole  # noqa: E402
+
+# --- the plan ---------------------------------------------------------------------------------
+
+
+def test_plan_gives_a_slow_peer_its_share_and_reaches_the_target():
+    counts = plan([3.0, 3.0, 1.0], [32, 32, 32], 256)
+    assert sum(counts) * 32 >= 256
+    assert counts == [4, 4, 1]  # every batch ends by 4 fast units: the slow peer's 1 of 3
+    # nobody ends later than the last: the slow peer's one batch (3 units) fits in 4
+    ends = [c * 32 / r for c, r in zip(counts, [3.0, 3.0, 1.0])]
+    assert max(ends) == pytest.approx(4 * 32 / 3.0)
+
+
+def test_plan_unknown_rates_are_the_mean_and_everyone_does_a_batch():
+    assert plan([None, None], [8, 8], 64) == [4, 4]
+    assert plan([10.0, None], [8, 8], 64) == [4, 4]
+    assert plan([1000.0, 1.0], [8, 8], 8) == [1, 1]  # at least one batch each
+    with pytest.raises(ValueError, match="one rate and one batch size per peer"):
+        plan([1.0], [8, 8], 64)
+
+
+# --- the round's payloads ---------------------------------------------------------------------
+
+SHAPES = [(4, 300), (7,)]
+
+
+def _tensors(seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g).reshape(-1) for s in SHAPES]
+
+
+def test_codec_per_tensor_policy_round_trip_and_bad_payloads():
+    policy = C.SizeAdaptiveCompression(1000, C.NoCompression(), C.Uniform8BitQuantization())
+    codec = wire.Codec(policy, SHAPES, TensorRole.GRADIENT)
+    assert [type(leaf).__name__ for leaf in codec.leaves] == ["Uniform8BitQuantization",
+                                                             "NoCompression"]  # fmt: skip
+    assert codec.biased == [True, False]
+    x = _tensors(0)
+    payload = codec.encode(x)
+    out = codec.decode(payload)
+    assert torch.equal(out[1], x[1])  # exact
+    span = float(x[0].max() - x[0].min())
+    assert float((out[0] - x[0]).abs().max()) <= span / 255 / 2 + 1e-6  # half a level of 8 bits
+    with pytest.raises(ValueError, match="truncated"):
+        codec.decode(payload[:-3])
+    with pytest.raises(ValueError, match="past its tensors"):
+        codec.decode(torch.cat([payload, torch.zeros(2, dtype=torch.uint8)]))
+    other = wire.Codec(None, [(7,), (4, 300)], TensorRole.GRADIENT)
+    with pytest.raises(ValueError, match="shape"):
+        other.decode(payload)
+    with pytest.raises(ValueError, match="compression must be a torch_cgx.compression object"):
+        wire.Codec("fp16", SHAPES, TensorRole.GRADIENT)
+
+
+def test_average_is_weighted_by_samples_in_rank_order():
+    codec = wire.Codec(C.Float16Compression(), SHAPES, TensorRole.GRADIENT)
+    xs = [_tensors(s) for s in range(3)]
+    payloads = [codec.encode(x) for x in xs]
+    payloads[1] = None
+    table = [(24, 0, 8, payloads[0].numel()), (0, 0, 8, 0), (8, 0, 8, payloads[2].numel())]
+    got, total = wire.average(codec, table, payloads)
+    assert total == 32
+    for i in range(len(SHAPES)):
+        dec = [codec.decode(p)[i] for p in (payloads[0], payloads[2])]
+        want = torch.zeros_like(dec[0]).add_(dec[0] * 24).add_(dec[1] * 8).div_(32)
+        assert torch.equal(got[i], want)
+    table[1] = (8, 0, 8, 0)  # samples claimed without a payload
+    with pytest.raises(ValueError, match="without a payload"):
+        wire.average(codec, table, payloads)
+
+
+def test_addresses():
+    assert rendezvous.parse_address("10.0.0.2:29510") == ("10.0.0.2", 29510)
+    assert rendezvous.parse_address("http://h:1") == ("h", 1)
+    assert rendezvous.parse_address("/ip4/10.1.2.3/tcp/31337/p2p/QmXyz") == ("10.1.2.3", 31337)
+    for bad in ("nohost", "h:0", "h:99999", ":5"):
+        with pytest.raises(ValueError, match="is not an address"):
+            rendezvous.parse_address(bad)
+    assert rendezvous.local_host(None, None, ["/ip4/10.9.8.7/tcp/0"]) == "10.9.8.7"
+
+
+def test_initial_peers_from_the_environment(monkeypatch):
+    monkeypatch.delenv("INITIAL_PEERS", raising=False)
+    monkeypatch.setenv("PL_INITIAL_PEERS", "10.0.0.5:1234,10.0.0.6:1")
+    assert rendezvous.join_address(None) == ("10.0.0.5", 1234)
+    monkeypatch.setenv("INITIAL_PEERS", "10.0.0.7:99")
+    assert rendezvous.join_address(None) == ("10.0.0.7", 99)
+    assert rendezvous.join_address(["h:5"]) == ("h", 5)
+
+
+# --- bad arguments ----------------------------------------------------------------------------
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, 2)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"dht": object()}, ValueError, "initial_peers='host:port'"),
+        ({"client_mode": True}, ValueError, "no client mode"),
+        ({"auxiliary": True}, ValueError, "auxiliary"),
+        ({"extra_tensors": [torch.zeros(1)]}, ValueError, "extra tensors"),
+        ({"no_such_option": 1}, TypeError, "no_such_option"),
+        ({"target_batch_size": 0}, ValueError, "target_batch_size must be in"),
+        ({"averaging_timeout": 0}, ValueError, "averaging_timeout"),
+        ({"optimizer": 3}, ValueError, "optimizer must be"),
+        ({"params": None}, ValueError, "needs params="),
+        ({"initial_peers": "nohost"}, ValueError, "is not an address"),
+        ({"use_local_updates": True, "grad_averager_factory": lambda p: None}, ValueError,
+         "does not go with use_local_updates"),
+        ({"grad_compression": "fp16"}, ValueError, "compression must be"),
+        ({"performance_ema_alpha": 2}, ValueError, "performance_ema_alpha"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_name_the_problem(kwargs, error, match):
+    model = _model()
+    args = dict(run_id="r", target_batch_size=8, optimizer=torch.optim.SGD,
+                params=list(model.parameters()))  # fmt: skip
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        Optimizer(**args)
+
+
+def test_params_with_an_optimizer_instance_is_refused():
+    model = _model()
+    with pytest.raises(ValueError, match="pass params only with an optimizer class"):
+        Optimizer(run_id="r", target_batch_size=8, params=model.parameters(),
+                  optimizer=torch.optim.SGD(model.parameters(), lr=0.1))  # fmt: skip
+
+
+def test_hivemind_strategy_refuses_what_the_module_gives():
+    pytest.importorskip("lightning")
+    from torch_cgx.lightning import hivemind_strategy_class
+
+    cls = hivemind_strategy_class("lightning")
+    with pytest.raises(ValueError, match="comes from the LightningModule"):
+        cls(target_batch_size=8, optimizer=torch.optim.SGD)
+    with pytest.raises(ValueError, match="initial_peers='host:port'"):
+        cls(target_batch_size=8, dht=object())
+
+
+# --- one peer alone ---------------------------------------------------------------------------
+
+
+def test_a_lone_peer_steps_every_target_batch(capsys):
+    model = _model()
+    opt = Optimizer(run_id="alone", target_batch_size=32, batch_size_per_step=8, host="127.0.0.1",
+                    optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), params=model.parameters(),
+                    scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5),
+                    averaging_timeout=5.0, matchmaking_time=1.0)  # fmt: skip
+    try:
+        assert opt.lighthouse is not None and opt.address in capsys.readouterr().out
+        x, y = torch.randn(8, 4, generator=torch.Generator().manual_seed(1)), torch.zeros(8, 2)
+        before = model.weight.detach().clone()
+        grads = []
+        for i in range(4):
+            torch.nn.functional.mse_loss(model(x * (i + 1)), y).backward()
+            grads.append(model.weight.grad.clone())
+            opt.step()
+            opt.zero_grad()
+            assert opt.local_epoch == (1 if i == 3 else 0)
+        assert opt.local_epoch == 1 and opt.last_round["samples"] == 32
+        # one SGD step with the mean of the four batches' gradients (equal batch sizes)
+        mean = sum(g * 8 for g in grads) / 32
+        assert torch.allclose(model.weight.detach(), before - 0.1 * mean, atol=1e-6)
+        assert opt.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)  # the scheduler
+        state = opt.state_dict()
+        assert state["local_epoch"] == 1
+        with pytest.raises(ValueError, match="not a collaborative Optimizer state"):
+            opt.load_state_dict({"optimizer": {}})
+        with pytest.raises(ValueError, match="batch_size"):
+            opt.step(batch_size=0)
+    finally:
+        opt.shutdown()
