@@ -46,7 +46,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 # CGXStrategy, CGXStatsCallback: module __getattr__
-__all__ = ["CGXStatsCallback", "CGXStrategy", "HivemindStrategy", "extract_batch_size",  # noqa: F822
+__all__ = ["CGXStatsCallback", "CGXStrategy", "HivemindStrategy",  # noqa: F822
            "hivemind_strategy_class", "make_hook", "stats_callback_class",
            "strategy_class"]  # fmt: skip
 
@@ -274,12 +274,6 @@ class _HivemindSelector:
 
     def __new__(cls, *args, **kwargs):
         return hivemind_strategy_class(imported_package())(*args, **kwargs)
-
-
-def extract_batch_size(batch, package: str = "auto") -> int:
-    """The batch size ``package``'s Lightning reads off a batch."""
-    package = _PACKAGES[installed_package(package, "HivemindStrategy")]
-    return importlib.import_module(f"{package}.utilities.data").extract_batch_size(batch)
 
 
 def __getattr__(name: str):

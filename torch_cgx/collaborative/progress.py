@@ -8,10 +8,10 @@ size. From that one table every peer computes the same plan for the next epoch:
 
 - the batches of all peers together reach ``target_batch_size``;
 - each peer's batches end by the same moment ``T`` at the peers' rates, the smallest such
-  ``T`` (and the batches that end by ``T`` anyway, up to 1.25x the target): a peer 3x slower is given
-  about a third of a fast peer's batches and is done when the fast ones are, so nobody waits
-  for it longer than one of its batches (and no peer is given fewer than one batch: a peer
-  slower than the whole epoch holds the round for one batch).
+  ``T`` (plus the batches that end by ``T`` anyway, up to 1.25x the target): a peer 3x slower
+  is given about a third of a fast peer's batches and is done when the fast ones are, so
+  nobody waits for it longer than one of its batches (and no peer is given fewer than one
+  batch: a peer slower than the whole epoch holds the round for one batch).
 
 A peer whose rate is unknown (a new one, or before the first epoch) is assumed to run at the mean
 of the known rates (all unknown: all equal). The plan is computed from the last round's table,

@@ -78,6 +78,16 @@ class EpochScheduler:
         return getattr(self.scheduler, name)
 
 
+def _batch_size(batch, cls: type) -> int:
+    """The batch size Lightning reads off ``batch``, with the utility of the package ``cls``
+    (a HivemindStrategy flavour) derives from."""
+    import importlib
+
+    base = next(c for c in cls.__mro__ if c.__name__ == "SingleDeviceStrategy")
+    package = base.__module__.split(".strategies", 1)[0]  # lightning.pytorch / pytorch_lightning
+    return importlib.import_module(f"{package}.utilities.data").extract_batch_size(batch)
+
+
 class mixin:
     """What HivemindStrategy adds to Lightning's SingleDeviceStrategy."""
 
@@ -141,10 +151,7 @@ class mixin:
 
     def on_train_batch_start(self, batch, batch_idx: int, *args) -> None:
         if not self._fixed_batch:
-            from torch_cgx.lightning import extract_batch_size
-
-            package = type(self).__qualname__.rsplit("_", 1)[-1]
-            self.current_batch_size = extract_batch_size(batch, package)
+            self.current_batch_size = _batch_size(batch, type(self))
         return super().on_train_batch_start(batch, batch_idx, *args)
 
     def teardown(self) -> None:
