@@ -188,3 +188,21 @@ def test_a_lone_peer_steps_every_target_batch(capsys):
             opt.step(batch_size=0)
     finally:
         opt.shutdown()
+
+
+def test_the_standalone_lighthouse_command():
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "torch_cgx.collaborative", "--port", "0",
+                             "--host", "127.0.0.1"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        assert "lighthouse at 127.0.0.1:" in line, line
+        host, port = rendezvous.parse_address(line.split("initial_peers=")[1].strip(" ')\n"))
+        assert host == "127.0.0.1" and port > 0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()

@@ -173,7 +173,13 @@ class Optimizer:
         self._counted = self._samples
         started = time.perf_counter()
         self.healed = False
-        self.manager.start_quorum()
+        try:
+            self.manager.start_quorum()
+        except Exception as e:  # no quorum: the Lighthouse is gone or unreachable
+            raise RuntimeError(
+                f"collaborative round: no quorum from the Lighthouse at {self.address} (is the "
+                f"rendezvous up? the peer that hosted it may have left): {e}"
+            ) from e
         if self.healed:
             self._samples = self._counted = 0
         samples = self._samples if self.manager.is_participating() else 0
