@@ -6,8 +6,9 @@
 Every emulated host is a network namespace with ``lo`` and one veth ``eth0``; the other ends of
 the veths are ports of a Linux bridge living in its own namespace. Each host's link is limited to
 ``--link`` in both directions (a tbf qdisc on ``eth0``, the host's egress, and one on the bridge
-port, the host's ingress); ``--latency`` adds a netem delay on each host's egress (one-way delay
-between two hosts = latency). Nothing is created in, and no address is used from, the caller's
+port, the host's ingress); with ``--latency`` the hosts are TUN devices joined by a userspace
+delay line instead (benchmarks/hosts_wan.py; one-way delay between two hosts = latency, this
+kernel having no netem). Nothing is created in, and no address is used from, the caller's
 namespace. Needs root and iproute2; see docs/hosts.md.
 
 The code is in three modules, all re-exported here: hosts_net (namespaces, links, clean-up),
@@ -48,6 +49,7 @@ from benchmarks.hosts_run import (  # noqa: F401
     _repo_root,
     _report_failure,
     _stop,
+    any_hosts,
     rank_env,
     repo_pythonpath,
     run_on_hosts,
@@ -125,7 +127,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     p.add_argument("--hosts", type=int, default=2, help="emulated hosts (default 2)")
     p.add_argument("--link", default="1gbit", help="per-host link rate, tc syntax (1gbit)")
-    p.add_argument("--latency", default=None, help="one-way delay added per host (netem)")
+    p.add_argument("--latency", default=None, help="one-way delay between hosts (a TUN delay line)")
     p.add_argument("--check", action="store_true", help="measure host 0 <-> host 1 over TCP")
     p.add_argument("--bytes", default=None, help="bytes per direction (default: 64M, at most 2 s)")
     p.add_argument("--tolerance", type=float, default=0.15, help="allowed relative deviation")
@@ -154,7 +156,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         nbytes = min(64 << 20, rate // 8 * 2)
     rc = 0
     try:
-        with emulated_hosts(args.hosts, args.link, args.latency) as hosts:
+        with any_hosts(args.hosts, args.link, args.latency) as hosts:
             bp = tbf_params(rate)
             print(
                 f"# {args.hosts} emulated hosts, link {format_rate(rate)} each way "

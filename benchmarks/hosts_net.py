@@ -3,7 +3,8 @@
 Every emulated host is a network namespace with ``lo`` and one veth ``eth0``; the other ends of
 the veths are ports of a Linux bridge living in its own namespace. Each host's link is limited in
 both directions (a tbf qdisc on ``eth0``, the host's egress, and one on the bridge port, the
-host's ingress); a latency adds a netem delay on each host's egress. Nothing is created in, and
+host's ingress); with a latency the hosts are built by hosts_wan.py instead (a userspace delay
+line between TUN devices: this kernel has no netem). Nothing is created in, and
 no address is used from, the caller's namespace. Running ranks on these hosts:
 benchmarks/hosts_run.py; the command line: benchmarks/hosts.py; docs/hosts.md.
 """
@@ -142,17 +143,14 @@ def check_prerequisites(latency: bool = False) -> None:
                 f"limit {2 * MIN_BURST}",
             ),
         ]
-        if latency:
-            steps.append(("netem", f"tc -n {ns} qdisc add dev cgxb root netem delay 1ms"))
+        if latency:  # the delay line (benchmarks/hosts_wan.py): TUN devices
+            steps.append(("a TUN device", f"ip -n {ns} tuntap add mode tun name cgxtun"))
         for what, line in steps:
             p = _sh(line, check=False)
             if p.returncode != 0:
                 why = p.stderr.strip()
-                if what == "netem":
-                    raise HostsUnavailable(
-                        "--latency needs the netem qdisc, which this kernel lacks "
-                        f"(CONFIG_NET_SCH_NETEM / module sch_netem): {why}"
-                    )
+                if what == "a TUN device":
+                    raise HostsUnavailable(f"--latency needs TUN devices (/dev/net/tun): {why}")
                 raise HostsUnavailable(f"cannot create {what} in a namespace: {why}")
     finally:
         _cmd("ip", "netns", "del", ns, check=False)

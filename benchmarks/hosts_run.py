@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from benchmarks.hosts_net import Host, _signals_deferred, emulated_hosts
+from benchmarks.hosts_wan import wan_hosts
 
 DEFAULT_PORT = 29600
 HOST_ENV_MARK = "CGX_EMULATED_HOST"  # set in the ranks: no --hosts inside --hosts
@@ -98,6 +99,16 @@ def _exit_code(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
 
 
+def any_hosts(world: int, link: str, latency: Optional[str], prefix: Optional[str] = None):
+    """The emulated hosts of ``link`` (and ``latency``: the TUN delay line of hosts_wan.py,
+    this kernel having no netem; without: the bridge and tbf of hosts_net.py)."""
+    if latency:
+        from torch_cgx.plan.rates import parse_rate_bits, parse_time
+
+        return wan_hosts(world, parse_rate_bits(link), parse_time(latency), prefix)
+    return emulated_hosts(world, link, None, prefix)
+
+
 def run_on_hosts(
     world: int,
     link: str,
@@ -118,7 +129,7 @@ def run_on_hosts(
     Returns the first nonzero exit code (signals as 128 + n; 124 on timeout), else 0. A failing
     rank gets the others killed; Ctrl-C kills every rank (KeyboardInterrupt is re-raised after
     the cleanup)."""
-    with emulated_hosts(world, link, latency, prefix) as hosts:
+    with any_hosts(world, link, latency, prefix) as hosts:
         procs: List[subprocess.Popen] = []
         logs: List = []
         pumps: List[threading.Thread] = []

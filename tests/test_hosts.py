@@ -159,3 +159,41 @@ def test_rates_and_burst():
         assert p["limit"] > p["burst"]
     with pytest.raises(ValueError):
         H.parse_rate_bits("1gb")
+
+
+def test_wan_latency_and_rate(netns):
+    """The emulated internet (a TUN delay line, no netem here): the TCP round trip within 10 %
+    of twice the one-way latency, a 10 MB transfer's rate within 15 % of the link's."""
+    try:
+        H.check_prerequisites(latency=True)
+    except H.HostsUnavailable as e:
+        pytest.skip(e.reason)
+    prefix = _prefix("w")
+    with H.any_hosts(2, "50mbit", "25ms", prefix=prefix) as hosts:
+        m = H.measure_link(hosts[0], hosts[1], 10 << 20, rounds=10)
+        assert abs(m["rtt_us"] / 50e3 - 1) <= 0.10, m
+        assert abs(m["bits_per_s"] / 50e6 - 1) <= 0.15, m
+        back = H.measure_link(hosts[1], hosts[0], 1 << 16, rounds=5)  # and the other way
+        assert abs(back["rtt_us"] / 50e3 - 1) <= 0.10, back
+    assert not [n for n in H._netns_list() if n.startswith(prefix)]
+
+
+def test_slow_host_compute(monkeypatch):
+    from benchmarks.hosts_slow import ENV, slowdown, slowed
+
+    def work():
+        t = time.perf_counter()
+        x = 0
+        for i in range(300_000):
+            x += i * i
+        return time.perf_counter() - t
+
+    monkeypatch.setenv(ENV, "3")
+    assert slowdown() == 3.0
+    t = time.perf_counter()
+    with slowed():
+        alone = work()  # the block's own time: the wall time is 3x it
+    assert abs((time.perf_counter() - t) / alone / 3 - 1) <= 0.10
+    monkeypatch.setenv(ENV, "0.5")
+    with pytest.raises(ValueError, match="must be a number >= 1"):
+        slowdown()
