@@ -28,6 +28,7 @@ ENTRY_POINTS = {
     "diloco": "DDP against DiLoCo / Streaming DiLoCo / SparseLoCo on emulated wide-area hosts",
     "diloco_momentum": "DiLoCo by hand: outer momentum against an average applied at once or late",
     "diloco_wire": "low-communication wire formats: INTELLECT-1's int8 vs max-min, sparseloco",
+    "collaborative": "collaborative training on an emulated internet: torch_cgx against hivemind",
     "hosts": "emulated hosts (network namespaces, shaped links): build, measure, clean up",
     "device": "every compressor's device codec (tensor ops, fused kernel) vs the device's copy",
     "device_sparse_profile": "where the sparse device codecs' encode time goes: op classes, op "

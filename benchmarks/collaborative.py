@@ -1,0 +1,212 @@
+"""Collaborative training on an emulated internet: torch_cgx.collaborative against hivemind
+1.1.12, side by side in one run (docs/collaborative.md, "Measured").
+
+    python -m benchmarks.collaborative --peers 4 --link 50mbit --latency 25ms --seconds 60
+    python -m benchmarks.collaborative --systems cgx,hivemind --hivemind-python /path/to/python
+
+W peers, one per emulated host (benchmarks/hosts_wan.py: every link RATE both ways, LATENCY one
+way); peer 1 computes ``--slow`` times slower (benchmarks/hosts_slow.py); peer W-1 is SIGKILLed a
+third of the way in and restarted ``--down`` seconds later. Every peer first trains alone for
+``--solo`` seconds (all at once, sharing the cores as they do later): the sum of those rates is
+what the collaboration is measured against. Then the same model (a 1.06M-parameter MLP), data
+and arguments (Adam, batch 32, target_batch_size, Float16, matchmaking_time, averaging_timeout)
+go through each system for ``--seconds``. Printed per system: samples/s of the collaboration
+(samples fed to ``step()`` by every peer, over the window) against the solo sum, epochs and the
+mean time of one, bytes sent per sample (every host's TUN, both systems' whole traffic), the
+held-out loss at the end, and how long the restarted peer took to its first global step.
+hivemind runs with ``--hivemind-python`` (an interpreter with ``hivemind==1.1.12``; it is never
+a dependency of torch_cgx) and is left out, saying so, where none is given or found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional
+
+SYSTEMS = ("cgx", "hivemind")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.collaborative", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--peers", type=int, default=4)
+    p.add_argument("--link", default="50mbit")
+    p.add_argument("--latency", default="25ms")
+    p.add_argument("--slow", type=float, default=3.0, help="peer 1's compute slowdown")
+    p.add_argument("--seconds", type=float, default=60.0, help="the collaboration's window")
+    p.add_argument("--solo", type=float, default=6.0, help="the solo phase (s)")
+    p.add_argument("--down", type=float, default=3.0, help="seconds the killed peer stays down")
+    p.add_argument("--target", type=int, default=256)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--compression", default="fp16", choices=("fp16", "none", "maxmin4"))
+    p.add_argument("--matchmaking-time", type=float, default=3.0)
+    p.add_argument("--averaging-timeout", type=float, default=10.0)
+    p.add_argument("--systems", default="cgx,hivemind")
+    p.add_argument("--hivemind-python", default=None)
+    p.add_argument("--json", default=None, help="write the figures here")
+    # one peer (inside an emulated host; the driver passes these)
+    for name in ("--peer", "--system", "--name", "--out", "--ip"):
+        p.add_argument(name, default=None, help=argparse.SUPPRESS)
+    for name in ("--index", "--seed"):
+        p.add_argument(name, type=int, default=0, help=argparse.SUPPRESS)
+    for name in ("--join-at", "--end"):
+        p.add_argument(name, type=float, default=0.0, help=argparse.SUPPRESS)
+    return p
+
+
+def _hivemind_python(given: Optional[str]) -> Optional[str]:
+    for python in ([given] if given else []) + [sys.executable]:
+        ok = subprocess.run([python, "-c", "import hivemind"], capture_output=True).returncode
+        if ok == 0:
+            return python
+    return None
+
+
+def _tx_bytes(host) -> int:
+    from benchmarks.hosts_net import _cmd
+
+    out = _cmd("ip", "netns", "exec", host.netns, "cat", "/proc/net/dev").stdout
+    for line in out.splitlines():
+        if line.strip().startswith("eth0:"):
+            return int(line.split(":", 1)[1].split()[8])
+    return 0
+
+
+def _start(args, python, system, host, index, name, join_at, end, out):
+    from benchmarks.hosts_run import repo_pythonpath
+
+    slow = str(args.slow if index == 1 else 1.0)
+    env = dict(os.environ, PYTHONPATH=repo_pythonpath(), GLOO_SOCKET_IFNAME="eth0",
+               OMP_NUM_THREADS="1", CGX_HOST_SLOWDOWN=slow)  # fmt: skip
+    cmd = ["ip", "netns", "exec", host.netns, python, "-m", "benchmarks.collaborative",
+           "--peer", "1", "--system", system, "--name", name, "--out", out, "--ip", host.ip,
+           "--index", str(index), "--join-at", str(join_at), "--end", str(end)]  # fmt: skip
+    for key in ("target", "batch", "compression", "matchmaking_time", "averaging_timeout"):
+        cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+    log = open(os.path.join(out, f"{system}-{name}.log"), "w")
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+
+
+def _run_system(args, system: str, python: str, hosts, out: str) -> Dict:
+    t0 = time.time() + 8.0  # the imports
+    join_at, end = t0 + args.solo, t0 + args.solo + args.seconds
+    before = [_tx_bytes(h) for h in hosts]
+    procs = {f"p{i}": _start(args, python, system, h, i, f"p{i}", join_at, end, out)
+             for i, h in enumerate(hosts)}  # fmt: skip
+    victim = f"p{len(hosts) - 1}"
+    time.sleep(max(0.0, join_at + args.seconds / 3 - time.time()))
+    procs[victim].kill()
+    procs[victim].wait()
+    killed = time.time()
+    time.sleep(args.down)
+    restarted = time.time()
+    procs[victim + "r"] = _start(args, python, system, hosts[-1], len(hosts) - 1, victim + "r",
+                                 0.0, end, out)  # fmt: skip
+    procs["p0"].wait(timeout=end - time.time() + 120)
+    time.sleep(1.0)
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    sent = sum(_tx_bytes(h) - b for h, b in zip(hosts, before))
+    return _figures(system, out, procs, sent, join_at, end, killed, restarted)
+
+
+def _rows(out, system, name) -> List[dict]:
+    path = os.path.join(out, f"{system}-{name}.jsonl")
+    if not os.path.exists(path):
+        return []
+    return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def _figures(system, out, procs, sent, join_at, end, killed, restarted) -> Dict:
+    rows = {name: _rows(out, system, name) for name in procs}
+    solo = sum(r[0]["solo"] or 0 for n, r in rows.items() if r and not n.endswith("r"))
+    samples = 0
+    for r in rows.values():
+        epochs = [x for x in r if x["event"] in ("epoch", "end")]
+        samples += epochs[-1]["samples"] if epochs else 0
+    p0 = [x for x in rows["p0"] if x["event"] == "epoch"]
+    end_row = next((x for x in rows["p0"] if x["event"] == "end"), {})
+    back = [x for x in rows[[n for n in procs if n.endswith("r")][0]] if x["event"] == "epoch"]
+    window = end - join_at
+    span = p0[-1]["time"] - p0[0]["time"] if len(p0) > 1 else None
+    return {
+        "system": system, "samples_per_s": samples / window, "solo_sum": solo,
+        "of_solo": samples / window / solo if solo else None, "epochs": len(p0),
+        "epoch_s": span / (len(p0) - 1) if span else None,
+        "bytes_per_sample": sent / samples if samples else None, "loss": end_row.get("loss"),
+        "rejoin_s": back[0]["time"] - restarted if back else None, "down_s": restarted - killed,
+    }  # fmt: skip
+
+
+def _print(results: List[Dict], args) -> None:
+    print(f"{args.peers} peers, {args.link} links, {args.latency} one way, peer 1 {args.slow}x "
+          f"slower, peer {args.peers - 1} killed and restarted; target {args.target}, batch "
+          f"{args.batch}, {args.compression}, {args.seconds:.0f} s")  # fmt: skip
+    print(f"{'system':<10}{'samples/s':>10}{'of solo':>9}{'epochs':>8}{'s/epoch':>9}"
+          f"{'B/sample':>10}{'loss':>8}{'rejoin s':>10}")  # fmt: skip
+
+    def f(r, key, fmt):
+        return format(r[key], fmt) if r[key] is not None else "-"
+
+    for r in results:
+        print(f"{r['system']:<10}{f(r, 'samples_per_s', '.0f'):>10}{f(r, 'of_solo', '.2f'):>9}"
+              f"{r['epochs']:>8}{f(r, 'epoch_s', '.2f'):>9}{f(r, 'bytes_per_sample', '.0f'):>10}"
+              f"{f(r, 'loss', '.4f'):>8}{f(r, 'rejoin_s', '.1f'):>10}")  # fmt: skip
+    if len(results) == 2 and all(r["samples_per_s"] for r in results):
+        a, b = results
+        print(f"{a['system']} / {b['system']}: {a['samples_per_s'] / b['samples_per_s']:.2f}x "
+              f"samples/s, {b['bytes_per_sample'] / a['bytes_per_sample']:.2f}x fewer bytes "
+              "per sample")  # fmt: skip
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.peer:
+        from benchmarks.collaborative_run import run_peer
+
+        run_peer(args)
+        return 0
+    from benchmarks.hosts_net import HostsUnavailable, check_prerequisites
+    from benchmarks.hosts_run import any_hosts
+
+    systems = [s for s in args.systems.split(",") if s]
+    if not systems or any(s not in SYSTEMS for s in systems):
+        raise SystemExit(f"--systems: a comma-separated subset of {','.join(SYSTEMS)}")
+    try:
+        check_prerequisites(latency=True)
+    except HostsUnavailable as e:
+        print(f"emulated hosts unavailable: {e.reason}", file=sys.stderr)
+        return 2
+    results, out = [], tempfile.mkdtemp(prefix="cgx-collab-")
+    try:
+        for system in systems:
+            python = sys.executable
+            if system == "hivemind":
+                python = _hivemind_python(args.hivemind_python)
+                if python is None:
+                    print("hivemind: not installed for any given Python (pip install "
+                          "hivemind==1.1.12; --hivemind-python): left out")  # fmt: skip
+                    continue
+            with any_hosts(args.peers, args.link, args.latency) as hosts:
+                results.append(_run_system(args, system, python, hosts, out))
+    finally:
+        shutil.rmtree(out, ignore_errors=True) if not os.environ.get("CGX_KEEP") else print(out)
+    _print(results, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
