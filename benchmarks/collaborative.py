@@ -83,7 +83,7 @@ def _start(args, python, system, host, index, name, join_at, end, out):
     from benchmarks.hosts_run import repo_pythonpath
 
     slow = str(args.slow if index == 1 else 1.0)
-    env = dict(os.environ, PYTHONPATH=repo_pythonpath(), GLOO_SOCKET_IFNAME="eth0",
+    env = dict(os.environ, PYTHONPATH=repo_pythonpath(dict(os.environ)), GLOO_SOCKET_IFNAME="eth0",
                OMP_NUM_THREADS="1", CGX_HOST_SLOWDOWN=slow)  # fmt: skip
     cmd = ["ip", "netns", "exec", host.netns, python, "-m", "benchmarks.collaborative",
            "--peer", "1", "--system", system, "--name", name, "--out", out, "--ip", host.ip,

@@ -49,7 +49,7 @@ class Data:
 
 def _compression(name: str, hivemind: bool):
     if hivemind:
-        import hivemind as lib
+        import hivemind.compression as lib
     else:
         from torch_cgx import compression as lib
     if name == "fp16":
@@ -139,7 +139,9 @@ def _train(args, opt, model, data, f) -> None:
         samples += args.batch
         if opt.local_epoch != epoch:
             epoch = opt.local_epoch
-            _log(f, event="epoch", time=time.time(), epoch=epoch, samples=samples)
+            last = getattr(opt, "last_round", {})  # torch_cgx's: the round's times
+            _log(f, event="epoch", time=time.time(), epoch=epoch, samples=samples,
+                 round=last.get("seconds"), quorum=last.get("quorum_seconds"))  # fmt: skip
     if args.index == 0:
         x, y = data.held_out()
         with torch.no_grad():

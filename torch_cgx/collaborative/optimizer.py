@@ -180,6 +180,7 @@ class Optimizer:
                 f"collaborative round: no quorum from the Lighthouse at {self.address} (is the "
                 f"rendezvous up? the peer that hosted it may have left): {e}"
             ) from e
+        quorum = time.perf_counter() - started
         if self.healed:
             self._samples = self._counted = 0
         samples = self._samples if self.manager.is_participating() else 0
@@ -198,6 +199,7 @@ class Optimizer:
             self.manager.report_error(e)
         committed = self.manager.should_commit()
         self._finish_round(committed, table, average, sent, time.perf_counter() - started)
+        self.last_round["quorum_seconds"] = quorum
 
     def _average(self, table, payloads) -> Optional[List[torch.Tensor]]:
         if self.averager is None:

@@ -98,6 +98,18 @@ class Lighthouse:
         self.server.shutdown()
 
 
+def _transport(host: str, timeout: timedelta):
+    """torchft's HTTP checkpoint transport, advertising ``host`` (torchft's own advertises the
+    machine's host name, which peers in other namespaces or behind NAT may not resolve)."""
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    class Transport(HTTPTransport):
+        def address(self) -> str:
+            return f"http://{host}:{self._server.socket.getsockname()[1]}/checkpoint/"
+
+    return Transport(timeout=timeout, num_chunks=0)
+
+
 def make_manager(lighthouse: Tuple[str, int], host: str, run_id: str, *, timeout: float,
                  quorum_timeout: float, heartbeat: float = 0.1):  # fmt: skip
     """A torchft Manager for this peer (one process, rank 0 of its replica group) and the
@@ -125,6 +137,7 @@ def make_manager(lighthouse: Tuple[str, int], host: str, run_id: str, *, timeout
         quorum_timeout=timedelta(seconds=quorum_timeout),
         connect_timeout=limit,
         heartbeat_interval=timedelta(seconds=heartbeat),
+        checkpoint_transport=_transport(host, limit),
         init_sync=True,
     )
     return manager, store
