@@ -7,7 +7,7 @@ same seeded model only by chance of its own seed (``seed``): the first round mak
 (the emulated compute: a slow peer has a larger one). After every epoch it writes
 ``<out>/<name>/<epoch>.pt``: parameters, optimizer state, the round's table, whether it healed.
 Controls: ``<out>/stop`` (an epoch: exit once reached); ``kill_round`` (SIGKILL this process in
-the middle of its n-th round with samples: after the headers went round, before the payloads).
+the middle of its n-th round with payloads: after the headers went round, before the parts).
 """
 
 from __future__ import annotations
@@ -41,19 +41,19 @@ def _stop_epoch(out: str):
 
 
 def _die_in_round(n: int) -> None:
-    """SIGKILL on the payload gather of this peer's n-th round with a payload."""
-    from torch_cgx.collaborative import wire
+    """SIGKILL in this peer's n-th round that moves payloads: after the headers went round,
+    before its parts (the reduce-scatter's all-to-all)."""
+    from torch_cgx.collaborative import butterfly
 
-    gather, calls = wire._gather, [0]
+    alltoall, calls = butterfly._alltoall, [0]
 
-    def gather_or_die(pg, tensor, world):
-        if tensor.dtype == torch.uint8:
-            calls[0] += 1
-            if calls[0] == n:
-                os.kill(os.getpid(), signal.SIGKILL)
-        return gather(pg, tensor, world)
+    def alltoall_or_die(*args):
+        calls[0] += 1
+        if calls[0] == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return alltoall(*args)
 
-    wire._gather = gather_or_die
+    butterfly._alltoall = alltoall_or_die
 
 
 def _compression(kind: str):

@@ -59,7 +59,7 @@ def test_codec_per_tensor_policy_round_trip_and_bad_payloads():
     with pytest.raises(ValueError, match="past its tensors"):
         codec.decode(torch.cat([payload, torch.zeros(2, dtype=torch.uint8)]))
     other = wire.Codec(None, [(7,), (4, 300)], TensorRole.GRADIENT)
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ValueError, match="values where"):
         other.decode(payload)
     with pytest.raises(ValueError, match="compression must be a torch_cgx.compression object"):
         wire.Codec("fp16", SHAPES, TensorRole.GRADIENT)
@@ -206,3 +206,30 @@ def test_the_standalone_lighthouse_command():
         assert proc.wait(30) == 0
     finally:
         proc.kill()
+
+
+def test_butterfly_layout_and_bounds():
+    from torch_cgx.collaborative import butterfly
+
+    numels = [1200, 7, 5000, 1]
+    for world in (1, 2, 3, 4, 7):
+        parts = butterfly.layout(numels, world)
+        covered = sorted((i, s, e) for p in parts for i, s, e in p)
+        # every value in exactly one part, the parts within one value of equal
+        assert sum(e - s for _, s, e in covered) == sum(numels)
+        for i, n in enumerate(numels):
+            ranges = sorted((s, e) for j, s, e in covered if j == i)
+            assert ranges[0][0] == 0 and ranges[-1][1] == n
+            assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+        sizes = [sum(e - s for _, s, e in p) for p in parts]
+        assert max(sizes) - min(sizes) <= 1
+    codec = wire.Codec(C.Float16Compression(), [(4, 3), (5,)], TensorRole.GRADIENT)
+    parts = butterfly.layout([12, 5], 2)
+    flag = torch.zeros(8, dtype=torch.uint8)
+    flag[:4] = 255  # the owner's part outgrew its bound
+    with pytest.raises(butterfly.TooLarge):
+        butterfly._assemble(codec, parts, [flag, flag])
+    big = torch.zeros(8, dtype=torch.uint8)
+    big[0] = 200  # a length past the buffer
+    with pytest.raises(ValueError, match="byte buffer"):
+        butterfly._assemble(codec, parts, [big, big])

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import List, Optional
+from typing import Optional
 
 import torch
 
-from torch_cgx.collaborative import arguments, progress, rendezvous, wire
+from torch_cgx.collaborative import arguments, butterfly, progress, rendezvous, wire
 from torch_cgx.collaborative.state import PeerState
 from torch_cgx.compression import TensorRole
 
@@ -103,6 +103,7 @@ class Optimizer:
         self.healed = False  # the last round healed this peer from a live one
         self.rounds_discarded = 0
         self.last_round: dict = {}
+        self._by_payloads = False  # average by whole payloads (a compressor too large to re-encode)
         self._samples, self._counted, self._quota = 0, 0, None
         self._batch = batch_size_per_step or 0
         self._connect(initial_peers, host, host_maddrs, matchmaking_time, averaging_timeout,
@@ -188,12 +189,11 @@ class Optimizer:
         averaging = not self.use_local_updates or (self.local_epoch + 1) % every == 0
         average, table, sent = None, None, 0
         try:
-            payload = self.state.encode() if samples and averaging and not self.averager else None
-            header = (samples, self._rate.value or 0.0, self._batch,
-                      0 if payload is None else payload.numel())  # fmt: skip
-            table, payloads, sent = wire.gather_round(self.manager, header, payload)
-            if averaging and sum(int(r[0]) for r in table):
-                average = self._average(table, payloads)
+            table, average, sent = self._exchange(samples, averaging)
+        except butterfly.TooLarge as e:  # the same on every peer: all switch together
+            self._by_payloads = True
+            _log.warning("collaborative round failed (not committed): %s", e)
+            self.manager.report_error(e)
         except Exception as e:  # a peer gone, a timeout, a corrupted payload: not committed
             _log.warning("collaborative round failed (not committed): %s", e)
             self.manager.report_error(e)
@@ -201,10 +201,23 @@ class Optimizer:
         self._finish_round(committed, table, average, sent, time.perf_counter() - started)
         self.last_round["quorum_seconds"] = quorum
 
-    def _average(self, table, payloads) -> Optional[List[torch.Tensor]]:
-        if self.averager is None:
-            return wire.average(self.codec, table, payloads)[0]
-        return self.state.average_with(self.averager, table, self.manager)
+    def _exchange(self, samples: int, averaging: bool):
+        """The round's traffic: ``(header table, average or None, bytes sent)``."""
+        head = (samples, self._rate.value or 0.0, self._batch)
+        if self.averager is not None or not averaging:  # the header alone
+            table, _, sent = wire.gather_round(self.manager, (*head, 0), None)
+            if averaging and sum(int(r[0]) for r in table):
+                return table, self.state.average_with(self.averager, table, self.manager), sent
+            return table, None, sent
+        if self._by_payloads:  # whole payloads, all-gathered
+            payload = self.state.encode() if samples else None
+            size = 0 if payload is None else payload.numel()
+            table, payloads, sent = wire.gather_round(self.manager, (*head, size), payload)
+            return table, wire.average(self.codec, table, payloads)[0], sent
+        values = self.state.values() if samples else None
+        table, average, own, sent = butterfly.reduce(self.manager, self.codec, values, head)
+        self.state.pending_from(values, own)
+        return table, average, sent
 
     def _finish_round(self, committed, table, average, sent, seconds) -> None:
         stepped = False

@@ -56,24 +56,33 @@ class PeerState:
 
     # --- a round ----------------------------------------------------------------------------
 
-    def encode(self) -> torch.Tensor:
-        """This peer's payload: its mean gradient (with local updates: ``global - local``),
-        plus its residual where error feedback is on; the new residuals wait for the commit."""
+    def values(self) -> List[torch.Tensor]:
+        """What this peer sends: its mean gradient (with local updates: ``global - local``),
+        plus its residual where error feedback is on."""
         owner = self.owner
         if self.globals is not None:
             values = [g - _host(p) for g, p in zip(self.globals, owner.params)]
         else:
             values = [a / float(owner._samples) for a in self.acc]
-        feedback = owner.error_feedback
         for i, r in enumerate(self.residuals):
-            if feedback[i] and r is not None:
+            if owner.error_feedback[i] and r is not None:
                 values[i].add_(r)
-        payload = owner.codec.encode(values)
+        return values
+
+    def pending_from(self, values, decoded) -> None:
+        """The residuals ``values - decoded`` (where error feedback is on), kept until the
+        round commits."""
         self._pending = None
-        if any(feedback):
-            decoded = owner.codec.decode(payload)
-            self._pending = [v.sub_(d) if on else None
-                             for v, d, on in zip(values, decoded, feedback)]  # fmt: skip
+        if values is not None and decoded is not None and any(self.owner.error_feedback):
+            on = self.owner.error_feedback
+            self._pending = [v.clone().sub_(d) if f else None
+                             for v, d, f in zip(values, decoded, on)]  # fmt: skip
+
+    def encode(self) -> torch.Tensor:
+        """This peer's payload as one piece (averages by whole payloads)."""
+        values = self.values()
+        payload = self.owner.codec.encode(values)
+        self.pending_from(values, self.owner.codec.decode(payload))
         return payload
 
     def discard_round(self) -> None:

@@ -68,30 +68,39 @@ class Codec:
         ]
         self.biased = [is_biased(leaf) for leaf in self.leaves]
 
-    def encode(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    def whole(self) -> List[Tuple[int, int, int]]:
+        """Every tensor as one segment ``(tensor, start, end)``."""
+        return [(i, 0, int(torch.Size(s).numel())) for i, s in enumerate(self.shapes)]
+
+    def encode(self, tensors: Sequence[torch.Tensor], segments=None) -> torch.Tensor:
+        """``segments`` (default: every tensor whole) of the flat ``tensors``, each compressed
+        by its tensor's object (a whole tensor in its shape, a part of one flat)."""
         parts = []
-        for i, (leaf, x) in enumerate(zip(self.leaves, tensors)):
+        for i, start, end in self.whole() if segments is None else segments:
             info = CompressionInfo(i, TensorDescriptor(self.shapes[i], torch.float32))
-            blob = leaf.compress(x.reshape(self.shapes[i]), info).to_bytes()
+            x = tensors[i].reshape(-1)[start:end]
+            if end - start == int(torch.Size(self.shapes[i]).numel()):
+                x = x.reshape(self.shapes[i])
+            blob = self.leaves[i].compress(x, info).to_bytes()
             parts += [_LEN.pack(len(blob)), blob]
         data = b"".join(parts)
         return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else _empty()
 
-    def decode(self, payload: torch.Tensor) -> List[torch.Tensor]:
-        """The flat fp32 tensors of ``payload``; ValueError when it is truncated, corrupted or
-        of other shapes."""
+    def decode(self, payload: torch.Tensor, segments=None) -> List[torch.Tensor]:
+        """The flat fp32 values of each segment of ``payload``; ValueError when it is
+        truncated, corrupted or of other sizes."""
         raw = payload.numpy().tobytes()
         out, pos = [], 0
-        for i, shape in enumerate(self.shapes):
+        for i, start, end in self.whole() if segments is None else segments:
             if pos + 4 > len(raw):
                 raise ValueError(f"collaborative payload truncated at tensor {i}")
             (size,) = _LEN.unpack_from(raw, pos)
             if pos + 4 + size > len(raw):
                 raise ValueError(f"collaborative payload truncated in tensor {i}")
             x = extract(Payload.from_bytes(raw[pos + 4 : pos + 4 + size]))
-            if tuple(x.shape) != shape:
-                raise ValueError(f"collaborative payload: tensor {i} has shape "
-                                 f"{tuple(x.shape)}, expected {shape}")  # fmt: skip
+            if x.numel() != end - start:
+                raise ValueError(f"collaborative payload: tensor {i} has {x.numel()} values "
+                                 f"where {end - start} were expected")  # fmt: skip
             out.append(x.detach().to(torch.float32).reshape(-1))
             pos += 4 + size
         if pos != len(raw):
