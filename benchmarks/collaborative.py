@@ -12,7 +12,8 @@ what the collaboration is measured against. Then the same model (a 1.06M-paramet
 and arguments (Adam, batch 32, target_batch_size, Float16, matchmaking_time, averaging_timeout)
 go through each system for ``--seconds``. Printed per system: samples/s of the collaboration
 (samples fed to ``step()`` by every peer, over the window) against the solo sum, epochs and the
-mean time of one, bytes sent per sample (every host's TUN, both systems' whole traffic), the
+mean time of one (over the window, and over its last third, when every peer is back), bytes
+sent per sample (every host's TUN, both systems' whole traffic), the
 held-out loss at the end, and how long the restarted peer took to its first global step.
 hivemind runs with ``--hivemind-python`` (an interpreter with ``hivemind==1.1.12``; it is never
 a dependency of torch_cgx) and is left out, saying so, where none is given or found.
@@ -51,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--systems", default="cgx,hivemind")
     p.add_argument("--hivemind-python", default=None)
     p.add_argument("--json", default=None, help="write the figures here")
+    p.add_argument("--plot", default=None, help="a PNG of loss and steps against time")
     # one peer (inside an emulated host; the driver passes these)
     for name in ("--peer", "--system", "--name", "--out", "--ip"):
         p.add_argument(name, default=None, help=argparse.SUPPRESS)
@@ -138,13 +140,19 @@ def _figures(system, out, procs, sent, join_at, end, killed, restarted) -> Dict:
     end_row = next((x for x in rows["p0"] if x["event"] == "end"), {})
     back = [x for x in rows[[n for n in procs if n.endswith("r")][0]] if x["event"] == "epoch"]
     window = end - join_at
+    losses = [x for x in rows["p0"] if x["event"] == "loss"]
+    curves = {"loss": [(x["time"] - join_at, x["loss"]) for x in losses],
+              "epochs": [(x["time"] - join_at, x["epoch"]) for x in p0]}  # fmt: skip
     span = p0[-1]["time"] - p0[0]["time"] if len(p0) > 1 else None
+    late = [x["time"] for x in p0 if x["time"] >= join_at + window * 2 / 3]  # all peers back
     return {
         "system": system, "samples_per_s": samples / window, "solo_sum": solo,
         "of_solo": samples / window / solo if solo else None, "epochs": len(p0),
         "epoch_s": span / (len(p0) - 1) if span else None,
+        "late_epoch_s": (late[-1] - late[0]) / (len(late) - 1) if len(late) > 1 else None,
         "bytes_per_sample": sent / samples if samples else None, "loss": end_row.get("loss"),
         "rejoin_s": back[0]["time"] - restarted if back else None, "down_s": restarted - killed,
+        "curves": curves,
     }  # fmt: skip
 
 
@@ -153,14 +161,15 @@ def _print(results: List[Dict], args) -> None:
           f"slower, peer {args.peers - 1} killed and restarted; target {args.target}, batch "
           f"{args.batch}, {args.compression}, {args.seconds:.0f} s")  # fmt: skip
     print(f"{'system':<10}{'samples/s':>10}{'of solo':>9}{'epochs':>8}{'s/epoch':>9}"
-          f"{'B/sample':>10}{'loss':>8}{'rejoin s':>10}")  # fmt: skip
+          f"{'late s/ep':>10}{'B/sample':>10}{'loss':>8}{'rejoin s':>10}")  # fmt: skip
 
     def f(r, key, fmt):
         return format(r[key], fmt) if r[key] is not None else "-"
 
     for r in results:
         print(f"{r['system']:<10}{f(r, 'samples_per_s', '.0f'):>10}{f(r, 'of_solo', '.2f'):>9}"
-              f"{r['epochs']:>8}{f(r, 'epoch_s', '.2f'):>9}{f(r, 'bytes_per_sample', '.0f'):>10}"
+              f"{r['epochs']:>8}{f(r, 'epoch_s', '.2f'):>9}{f(r, 'late_epoch_s', '.2f'):>10}"
+              f"{f(r, 'bytes_per_sample', '.0f'):>10}"
               f"{f(r, 'loss', '.4f'):>8}{f(r, 'rejoin_s', '.1f'):>10}")  # fmt: skip
     if len(results) == 2 and all(r["samples_per_s"] for r in results):
         a, b = results
@@ -202,6 +211,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     finally:
         shutil.rmtree(out, ignore_errors=True) if not os.environ.get("CGX_KEEP") else print(out)
     _print(results, args)
+    if args.plot and results:
+        from benchmarks.plots import plot_collaborative
+
+        title = f"{args.peers} peers, {args.link}, {args.latency} one way, {args.compression}"
+        plot_collaborative({r["system"]: r["curves"] for r in results}, args.plot, title)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "results": results}, f, indent=1)

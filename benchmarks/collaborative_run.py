@@ -127,9 +127,18 @@ def run_peer(args) -> None:
         _train(args, opt, model, data, f)
 
 
+def _held_out(model, data) -> float:
+    x, y = data.held_out()
+    with torch.no_grad():
+        return float(torch.nn.functional.cross_entropy(model(x), y))
+
+
 def _train(args, opt, model, data, f) -> None:
-    epoch, samples = opt.local_epoch, 0
+    epoch, samples, check = opt.local_epoch, 0, time.time()
     while time.time() < args.end:
+        if args.index == 0 and time.time() >= check:  # the held-out loss every 2 s
+            _log(f, event="loss", time=time.time(), loss=_held_out(model, data))
+            check += 2.0
         x, y = data.batch(args.batch)
         with slowed():
             loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -143,9 +152,7 @@ def _train(args, opt, model, data, f) -> None:
             _log(f, event="epoch", time=time.time(), epoch=epoch, samples=samples,
                  round=last.get("seconds"), quorum=last.get("quorum_seconds"))  # fmt: skip
     if args.index == 0:
-        x, y = data.held_out()
-        with torch.no_grad():
-            held = float(torch.nn.functional.cross_entropy(model(x), y))
+        held = _held_out(model, data)
         _log(f, event="end", time=time.time(), epoch=epoch, samples=samples, loss=held)
     else:
         _log(f, event="end", time=time.time(), epoch=epoch, samples=samples)

@@ -3,6 +3,8 @@
 - :func:`plot_allreduce`: effective bandwidth (size / time) against size, one line per method,
   log-log, from allreduce benchmark records (``size`` bytes, ``algo``, ``bits``, ``time_us``,
   ``world``).
+- :func:`plot_collaborative`: held-out loss and global steps against wall-clock time, one line
+  per system, from ``benchmarks.collaborative``'s curves.
 - :func:`plot_training`: training loss against wall-clock time and against step, one row per
   workload, one line per method, from ``benchmarks.train`` records.
 """
@@ -129,5 +131,23 @@ def plot_training(records: Iterable[dict], path: str) -> str:
             ax.set_yscale("log")
             ax.grid(True, which="both", alpha=0.3)
         ax_t.legend(fontsize="small" if len(recs) <= 10 else "x-small", ncol=1 + len(recs) // 11)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_collaborative(curves: Dict[str, dict], path: str, title: str = "") -> str:
+    """``curves[system]`` has ``loss`` and ``epochs``: lists of ``(seconds, value)``."""
+    fig, axes = _figure(1, 2, 5.0, 3.6)
+    for (system, c), color in zip(curves.items(), _colors(len(curves))):
+        for ax, key in zip(axes[0], ("loss", "epochs")):
+            if c.get(key):
+                ax.plot(*zip(*c[key]), label=system, color=color)
+    axes[0][0].set(xlabel="seconds in the collaboration", ylabel="held-out loss (peer 0)")
+    axes[0][1].set(xlabel="seconds in the collaboration", ylabel="global steps (peer 0)")
+    for ax in axes[0]:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    if title:
+        fig.suptitle(title)
     fig.savefig(path, dpi=110)
     return path
