@@ -51,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--averaging-timeout", type=float, default=10.0)
     p.add_argument("--systems", default="cgx,hivemind")
     p.add_argument("--hivemind-python", default=None)
+    p.add_argument(
+        "--keep-cwnd",
+        action="store_true",
+        help="net.ipv4.tcp_slow_start_after_idle=0 on every host (both systems)",
+    )
     p.add_argument("--json", default=None, help="write the figures here")
     p.add_argument("--plot", default=None, help="a PNG of loss and steps against time")
     # one peer (inside an emulated host; the driver passes these)
@@ -79,6 +84,16 @@ def _tx_bytes(host) -> int:
         if line.strip().startswith("eth0:"):
             return int(line.split(":", 1)[1].split()[8])
     return 0
+
+
+def _keep_cwnd(hosts) -> None:
+    """TCP keeps its window across idle periods (Linux resets it after an idle RTO by
+    default: every round then starts in slow start)."""
+    from benchmarks.hosts_net import _cmd
+
+    for h in hosts:
+        _cmd("ip", "netns", "exec", h.netns, "sysctl", "-qw",
+             "net.ipv4.tcp_slow_start_after_idle=0")  # fmt: skip
 
 
 def _start(args, python, system, host, index, name, join_at, end, out):
@@ -207,6 +222,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                           "hivemind==1.1.12; --hivemind-python): left out")  # fmt: skip
                     continue
             with any_hosts(args.peers, args.link, args.latency) as hosts:
+                if args.keep_cwnd:
+                    _keep_cwnd(hosts)
                 results.append(_run_system(args, system, python, hosts, out))
     finally:
         shutil.rmtree(out, ignore_errors=True) if not os.environ.get("CGX_KEEP") else print(out)

@@ -150,7 +150,7 @@ def _train(args, opt, model, data, f) -> None:
             epoch = opt.local_epoch
             last = getattr(opt, "last_round", {})  # torch_cgx's: the round's times
             _log(f, event="epoch", time=time.time(), epoch=epoch, samples=samples,
-                 round=last.get("seconds"), quorum=last.get("quorum_seconds"))  # fmt: skip
+                 round=last.get("seconds"), phases=last.get("phases"))  # fmt: skip
     if args.index == 0:
         held = _held_out(model, data)
         _log(f, event="end", time=time.time(), epoch=epoch, samples=samples, loss=held)

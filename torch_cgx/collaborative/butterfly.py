@@ -1,6 +1,7 @@
 """A round's sample-weighted average as a reduce-scatter and an all-gather of compressed parts
 (each peer sends ``2 (W-1) / W`` of one payload, where an all-gather of whole payloads sends
-``W - 1``).
+``W - 1``), every exchange an all-to-all (each peer sends straight to every other: one latency
+per exchange, where Gloo's ring all-gather takes W - 1 in a row).
 
 The tensors, flattened end to end, are cut into W contiguous parts; part j belongs to peer j
 (rank order). After the header table (every peer's samples, rate, batch size and the bytes of
@@ -18,11 +19,12 @@ makes that round fail on every peer, and the Optimizer then averages by whole pa
 from __future__ import annotations
 
 import struct
+import time
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from torch_cgx.collaborative.wire import Codec, _gather, _process_group, _rank
+from torch_cgx.collaborative.wire import Codec, _process_group, _rank, everyone
 
 __all__ = ["TooLarge", "layout", "reduce"]
 
@@ -59,18 +61,22 @@ def _alltoall(pg, chunks: List[torch.Tensor], table, rank: int) -> List[torch.Te
     return list(torch.split(out, into))
 
 
-def reduce(manager, codec: Codec, values: Optional[List[torch.Tensor]], head: Sequence[float]):
+def reduce(manager, codec: Codec, values: Optional[List[torch.Tensor]], head: Sequence[float],
+           times: Optional[dict] = None):  # fmt: skip
     """``(table, average, own_decoded, bytes_sent)`` of a round; ``values`` (flat fp32 per
     tensor) is None for a peer that contributes nothing; ``head`` is its ``(samples, rate,
-    batch)``. ``average`` is None when nobody contributed."""
+    batch)``. ``average`` is None when nobody contributed. ``times`` receives the seconds of
+    each phase (``header``, ``reduce_scatter``, ``all_gather``)."""
+    times = {} if times is None else times
+    clock = time.perf_counter()
     pg = _process_group(manager)
     world, rank = pg.size(), _rank(pg)
     parts = layout([int(torch.Size(s).numel()) for s in codec.shapes], world)
     empty = torch.empty(0, dtype=torch.uint8)
     chunks = [codec.encode(values, p) for p in parts] if values is not None else [empty] * world
-    rows, work = _gather(pg, torch.tensor([*head, 0.0, *[c.numel() for c in chunks]],
-                                          dtype=torch.float64), world)  # fmt: skip
-    work.wait()
+    header = torch.tensor([*head, 0.0, *[c.numel() for c in chunks]], dtype=torch.float64)
+    rows = everyone(pg, header, world)
+    times["header"], clock = time.perf_counter() - clock, time.perf_counter()
     table = [tuple(r.tolist()) for r in rows]
     total = sum(int(r[0]) for r in table)
     own = None
@@ -80,6 +86,7 @@ def reduce(manager, codec: Codec, values: Optional[List[torch.Tensor]], head: Se
         return table, None, own, 0
     received = _alltoall(pg, chunks, table, rank)
     mine = _average_part(codec, parts[rank], table, received, total)
+    times["reduce_scatter"], clock = time.perf_counter() - clock, time.perf_counter()
     largest = max(r[4 + j] for r in table for j in range(world))
     bound = int(largest * 1.1) + 64 * max(len(p) for p in parts) + 1024
     wire = torch.zeros(4 + bound, dtype=torch.uint8)
@@ -88,8 +95,8 @@ def reduce(manager, codec: Codec, values: Optional[List[torch.Tensor]], head: Se
     else:
         wire[:4] = torch.frombuffer(bytearray(_LEN.pack(mine.numel())), dtype=torch.uint8)
         wire[4 : 4 + mine.numel()] = mine
-    gathered, work = _gather(pg, wire, world)
-    work.wait()
+    gathered = everyone(pg, wire, world)
+    times["all_gather"] = time.perf_counter() - clock
     sent = sum(c.numel() for j, c in enumerate(chunks) if j != rank) + (world - 1) * wire.numel()
     return table, _assemble(codec, parts, gathered), own, sent
 

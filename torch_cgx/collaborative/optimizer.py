@@ -188,6 +188,7 @@ class Optimizer:
         every = self.average_state_every
         averaging = not self.use_local_updates or (self.local_epoch + 1) % every == 0
         average, table, sent = None, None, 0
+        self._times = {"quorum": quorum}
         try:
             table, average, sent = self._exchange(samples, averaging)
         except butterfly.TooLarge as e:  # the same on every peer: all switch together
@@ -199,7 +200,7 @@ class Optimizer:
             self.manager.report_error(e)
         committed = self.manager.should_commit()
         self._finish_round(committed, table, average, sent, time.perf_counter() - started)
-        self.last_round["quorum_seconds"] = quorum
+        self.last_round["phases"] = self._times  # seconds: quorum, header, reduce_scatter, ...
 
     def _exchange(self, samples: int, averaging: bool):
         """The round's traffic: ``(header table, average or None, bytes sent)``."""
@@ -215,7 +216,8 @@ class Optimizer:
             table, payloads, sent = wire.gather_round(self.manager, (*head, size), payload)
             return table, wire.average(self.codec, table, payloads)[0], sent
         values = self.state.values() if samples else None
-        table, average, own, sent = butterfly.reduce(self.manager, self.codec, values, head)
+        table, average, own, sent = butterfly.reduce(self.manager, self.codec, values, head,
+                                                     self._times)  # fmt: skip
         self.state.pending_from(values, own)
         return table, average, sent
 

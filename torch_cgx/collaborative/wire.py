@@ -1,8 +1,10 @@
 """One round's traffic over a torchft Manager's process group: the header table and the
 sample-weighted average of per-tensor compressed tensors.
 
-A round is two all-gathers over the quorum (Gloo on CPU): a header of float64 ``(samples,
-rate, batch size, payload bytes)`` per peer, then every peer's payload padded to the largest.
+A round is two all-gathers over the quorum (Gloo on CPU), each an all-to-all of the same
+tensor (:func:`everyone`: one latency, not the ring's W - 1): a header of float64
+``(samples, rate, batch size, payload bytes)`` per peer, then (when averaging by whole payloads)
+every peer's payload padded to the largest.
 A payload is the peer's tensors, each compressed by the object its policy chooses for it
 (``resolve(policy, CompressionInfo(key=index, role=...))``, hivemind's per-tensor policies
 included), each as ``u32 length + Payload.to_bytes()``. Every peer decodes the contributors'
@@ -28,9 +30,9 @@ from torch_cgx.compression import (
     resolve,
 )
 from torch_cgx.compression.base import TensorDescriptor
-from torch_cgx.diloco.managed import _gather, _process_group, _rank
+from torch_cgx.diloco.managed import _process_group, _rank
 
-__all__ = ["HEADER", "Codec", "average", "gather_round", "is_biased"]
+__all__ = ["HEADER", "Codec", "average", "everyone", "gather_round", "is_biased"]
 
 HEADER = 4  # samples, rate (samples/s, 0: unknown), batch size (0: unknown), payload bytes
 _LEN = struct.Struct("<I")
@@ -112,14 +114,24 @@ def _empty() -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8)
 
 
+def everyone(pg, tensor: torch.Tensor, world: int) -> List[torch.Tensor]:
+    """Every peer's ``tensor`` (the same size everywhere), each sent straight to every peer
+    (an all-to-all: one latency, where Gloo's ring all-gather takes W - 1 in a row)."""
+    from torch.distributed.distributed_c10d import AllToAllOptions
+
+    flat = tensor.reshape(-1)
+    out = torch.empty(world * flat.numel(), dtype=flat.dtype)
+    splits = [flat.numel()] * world
+    pg.alltoall_base(out, flat.repeat(world), splits, splits, AllToAllOptions()).wait()
+    return list(torch.split(out, flat.numel()))
+
+
 def gather_round(manager, header: Sequence[float], payload: Optional[torch.Tensor]):
     """Header rows of every peer of the quorum (rank order) and their payloads (None where a
     peer sent none). Raises what the process group raises (a peer gone, a timeout)."""
     pg = _process_group(manager)
     world = pg.size()
-    mine = torch.tensor(list(header), dtype=torch.float64)
-    rows, work = _gather(pg, mine, world)
-    work.wait()
+    rows = everyone(pg, torch.tensor(list(header), dtype=torch.float64), world)
     table = [tuple(r.tolist()) for r in rows]
     longest = int(max(row[3] for row in table))
     if longest == 0:
@@ -127,8 +139,7 @@ def gather_round(manager, header: Sequence[float], payload: Optional[torch.Tenso
     wire = torch.zeros(longest, dtype=torch.uint8)
     if payload is not None:
         wire[: payload.numel()] = payload
-    parts, work = _gather(pg, wire, world)
-    work.wait()
+    parts = everyone(pg, wire, world)
     payloads = [p[: int(row[3])] if row[3] > 0 else None for p, row in zip(parts, table)]
     return table, payloads, longest * (world - 1)
 
