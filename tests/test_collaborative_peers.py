@@ -2,7 +2,8 @@
 peer hosts the Lighthouse; one peer is 3x slower; one is SIGKILLed in the middle of a round and a
 new one joins later (tests/collaborative_peer.py). Checked from every peer's snapshots:
 parameters and optimizer state bitwise equal after every epoch, the slow peer's share, the
-epochs' pace, the others going on after the kill, the newcomer equal and contributing."""
+epochs' pace, the others going on after the kill, the newcomer equal and contributing; with
+local updates, parameters bitwise after every average and a SIGSTOPped peer dropped."""
 
 from __future__ import annotations
 
@@ -105,12 +106,16 @@ def test_slow_peer_kill_and_join(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_local_updates_average_parameters_bitwise(tmp_path):
+def test_local_updates_average_parameters_bitwise_and_a_stalled_peer_is_dropped(tmp_path):
     out = str(tmp_path)
     ctx = mp.get_context(context_start_method())
     procs = {"a": _start(ctx, out, "a", True, FAST, seed=0, compression="maxmin4", local=True)}
     procs["b"] = _start(ctx, out, "b", False, SLOW, seed=1, compression="maxmin4", local=True)
+    procs["c"] = _start(ctx, out, "c", False, FAST, seed=2, compression="maxmin4", local=True)
     try:
+        _wait("8 epochs with c", procs, lambda: len(_snapshots(out, "c")) >= 8)
+        os.kill(procs["c"].pid, signal.SIGSTOP)  # c stalls, wherever it is (a round or not)
+        stalled = time.time()
         for name in "ab":
             procs[name].join(LIMIT)
             assert procs[name].exitcode == 0, (name, procs[name].exitcode)
@@ -119,6 +124,11 @@ def test_local_updates_average_parameters_bitwise(tmp_path):
             if p.is_alive():
                 p.kill()
     a, b = _snapshots(out, "a"), _snapshots(out, "b")
+    # the others go on: their next epoch within averaging_timeout (5 s) and the Lighthouse's
+    # heartbeat timeout (1 s) of the stall, plus slack for this machine
+    after = [s["time"] for s in a.values() if s["time"] > stalled]
+    assert after and min(after) - stalled < 5 + 1 + 4, min(after) - stalled
+    assert max(a) == max(b) == STOP
     common = sorted(set(a) & set(b))
     assert len(common) > 10
     for e in common:
