@@ -86,6 +86,7 @@ def run(out, peer, addresses, steps, seed):
     )
     from torch_cgx.lightning import HivemindStrategy
 
+    os.chdir(out)  # Lightning writes lightning_logs/ (checkpoints) into the working directory
     target_batch_size = TARGET
     blocks = []
     # block 1
