@@ -233,3 +233,35 @@ def test_butterfly_layout_and_bounds():
     big[0] = 200  # a length past the buffer
     with pytest.raises(ValueError, match="byte buffer"):
         butterfly._assemble(codec, parts, [big, big])
+
+
+def test_hivemind_strategy_fits_alone_under_lightning(tmp_path):
+    pl = pytest.importorskip("lightning.pytorch")
+    from torch_cgx.lightning import hivemind_strategy_class
+
+    epochs = []
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            epochs.append(self.trainer.strategy.collaborative.local_epoch)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x[:, :1]), batch_size=8)
+    strategy = hivemind_strategy_class("lightning")(target_batch_size=16, host="127.0.0.1",
+                                                     averaging_timeout=5.0)  # fmt: skip
+    trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=1, max_steps=8,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         default_root_dir=str(tmp_path))  # fmt: skip
+    trainer.fit(Module(), data)
+    assert epochs == [0, 1, 1, 2, 2, 3, 3, 4]  # a global step every 2 batches of 8 (the target 16)
+    assert strategy.collaborative is None  # torn down
