@@ -7,6 +7,7 @@ local updates, parameters bitwise after every average and a SIGSTOPped peer drop
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -48,6 +49,22 @@ def _wait(what, procs, condition):
         time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def _peers(procs):
+    """Yields ``procs`` (name -> process, more may be added); on exit the peers named by
+    ``finish(names)`` must have exited 0, and any still alive are killed."""
+    done = []
+    try:
+        yield procs, done.extend
+        for name in done:
+            procs[name].join(LIMIT)
+            assert procs[name].exitcode == 0, (name, procs[name].exitcode)
+    finally:
+        for p in procs.values():
+            if p.is_alive():
+                p.kill()
+
+
 def _equal(a, b, what):
     for key in a["params"]:
         assert torch.equal(a["params"][key], b["params"][key]), f"{what}: parameter {key}"
@@ -62,20 +79,15 @@ def _equal(a, b, what):
 def test_slow_peer_kill_and_join(tmp_path):
     out = str(tmp_path)
     ctx = mp.get_context(context_start_method())
-    procs = {"a": _start(ctx, out, "a", True, FAST, seed=0, compression="adaptive")}
-    procs["b"] = _start(ctx, out, "b", False, FAST, seed=1, compression="adaptive", kill_round=8)
-    procs["c"] = _start(ctx, out, "c", False, SLOW, seed=2, compression="adaptive")
-    try:
+    with _peers({}) as (procs, finish):
+        procs["a"] = _start(ctx, out, "a", True, FAST, seed=0, compression="adaptive")
+        procs["b"] = _start(ctx, out, "b", False, FAST, seed=1, compression="adaptive",
+                            kill_round=8)  # fmt: skip
+        procs["c"] = _start(ctx, out, "c", False, SLOW, seed=2, compression="adaptive")
         _wait("b's death", procs, lambda: procs["b"].exitcode == -signal.SIGKILL)
         killed_at = max(_snapshots(out, "a"), default=0)
         procs["d"] = _start(ctx, out, "d", False, FAST, seed=3, compression="adaptive")
-        for name in "acd":
-            procs[name].join(LIMIT)
-            assert procs[name].exitcode == 0, (name, procs[name].exitcode)
-    finally:
-        for p in procs.values():
-            if p.is_alive():
-                p.kill()
+        finish("acd")
     snaps = {n: _snapshots(out, n) for n in "abcd"}
     # the others went on after the kill, without a restart, to the last epoch
     assert max(snaps["a"]) == max(snaps["c"]) == max(snaps["d"]) == STOP
@@ -109,20 +121,14 @@ def test_slow_peer_kill_and_join(tmp_path):
 def test_local_updates_average_parameters_bitwise_and_a_stalled_peer_is_dropped(tmp_path):
     out = str(tmp_path)
     ctx = mp.get_context(context_start_method())
-    procs = {"a": _start(ctx, out, "a", True, FAST, seed=0, compression="maxmin4", local=True)}
-    procs["b"] = _start(ctx, out, "b", False, SLOW, seed=1, compression="maxmin4", local=True)
-    procs["c"] = _start(ctx, out, "c", False, FAST, seed=2, compression="maxmin4", local=True)
-    try:
+    with _peers({}) as (procs, finish):
+        for name, first, delay in (("a", True, FAST), ("b", False, SLOW), ("c", False, FAST)):
+            procs[name] = _start(ctx, out, name, first, delay, seed=ord(name) - ord("a"),
+                                 compression="maxmin4", local=True)  # fmt: skip
         _wait("8 epochs with c", procs, lambda: len(_snapshots(out, "c")) >= 8)
         os.kill(procs["c"].pid, signal.SIGSTOP)  # c stalls, wherever it is (a round or not)
         stalled = time.time()
-        for name in "ab":
-            procs[name].join(LIMIT)
-            assert procs[name].exitcode == 0, (name, procs[name].exitcode)
-    finally:
-        for p in procs.values():
-            if p.is_alive():
-                p.kill()
+        finish("ab")
     a, b = _snapshots(out, "a"), _snapshots(out, "b")
     # the others go on: their next epoch within averaging_timeout (5 s) and the Lighthouse's
     # heartbeat timeout (1 s) of the stall, plus slack for this machine

@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from torch_cgx.collaborative.wire import Codec, _process_group, _rank, everyone
+from torch_cgx.collaborative.wire import Codec, _process_group, _rank, average, everyone
 
 __all__ = ["TooLarge", "layout", "reduce"]
 
@@ -62,11 +62,12 @@ def _alltoall(pg, chunks: List[torch.Tensor], table, rank: int) -> List[torch.Te
 
 
 def reduce(manager, codec: Codec, values: Optional[List[torch.Tensor]], head: Sequence[float],
-           times: Optional[dict] = None):  # fmt: skip
+           times: Optional[dict] = None, decode_own: bool = False):  # fmt: skip
     """``(table, average, own_decoded, bytes_sent)`` of a round; ``values`` (flat fp32 per
     tensor) is None for a peer that contributes nothing; ``head`` is its ``(samples, rate,
-    batch)``. ``average`` is None when nobody contributed. ``times`` receives the seconds of
-    each phase (``header``, ``reduce_scatter``, ``all_gather``)."""
+    batch)``. ``average`` is None when nobody contributed; ``own_decoded`` (what this peer's
+    parts carry, for error feedback) only with ``decode_own``. ``times`` receives the seconds
+    of each phase (``header``, ``reduce_scatter``, ``all_gather``)."""
     times = {} if times is None else times
     clock = time.perf_counter()
     pg = _process_group(manager)
@@ -80,12 +81,12 @@ def reduce(manager, codec: Codec, values: Optional[List[torch.Tensor]], head: Se
     table = [tuple(r.tolist()) for r in rows]
     total = sum(int(r[0]) for r in table)
     own = None
-    if values is not None:  # what this peer's parts carry (error feedback)
+    if values is not None and decode_own:
         own = _place(codec, [(p, codec.decode(c, p)) for c, p in zip(chunks, parts)])
     if total == 0:
         return table, None, own, 0
     received = _alltoall(pg, chunks, table, rank)
-    mine = _average_part(codec, parts[rank], table, received, total)
+    mine = _average_part(codec, parts[rank], table, received)
     times["reduce_scatter"], clock = time.perf_counter() - clock, time.perf_counter()
     largest = max(r[4 + j] for r in table for j in range(world))
     bound = int(largest * 1.1) + 64 * max(len(p) for p in parts) + 1024
@@ -101,22 +102,10 @@ def reduce(manager, codec: Codec, values: Optional[List[torch.Tensor]], head: Se
     return table, _assemble(codec, parts, gathered), own, sent
 
 
-def _average_part(codec, segments, table, received, total) -> torch.Tensor:
-    acc = [torch.zeros(end - start, dtype=torch.float32) for _, start, end in segments]
-    for row, chunk in zip(table, received):
-        samples = int(row[0])
-        if samples == 0:
-            continue
-        if chunk.numel() == 0 and segments:
-            raise ValueError("collaborative round: a peer reported samples without a payload")
-        for a, x in zip(acc, codec.decode(chunk, segments)):
-            a.add_(x.mul_(float(samples)))  # two roundings, each IEEE: no fused multiply-add
-    for a in acc:
-        a.div_(float(total))
-    flat = [torch.zeros(int(torch.Size(s).numel())) for s in codec.shapes]
-    for (i, start, end), a in zip(segments, acc):
-        flat[i][start:end] = a
-    return codec.encode(flat, segments)
+def _average_part(codec, segments, table, received) -> torch.Tensor:
+    """This peer's part averaged over the contributors, encoded again."""
+    acc, _ = average(codec, table, received, segments)
+    return codec.encode_pieces(acc, segments)
 
 
 def _place(codec, decoded) -> List[torch.Tensor]:

@@ -216,8 +216,10 @@ class Optimizer:
             table, payloads, sent = wire.gather_round(self.manager, (*head, size), payload)
             return table, wire.average(self.codec, table, payloads)[0], sent
         values = self.state.values() if samples else None
-        table, average, own, sent = butterfly.reduce(self.manager, self.codec, values, head,
-                                                     self._times)  # fmt: skip
+        feedback = any(self.error_feedback)
+        table, average, own, sent = butterfly.reduce(
+            self.manager, self.codec, values, head, self._times, decode_own=feedback
+        )
         self.state.pending_from(values, own)
         return table, average, sent
 
@@ -226,7 +228,8 @@ class Optimizer:
         if committed and table is not None:
             total = sum(int(r[0]) for r in table)
             if total > 0:
-                stepped = self._apply(average)
+                self._apply(average)
+                stepped = True
                 self._samples = self._counted = 0
             self._rate.close_epoch()
             counts = progress.batches_per_peer([r[:3] for r in table], self.target_batch_size,
@@ -243,7 +246,7 @@ class Optimizer:
             print(f"torch_cgx.collaborative: epoch {self.local_epoch}: {r['samples']} samples "
                   f"from {r['peers']} peers, round {r['seconds']:.3f} s", flush=True)  # fmt: skip
 
-    def _apply(self, average) -> bool:
+    def _apply(self, average) -> None:
         if self.use_local_updates:
             if average is not None:
                 self.state.set_parameters(average)
@@ -254,7 +257,6 @@ class Optimizer:
         if self.scheduler is not None:
             self.scheduler.step()
         self.local_epoch += 1
-        return True
 
     # --- state ------------------------------------------------------------------------------
 

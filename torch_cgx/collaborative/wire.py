@@ -32,9 +32,8 @@ from torch_cgx.compression import (
 from torch_cgx.compression.base import TensorDescriptor
 from torch_cgx.diloco.managed import _process_group, _rank
 
-__all__ = ["HEADER", "Codec", "average", "everyone", "gather_round", "is_biased"]
+__all__ = ["Codec", "average", "everyone", "gather_round", "is_biased"]
 
-HEADER = 4  # samples, rate (samples/s, 0: unknown), batch size (0: unknown), payload bytes
 _LEN = struct.Struct("<I")
 
 
@@ -48,7 +47,7 @@ def is_biased(leaf: CompressionBase) -> bool:
     if isinstance(leaf, (NoCompression, Float16Compression, ScaledFloat16Compression)):
         return False
     if isinstance(leaf, CGXCompression):
-        return bool(leaf._codec.traits.get("biased", True))
+        return bool(leaf.codec_for(0).traits.get("biased", True))
     return True
 
 
@@ -77,10 +76,14 @@ class Codec:
     def encode(self, tensors: Sequence[torch.Tensor], segments=None) -> torch.Tensor:
         """``segments`` (default: every tensor whole) of the flat ``tensors``, each compressed
         by its tensor's object (a whole tensor in its shape, a part of one flat)."""
+        segments = self.whole() if segments is None else segments
+        return self.encode_pieces([tensors[i].reshape(-1)[a:b] for i, a, b in segments], segments)
+
+    def encode_pieces(self, pieces: Sequence[torch.Tensor], segments) -> torch.Tensor:
+        """The payload of ``pieces``, the values of ``segments`` one by one."""
         parts = []
-        for i, start, end in self.whole() if segments is None else segments:
+        for (i, start, end), x in zip(segments, pieces):
             info = CompressionInfo(i, TensorDescriptor(self.shapes[i], torch.float32))
-            x = tensors[i].reshape(-1)[start:end]
             if end - start == int(torch.Size(self.shapes[i]).numel()):
                 x = x.reshape(self.shapes[i])
             blob = self.leaves[i].compress(x, info).to_bytes()
@@ -148,20 +151,22 @@ def rank_of(manager) -> int:
     return _rank(_process_group(manager))
 
 
-def average(codec: Codec, table, payloads) -> Tuple[Optional[List[torch.Tensor]], int]:
-    """The sample-weighted average of the contributors' tensors (None when nobody contributed)
-    and the total samples."""
+def average(codec: Codec, table, payloads, segments=None):
+    """``(the sample-weighted average of the contributors' values of each segment (default:
+    every tensor whole), the total samples)``; None for the average when nobody contributed.
+    Rank order, each product and sum a separate IEEE operation: the same bytes everywhere."""
+    segments = codec.whole() if segments is None else segments
     total = sum(int(row[0]) for row in table)
     if total == 0:
         return None, 0
-    acc = [torch.zeros(int(torch.Size(s).numel()), dtype=torch.float32) for s in codec.shapes]
+    acc = [torch.zeros(end - start, dtype=torch.float32) for _, start, end in segments]
     for row, payload in zip(table, payloads):
         samples = int(row[0])
         if samples == 0:
             continue
-        if payload is None:
+        if payload is None or (payload.numel() == 0 and segments):
             raise ValueError("collaborative round: a peer reported samples without a payload")
-        for a, x in zip(acc, codec.decode(payload)):
+        for a, x in zip(acc, codec.decode(payload, segments)):
             a.add_(x.mul_(float(samples)))  # two roundings, each IEEE: no fused multiply-add
     for a in acc:
         a.div_(float(total))
