@@ -138,8 +138,8 @@ def _create(opts, pg_options=None):
     native = config.to_native()
     backend = _C.ProcessGroupCGX(rank, size, inner, wire, native, group_store, timeout)
     attach_hierarchy(backend, config, group_store, rank, size, timeout)
-    if config.data_plane == "device" or (config.data_plane == "auto" and torch.cuda.is_available()):
-        from torch_cgx.device import plane  # only where a device plane can serve
+    if config.data_plane != "host":  # CUDA tensors; CPU ones too, or for Python compressors
+        from torch_cgx.device import plane
 
         plane.install(backend, config, group_store, rank, size, timeout)
     if config.compressor == "auto":

@@ -71,7 +71,9 @@ class _ConfigMethods:
             raise bad("intra_compress", "needs the shared-memory intra-node transport "
                       f"(CGX_INNER_COMMUNICATOR_TYPE=SHM), not {self.inner_communicator.upper()}",
                       self.intra_compress)  # fmt: skip
-        known = list(_C.compressor_names()) + ["auto"]
+        from torch_cgx import compressors
+
+        known = compressors.names() + ["auto"]
         if self.compressor not in known:
             raise bad("compressor", f"must be one of {known}", self.compressor)
         params = _parse_params(name("compressor_params") or "compressor_params",
@@ -83,7 +85,7 @@ class _ConfigMethods:
         if self.compressor == "auto":
             return
         try:
-            _C.make_compressor(self.compressor, params)
+            compressors.get(self.compressor, **params)
         except ValueError as e:
             raise ValueError(f"{name('compressor_params') or 'compressor_params'}: {e}") from None
 

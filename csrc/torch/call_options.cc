@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/rotation.h"
 #include "dtype_map.h"
+#include "external_compressors.h"
 
 namespace cgx::binding {
 
@@ -79,7 +80,10 @@ CallOptions::CallOptions(const BackendConfig& config) : config_(config) {
   clips_ = uses_codec(config_.compressor) && clip_rule(config_.clip, rotates_);
   // Built here, once: also what names a bad compressor name or parameter. Max-min at 32 bits
   // does not compress, so it has no compressor (bits 32 is outside the codec's range).
-  if (compressed_) compressor_ = make_call_compressor(config_);
+  // A compressor written in Python has none here: the device plane runs it.
+  if (compressed_ && !is_external_compressor(config_.compressor)) {
+    compressor_ = make_call_compressor(config_);
+  }
 }
 
 void CallOptions::set_stream(int64_t stream) {
@@ -114,7 +118,7 @@ AllreduceOptions to_options(const BackendConfig& c, bool average, uint64_t call_
 
 void validate_config(const BackendConfig& c) {
   validate_fields(c);
-  if (c.compressor != kAutoCompressor) {
+  if (c.compressor != kAutoCompressor && !is_external_compressor(c.compressor)) {
     make_compressor(c.compressor, c.compressor_params);  // names the bad name or parameter
   }
 }

@@ -11,6 +11,7 @@
 #include "compressors/registry.h"
 #include "core/error.h"
 #include "dtype_map.h"
+#include "external_compressors.h"
 
 namespace cgx::binding {
 namespace {
@@ -96,6 +97,8 @@ void bind_compressors(pybind11::module& m) {
         return c.payload_count(payload.data_ptr<uint8_t>(), size_t(payload.numel()));
       });
   m.def("compressor_names", &compressor_names);
+  m.def("declare_external_compressor", &declare_external_compressor, py::arg("name"));
+  m.def("is_external_compressor", &is_external_compressor, py::arg("name"));
   m.def("compressor_specs", &specs);
   m.def("make_compressor",
         [](const std::string& name, const std::map<std::string, double>& params) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend_config.h"
+#include "external_compressors.h"
 
 namespace cgx::binding {
 
@@ -33,10 +34,15 @@ struct DevicePlane {
   bool every_tensor = false;                  // data_plane "device": CPU tensors too
   int64_t token = 0;  // names the Python side's plane (its counters: torch_cgx/counters.py)
 
-  bool serves(const at::Tensor& t) const {
-    return call && t.defined() && (every_tensor || t.is_cuda());
+  // `compressor`: the call's; one written in Python runs here on any device.
+  bool serves(const at::Tensor& t, const std::string& compressor = "") const {
+    return call && t.defined() &&
+           (every_tensor || t.is_cuda() ||
+            (!compressor.empty() && is_external_compressor(compressor)));
   }
-  bool serves(const std::vector<at::Tensor>& ts) const { return !ts.empty() && serves(ts[0]); }
+  bool serves(const std::vector<at::Tensor>& ts, const std::string& compressor = "") const {
+    return !ts.empty() && serves(ts[0], compressor);
+  }
 };
 
 }  // namespace cgx::binding

@@ -138,10 +138,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::plane_call(const std::string& ki
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceOptions& opts) {
   TORCH_CHECK_VALUE(tensors.size() == 1, "cgx allreduce takes one tensor, got ", tensors.size());
-  if (plane_.serves(tensors)) {
-    return plane_call("allreduce", tensors, {}, opts.reduceOp.op_, call_config(tensors[0].numel()));
-  }
   const BackendConfig c = call_config(tensors[0].numel());
+  if (plane_.serves(tensors, c.compressor)) {
+    return plane_call("allreduce", tensors, {}, opts.reduceOp.op_, c);
+  }
+  check_native(c.compressor);
   if (c.compressor == kAutoCompressor && opts.reduceOp.op_ != c10d::ReduceOp::AVG) {
     return inner()->allreduce(tensors, opts);  // planned exact: Gloo's own, no worker hop
   }
@@ -151,11 +152,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce(std::vector<at::Tensor
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   TORCH_CHECK_VALUE(!tensors.empty(), "allreduce_coalesced needs at least one tensor");
-  if (plane_.serves(tensors)) {
-    int64_t n = 0;
-    for (const at::Tensor& t : tensors) n += t.numel();
+  int64_t n = 0;
+  for (const at::Tensor& t : tensors) n += t.numel();
+  if (plane_.serves(tensors, call_config(n).compressor)) {
     return plane_call("allreduce_coalesced", tensors, {}, opts.reduceOp.op_, call_config(n));
   }
+  check_native(call_config(n).compressor);
   bool uniform = true;
   for (const at::Tensor& t : tensors) {
     uniform = uniform && t.scalar_type() == tensors[0].scalar_type() &&
@@ -219,7 +221,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_call(at::Tensor tensor
   TORCH_CHECK_VALUE(tensor.device().is_cpu() || tensor.device().is_cuda(),
                     "allreduce_with needs a tensor with data on the CPU or a GPU, got one on ",
                     tensor.device());
-  if (plane_.serves(tensor)) {  // the options' config carries the stream
+  if (plane_.serves(tensor, options.config().compressor)) {  // the config carries the stream
     std::vector<at::Tensor> residuals;
     if (residual) residuals.push_back(*residual);
     const int64_t op = average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
@@ -232,6 +234,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::allreduce_call(at::Tensor tensor
                       " elements");
     residual->zero_();
   }
+  check_native(options.config().compressor);
   std::vector<at::Tensor> outputs = {tensor};
   if (options.compressed() && eligible(tensor, options.config())) {
     return enqueue(outputs, c10d::OpType::ALLREDUCE,

@@ -23,6 +23,7 @@ std::function<void()> ProcessGroupCGX::reduce_scatter_job(at::Tensor output, at:
   const bool fits = input.numel() == output.numel() * getSize() && input.is_contiguous() &&
                     output.is_contiguous() && input.scalar_type() == output.scalar_type();
   if (!sum || !fits || getSize() == 1 || !eligible(output, c)) return nullptr;
+  check_native(c.compressor);
   const bool per_call = c.settings_per_call;
   if (!per_call && !compressible(output, c)) return nullptr;
   const bool average = op == c10d::ReduceOp::AVG;
@@ -40,7 +41,7 @@ std::function<void()> ProcessGroupCGX::reduce_scatter_job(at::Tensor output, at:
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  if (plane_.serves(output)) {
+  if (plane_.serves(output, call_config().compressor)) {
     return plane_call("reduce_scatter_base", {output}, {input}, opts.reduceOp.op_, call_config());
   }
   auto job = reduce_scatter_job(output, input, opts);
@@ -71,7 +72,7 @@ at::Tensor joined_inputs(const std::vector<at::Tensor>& outputs,
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  if (plane_.serves(outputs) && inputs.size() == 1) {
+  if (plane_.serves(outputs, call_config().compressor) && inputs.size() == 1) {
     return plane_call("reduce_scatter", outputs, inputs[0], opts.reduceOp.op_, call_config());
   }
   at::Tensor input = joined_inputs(outputs, inputs, getSize());
@@ -83,7 +84,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter(
 c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  if (plane_.serves(outputs)) {
+  if (plane_.serves(outputs, call_config().compressor)) {
     return plane_call("reduce_scatter_coalesced", outputs, inputs, opts.reduceOp.op_,
                       call_config());
   }

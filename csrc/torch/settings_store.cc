@@ -2,6 +2,7 @@
 
 #include "compressors/registry.h"
 #include "core/error.h"
+#include "external_compressors.h"
 
 namespace cgx::binding {
 
@@ -30,7 +31,8 @@ void SettingsStore::set_plan(const std::vector<PlanRule>& plan) {
                   "plan rule segments must be in [0, 4096], got ", r.segments);
     validate_config(planned(BackendConfig{}, {r}, 0));
     // An unknown compressor or parameter raises here, not in an allreduce.
-    if (!r.compressor.empty() && !uses_codec(r.compressor)) make_compressor(r.compressor, r.params);
+    if (!r.compressor.empty() && !uses_codec(r.compressor) && !is_external_compressor(r.compressor))
+      make_compressor(r.compressor, r.params);
   }
   std::lock_guard<std::mutex> lk(mu_);
   plan_ = plan;

@@ -13,7 +13,6 @@ from torch_cgx.device.rotation import valid_block
 __all__ = ["ALGORITHMS", "DeviceCall", "resolve"]
 
 ALGORITHMS = ("sra", "ring", "allgather", "tree")
-_BUCKETED = ("maxmin", "onebit", "efsignsgd", "terngrad", "qsgd")  # alignment: their bucket
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,22 +82,20 @@ class DeviceCall:
 
 def resolve(call: DeviceCall, make_codec) -> common.Plan:
     """The device codec of ``call`` and the traits the algorithms read (payload.h)."""
-    from torch_cgx import _C
     from torch_cgx import compressors as native
 
     params = dict(call.params)
-    ints = {s["name"] for s in native.params(call.compressor) if s.get("integer")}
+    specs = native.params(call.compressor)
+    ints = {s["name"] for s in specs if s.get("integer")}
     typed = {k: int(v) if k in ints else v for k, v in params.items()}
     codec = make_codec(call.compressor, **typed)
-    traits = dict(
-        _C.make_compressor(call.compressor, {k: float(v) for k, v in params.items()}).traits()
-    )
+    traits = native.get(call.compressor, **typed).traits
     alignment = getattr(codec, "alignment", None)
     if alignment is None:
-        # the codec's own bucket size: its default where the call's parameters leave it out,
-        # as the native compressor (payload.cc chunk_alignment)
+        # a compressor with a bucket_size aligns chunks to it: the codec's own, its default
+        # where the call's parameters leave it out, as the native one (payload.cc chunk_alignment)
         bucket = getattr(codec, "bucket_size", params.get("bucket_size", 0))
-        bucket = int(bucket or 0) if call.compressor in _BUCKETED else 0
+        bucket = int(bucket or 0) if any(s["name"] == "bucket_size" for s in specs) else 0
         alignment = bucket if bucket > 0 else 1
     return common.Plan(
         codec,

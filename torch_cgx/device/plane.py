@@ -15,11 +15,12 @@ from __future__ import annotations
 import itertools
 import sys
 import weakref
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
+from torch_cgx import _C
 from torch_cgx.config import CGXConfig
 from torch_cgx.device.engine import DeviceCall, DeviceEngine
 from torch_cgx.device.transport import GroupTransport
@@ -36,12 +37,16 @@ class DevicePlane:
     """The device plane of one cgx group (see the module). ``transports``: device type ->
     :class:`GroupTransport` (``cuda``: NCCL or Gloo; ``cpu``: Gloo, with ``data_plane=device``)."""
 
-    def __init__(self, transports: Dict[str, GroupTransport], hierarchies=None) -> None:
+    def __init__(self, transports: Dict[str, GroupTransport], hierarchies=None,
+                 lazy: Optional[Dict[str, Callable]] = None) -> None:  # fmt: skip
         self.transports = transports
         hierarchies = hierarchies or {}
         self.engines = {
             kind: DeviceEngine(t, hierarchies.get(kind)) for kind, t in transports.items()
         }
+        # device type -> the transport's maker, for tensors served only for compressors written
+        # in Python (made at their first call, which every rank makes: the Gloo rendezvous)
+        self.lazy = dict(lazy or {})
         self.token = next(_TOKENS)
         self._calls: Dict[tuple, Optional[DeviceCall]] = {}
         self._since: dict = {}
@@ -97,13 +102,27 @@ class DevicePlane:
             raise ValueError(f"cgx device plane: unknown call {kind!r}")
         return _done(outputs)
 
-    def serves(self, tensor: torch.Tensor) -> bool:
-        return tensor.device.type in self.engines
+    def serves(self, tensor: torch.Tensor, compressor: str = "") -> bool:
+        """Whether the plane reduces ``tensor`` in a call with ``compressor`` (the adapter's
+        rule, device_plane.h): every tensor of its devices, and any tensor for a compressor
+        written in Python."""
+        kind = tensor.device.type
+        if kind in self.engines and kind not in self.lazy:
+            return True
+        return (
+            bool(compressor)
+            and _C.is_external_compressor(compressor)
+            and (kind in self.engines or kind in self.lazy)
+        )
 
     # ---- helpers ----
 
     def _engine(self, t: torch.Tensor) -> DeviceEngine:
         engine = self.engines.get(t.device.type)
+        if engine is None and t.device.type in self.lazy:
+            transport = self.lazy[t.device.type]()
+            self.transports[t.device.type] = transport
+            engine = self.engines[t.device.type] = DeviceEngine(transport)
         if engine is None:
             raise ValueError(
                 f"the cgx group's device plane carries {sorted(self.engines)} tensors, got one "
@@ -250,17 +269,19 @@ def _nccl_usable(store, rank: int, size: int) -> bool:
 def install(backend, config: CGXConfig, store, rank: int, size: int, timeout) -> None:
     """Creates the plane's backends from the group's store and installs it on ``backend``
     (collective: every rank of the group creates the same ones). The CUDA carrier: NCCL when
-    every rank publishes a distinct device UUID (:func:`nccl_carries`), else Gloo."""
+    every rank publishes a distinct device UUID (:func:`nccl_carries`), else Gloo. CPU tensors
+    come here with ``data_plane=device``, and otherwise for compressors written in Python only
+    (their Gloo group is made at the first such call)."""
     every = config.data_plane == "device"
     cuda = torch.cuda.is_available()
-    if config.data_plane == "host" or not (every or cuda):
+    if config.data_plane == "host":
         return
     transports: Dict[str, GroupTransport] = {}
-    carrier = None
+    carrier = gloo = None
     if cuda and _nccl_usable(store, rank, size):
         carrier = dist.ProcessGroupNCCL(dist.PrefixStore("device/nccl/", store), rank, size)
         transports["cuda"] = GroupTransport(carrier, rank, size, device="cuda")
-    if every or "cuda" not in transports:
+    if every or (cuda and "cuda" not in transports):
         gloo = dist.ProcessGroupGloo(dist.PrefixStore("device/gloo/", store), rank, size, timeout)
         if every:
             transports["cpu"] = GroupTransport(gloo, rank, size)
@@ -268,13 +289,24 @@ def install(backend, config: CGXConfig, store, rank: int, size: int, timeout) ->
             transports["cuda"] = GroupTransport(gloo, rank, size, device="cuda")
         carrier = carrier or gloo
     hierarchies = {}
-    if backend.hierarchical():  # the native layout (topology.attach_hierarchy), on the device
+    if backend.hierarchical() and transports:  # the native layout (attach_hierarchy), on the device
         hierarchies = {
             kind: _hierarchy(kind, t.pg, config, store, rank, size, timeout)
             for kind, t in transports.items()
         }
-    plane = DevicePlane(transports, hierarchies)
+    lazy = {} if every else {"cpu": _lazy_cpu(gloo, store, rank, size, timeout)}
+    plane = DevicePlane(transports, hierarchies, lazy)
     backend.set_device_plane(plane, carrier, every, plane.token)
+
+
+def _lazy_cpu(gloo, store, rank: int, size: int, timeout) -> Callable[[], GroupTransport]:
+    def make() -> GroupTransport:
+        pg = gloo or dist.ProcessGroupGloo(
+            dist.PrefixStore("device/gloo-cpu/", store), rank, size, timeout
+        )
+        return GroupTransport(pg, rank, size)
+
+    return make
 
 
 def _hierarchy(kind: str, carrier, config: CGXConfig, store, rank: int, size: int, timeout):

@@ -176,16 +176,19 @@ def issue(backend, tensor: torch.Tensor, options: _C.CallOptions, stream: int = 
     return backend.allreduce_call(tensor, options, average, residual)
 
 
-def device_plane(backend, tensor: torch.Tensor):
-    """The group's device plane when it serves ``tensor`` (torch_cgx/device/plane.py), else
-    None: such a bucket is staged here, on its device, and each staged tensor reduced by the
-    plane (the adapter routes ``allreduce_call`` to it; docs/gpu.md)."""
+def device_plane(backend, tensor: torch.Tensor, compressors: Sequence[str] = ()):
+    """The group's device plane when it serves ``tensor`` in calls with one of ``compressors``
+    (torch_cgx/device/plane.py), else None: such a bucket is staged here, on its device, and
+    each staged tensor reduced by the plane (the adapter routes ``allreduce_call`` to it;
+    docs/gpu.md)."""
     if not backend.device_plane_token():
         return None
     from torch_cgx.device.plane import plane_of
 
     plane = plane_of(backend)
-    return plane if plane is not None and plane.serves(tensor) else None
+    if plane is None:
+        return None
+    return plane if any(plane.serves(tensor, c) for c in (*compressors, "")) else None
 
 
 Keep = Optional[Callable[[torch.Tensor, torch.Tensor], None]]
@@ -234,7 +237,8 @@ def reduce_bucket(
     A CPU buffer goes to the backend in one native call (``reduce_bucket``,
     csrc/torch/bucket_call.h), which stages, reduces and writes back on the group's worker: the
     caller only lays the parts out. Other buffers are staged here, one native call per part."""
-    if not NATIVE_BUCKETS or buf.device.type != "cpu" or device_plane(backend, buf) is not None:
+    names = [part.options.config.compressor for part in parts]
+    if not NATIVE_BUCKETS or buf.device.type != "cpu" or device_plane(backend, buf, names):
         return _reduce_staged(backend, buf, parts, extra, after)
     native, kept = [], []
     for part in parts:

@@ -1,4 +1,4 @@
-"""Every gradient compressor of torch_cgx behind one interface (the registry in csrc/compressors).
+"""The native compressors (the registry in csrc/compressors) behind one interface.
 
 >>> from torch_cgx import compressors
 >>> compressors.names()                       # maxmin, fp16, bf16, signsgd, onebit, ...
@@ -20,7 +20,7 @@ import torch
 
 from torch_cgx import _C
 
-__all__ = ["Compressor", "get", "names", "params"]
+__all__ = ["Compressor", "get", "names", "params"]  # torch_cgx.compressors re-exports them
 
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
