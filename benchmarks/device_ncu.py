@@ -1,4 +1,4 @@
-"""Where the device codecs' GPU time goes, from Nsight Compute's counters (issue 36):
+"""Where the device codecs' GPU time goes, from Nsight Compute's counters:
 ``python -m benchmarks.device_ncu [--size 64M] [--compressors LIST] [--out DIR]``.
 
 Runs itself under ``ncu`` (``$NCU``, else ``ncu`` on PATH, else ``/usr/local/cuda/bin/ncu``) on

@@ -1,4 +1,4 @@
-"""Low-communication training on emulated wide-area hosts: DDP against DiLoCo (issue 29).
+"""Low-communication training on emulated wide-area hosts: DDP against DiLoCo.
 
     python -m benchmarks.diloco --hosts 4 --link 100mbit [--latency 20ms] \\
         --json bench-results/diloco.json --plot bench-results/diloco.png

@@ -1,4 +1,4 @@
-"""Static counts of the Triton kernels' compiled code for sm_90 (issue 36; docs/gpu.md), no GPU
+"""Static counts of the Triton kernels' compiled code for sm_90 (docs/gpu.md), no GPU
 needed (triton's bundled ptxas and cuobjdump):
 
     python -m benchmarks.triton_ptx [--kernels DIR] [--json PATH] [--arch N]

@@ -1,4 +1,4 @@
-"""Launch-size sweep of the Triton kernels on a GPU (issue 36, item 6; docs/gpu.md).
+"""Launch-size sweep of the Triton kernels on a GPU (docs/gpu.md).
 
     python -m benchmarks.triton_sweep [--size 64M] [--json PATH]
 

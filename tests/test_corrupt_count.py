@@ -1,5 +1,5 @@
-"""A payload whose element count was corrupted in transit (issue 27: one byte of a 40-byte dgc
-payload's count made it describe 2.06e9 values, 8 GB). A receiver that passes the count it
+"""A payload whose element count was corrupted in transit (one byte of a 40-byte dgc
+payload's count can make it describe 2.06e9 values, 8 GB). A receiver that passes the count it
 expects (``decode(p, out=...)``, and every receiver inside the backend: C++ tests in
 csrc/tests/corrupt_count_test.cc and reduce_scatter_test.cc) raises ValueError; ``decode(p)``
 without ``out=`` trusts the header (docs/FORMAT.md, "Who decides the count") but refuses any

@@ -1,4 +1,4 @@
-"""The entry points of issue 28 item 5 that are not the backend's own, on their device path with
+"""The entry points that are not the backend's own, on their device path with
 CPU tensors: ``torch_cgx.fsdp`` (reduce-scatter, all-gather, ``fully_shard``), the PowerSGD hooks
 (their passes: tests/test_device_lowrank.py), ``PowerSGDGradientAverager`` and the default
 hooks. Each runs on real ranks under the host-read recorder of tests/device_engine_reads.py

@@ -1,7 +1,7 @@
 """DiLoCo and Streaming DiLoCo on a cgx group (max-min 4-bit, error feedback) under torchrun:
 rank 1 is SIGKILLed mid-run, ``torchrun --max-restarts`` restarts the job, every rank resumes
 from the newest checkpoint they all have, and the run ends bitwise equal to an uninterrupted one
-(issue 29's resume target; tests/diloco_elastic_train.py, docs/diloco.md#checkpoints)."""
+(the elastic resume DiLoCo promises; tests/diloco_elastic_train.py, docs/diloco.md#checkpoints)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-// A received payload whose element count was corrupted (issue 27: one byte of a dgc payload's
-// count made a 40-byte payload describe 2.06e9 values): every receiver that knows the count it
+// A received payload whose element count was corrupted (one byte of a dgc payload's count
+// can make a 40-byte payload describe 2.06e9 values): every receiver that knows the count it
 // expects refuses it (decode() compares), and payload_count() refuses any count the payload's
 // body cannot hold (dense compressors: one bit per value at least; max-min: its exact size), so
 // a caller that sizes a buffer by it cannot be made to allocate gigabytes. A sparse payload's

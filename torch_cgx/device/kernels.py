@@ -1,4 +1,4 @@
-"""Fused kernels for the device codecs, never trusted blindly (issue 28, item 4; docs/gpu.md).
+"""Fused kernels for the device codecs, never trusted blindly (docs/gpu.md).
 
 A *fused implementation* replaces a device codec's tensor operations (the *reference*) by a
 kernel for the tensors it applies to, first found first: the Triton kernels of max-min

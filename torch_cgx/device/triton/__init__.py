@@ -1,4 +1,4 @@
-"""Fused device kernels in Triton (issue 36; docs/gpu.md): one kernel source that GPUs compile at
+"""Fused device kernels in Triton (docs/gpu.md): one kernel source that GPUs compile at
 first use (triton ships with PyTorch's CUDA and ROCm wheels: no CUDA toolkit needed) and that
 the CPU test suite runs on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``, set
 before triton is imported), against the native codec's bytes.

@@ -1,4 +1,4 @@
-"""Fused qsgd / terngrad / onebit / efsignsgd / signsgd / signum / tbq in Triton (issue 36):
+"""Fused qsgd / terngrad / onebit / efsignsgd / signsgd / signum / tbq in Triton:
 :class:`TritonLevels`, the :class:`torch_cgx.device.fused.FusedLevels` protocol, byte for
 byte the native compressors (the kernels: ``levels_kernels.py``, imported by :meth:`load`).
 

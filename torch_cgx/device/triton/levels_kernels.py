@@ -1,4 +1,4 @@
-"""The Triton kernels of :class:`torch_cgx.device.triton.levels.TritonLevels` (issue 36): qsgd,
+"""The Triton kernels of :class:`torch_cgx.device.triton.levels.TritonLevels`: qsgd,
 terngrad, onebit, efsignsgd, signsgd / signum and tbq, byte for byte the native compressors
 (docs/FORMAT.md, "Compressor payloads"). Importing this module imports triton.
 

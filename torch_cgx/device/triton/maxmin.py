@@ -1,4 +1,4 @@
-"""Fused max-min in Triton (issue 36): :class:`TritonMaxMin`, the
+"""Fused max-min in Triton: :class:`TritonMaxMin`, the
 :class:`torch_cgx.device.fused.FusedMaxMin` protocol, byte for byte the native codec and
 torch_cgx/device/codecs/maxmin.py, with every lever: bits 1..8, every bucket size, the raw tail,
 stochastic rounding, the clipped range, fp32 / fp16 / bf16 input (the kernels:

@@ -1,5 +1,5 @@
-"""The max-min decode kernel of :class:`torch_cgx.device.triton.maxmin.TritonMaxMin` (issue 36;
-docs/FORMAT.md, "The max-min wire format"), and the helpers it shares with the encode kernels
+"""The max-min decode kernel of :class:`torch_cgx.device.triton.maxmin.TritonMaxMin`
+(docs/FORMAT.md, "The max-min wire format"), and the helpers it shares with the encode kernels
 (``maxmin_kernels.py``, which re-exports ``decode_kernel``). Importing this module imports triton.
 
 ``decode_kernel`` takes ``BLOCK`` values per program as a (BLOCK / 8, 8) tile, a row per group of

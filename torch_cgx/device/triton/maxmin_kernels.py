@@ -1,4 +1,4 @@
-"""The Triton kernels of :class:`torch_cgx.device.triton.maxmin.TritonMaxMin` (issue 36): max-min
+"""The Triton kernels of :class:`torch_cgx.device.triton.maxmin.TritonMaxMin`: max-min
 (docs/FORMAT.md, "The max-min wire format"), byte for byte the native codec and the tensor
 operations of torch_cgx/device/codecs/maxmin.py. Importing this module imports triton.
 

@@ -1,4 +1,4 @@
-"""Fused topk / randomk / threshold / dgc / graddrop / sparseloco in Triton (issue 36):
+"""Fused topk / randomk / threshold / dgc / graddrop / sparseloco in Triton:
 :class:`TritonSparse`, byte for byte the native codecs (the kernels: ``sparse_kernels.py``,
 imported by :meth:`TritonSparse.load`).
 
