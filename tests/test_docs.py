@@ -41,6 +41,7 @@ DOCS = [
     ROOT / "README.md",
     ROOT / "benchmarks" / "README.md",
     *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "benchmarks" / "results").glob("*.md")),
 ]
 
 
