@@ -97,7 +97,7 @@ settings-doc:
 clean:
 	rm -rf build torch_cgx/*.so .stamp-deps .venv/.stamp-deps
 
-# The GPU check (docs/gpu.md, "The GPU check"): on a machine with a CUDA GPU, with only what is
+# The GPU check (docs/gpu-check.md): on a machine with a CUDA GPU, with only what is
 # there (no installer, no network): builds with every core, runs each step with its own timeout and
 # writes report.md / report.json / logs.txt into GPU_CHECK_OUT. The device tool's call is
 # `scripts/gpu_check.sh $OUT`. gpu-check-cpu: the same steps on CPU tensors (part of `make test`),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (docs/gpu.md, "The GPU check"): builds what the project has with every core and
+# The GPU check (docs/gpu-check.md): builds what the project has with every core and
 # runs each step with its own timeout, writing report.md, report.json and logs.txt into OUTDIR.
 #   scripts/gpu_check.sh OUTDIR         on a machine with a CUDA GPU (the device tool: OUTDIR=$OUT)
 #   scripts/gpu_check.sh --cpu OUTDIR   the same steps on CPU tensors, small sizes (make test)

@@ -6,7 +6,7 @@ hooks. Each runs on real ranks under the host-read recorder of tests/device_engi
 is read back but the
 documented size exchange, the results equal the native (host) path's bit for bit where the bytes
 are the native ones or lie within the bound derived from the sums' rounding, and every replica
-holds the same values. docs/gpu.md, "Entry points on the device"."""
+holds the same values. docs/gpu-engine.md, "Entry points on the device"."""
 
 from __future__ import annotations
 

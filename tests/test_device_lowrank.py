@@ -1,7 +1,7 @@
 """PowerSGD's three passes (``torch_cgx.hooks.lowrank``) on the device path (torch operations,
 what CUDA matrices take) against the native fused ones, within the bound derived from the two
 sums' rounding; and the switch that sends CPU matrices down the device path
-(docs/gpu.md, "Entry points on the device"). ``python tests/test_device_lowrank.py`` times
+(docs/gpu-engine.md, "Entry points on the device"). ``python tests/test_device_lowrank.py`` times
 both paths."""
 
 from __future__ import annotations

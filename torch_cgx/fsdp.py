@@ -24,7 +24,7 @@ reads only sizes: the (size, largest size) pairs of the first call for a chunk s
 ``data_plane`` chooses as the backend's setting does: ``"auto"`` (default) takes that path for
 tensors off the CPU and the native codec for CPU tensors (several times faster there, the same
 bytes); ``"device"`` takes it for every tensor (how the CPU tests run the GPU path); ``"host"``
-(or a compressor without a device codec) a host copy and the native codec (docs/gpu.md,
+(or a compressor without a device codec) a host copy and the native codec (docs/gpu-engine.md,
 "Entry points on the device").
 """
 

@@ -1,4 +1,4 @@
-"""The GPU check (``scripts/gpu_check.sh [--cpu] OUTDIR``; docs/gpu.md, "The GPU check").
+"""The GPU check (``scripts/gpu_check.sh [--cpu] OUTDIR``; docs/gpu-check.md).
 
 Runs every step of :data:`STEPS` as a subprocess with its own timeout (a failing step never
 stops the others), inside an overall budget (a step that would start past it is reported as not

@@ -1,4 +1,4 @@
-"""The GPU check's steps (run.py runs them; docs/gpu.md lists what each checks).
+"""The GPU check's steps (run.py runs them; docs/gpu-check.md lists what each checks).
 
 A :class:`Step` gives its command, timeout and skip rule for the mode (GPU, or ``--cpu``: the same
 code on CPU tensors at small sizes), a verdict on its output where passing needs more than exit
