@@ -23,7 +23,7 @@ def test_cpu_run_writes_rows(tmp_path, capsys):
         assert r["path"] == "reference" and r["encode_ratio"] > 0 and r["decode_add_ratio"] > 0
         p = r["profile"]["encode"]
         assert abs(sum(p[c]["share"] for c in prof.CLASSES) - 1) < 1e-6
-    # the structure docs/gpu.md quotes: random_k's draws and rounds are hundreds of int ops
+    # the structure benchmarks/results/ quotes: random_k's draws and rounds are hundreds of int ops
     assert rows["randomk"]["profile"]["encode"]["elementwise"]["n"] > 200
     assert rows["topk"]["profile"]["encode"]["select"]["n"] == 2  # topk and sort
     assert rows["randomk"]["ops"]["encode"]["elementwise"] > 150  # at the dispatcher

@@ -22,7 +22,7 @@ in order: the cost is B / 64 dependent loop iterations (eight rows each) per buc
 several buckets per program when there are many (``buckets_per_program``). Large buckets are
 therefore latency-bound: a whole-tensor bucket of 2^26 values is 2^20 serial iterations of one
 program (no other order gives the native fp64 bits): on an H100, efsignsgd with bucket size 0
-encoded 64 MB at 0.6 GB/s (docs/gpu.md), still 13x the tensor-op reference, at 8 rows a loop
+encoded 64 MB at 0.6 GB/s (benchmarks/results/), still 13x the tensor-op reference, at 8 rows a loop
 trip; a program of one long bucket now takes ``LONG_UNROLL`` rows a trip (unmeasured), and the
 first such encode of a CUDA tensor warns (torch_cgx/device/codecs/fused.py).
 """

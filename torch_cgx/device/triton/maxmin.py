@@ -37,7 +37,7 @@ __all__ = ["TritonMaxMin"]
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 # Launch sizes (values per program). "gpu": NOT measured (no GPU has run these kernels yet):
-# the fewest instructions a value in the one-launch encode's sm_90 SASS at 4 warps (docs/gpu.md,
+# the fewest instructions a value in the one-launch encode's sm_90 SASS at 4 warps (the results log,
 # "Instructions per value": tile 4096 / codes 2048 ~26, 2048 / 1024 ~35; 8192 takes 150
 # registers a thread); a sweep on a GPU (tile x codes x decode x num_warps, per bits and bucket
 # size) replaces them here: put its winners into TUNED, keyed by (bits, bucket_size), which
