@@ -16,7 +16,7 @@ from torch_cgx.bounds import allreduce_error_bound, sra_rms_error_estimate
 from torch_cgx.config import ALGORITHMS
 
 # Compressors whose payload depends on the call's random streams (the call index).
-RANDOMIZED = ("terngrad", "qsgd", "randomk", "dgc", "graddrop")
+RANDOMIZED = ("terngrad", "qsgd", "randomk", "dgc", "graddrop", "natural")
 
 
 def rank_input(rank: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:

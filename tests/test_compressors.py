@@ -15,7 +15,7 @@ import torch_cgx  # noqa: F401  (loads the extension, applies process settings)
 from benchmarks import compressor_checks
 from torch_cgx import _C, codec, compressors
 
-NAMES = compressors.names()
+NAMES = compressors.native.names()  # written in Python: tests/test_python_compressors.py
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 

@@ -96,8 +96,9 @@ def test_compressor_counts_finds_each_phrasing():
     assert [n for _, n in compressor_counts(text)] == [16, 16, 16, 16]
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
-def test_compressor_counts_match_the_registry(doc):
+@pytest.mark.parametrize("doc", [d for d in DOCS if d.parent.name != "results"],
+                         ids=lambda p: str(p.relative_to(ROOT)))  # fmt: skip
+def test_compressor_counts_match_the_registry(doc):  # dated records count what was then
     from torch_cgx import compressors
 
     size = len(compressors.names())
