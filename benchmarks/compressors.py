@@ -70,8 +70,9 @@ def parse_size(text: str) -> int:
 
 
 def parse_names(text: str) -> List[str]:
-    """``all`` -> every registered compressor, else a comma list of registered names."""
-    known = registry.names()
+    """``all`` -> every native compressor, else a comma list of their names (those written in
+    Python are their own torch-ops code: benchmarks.python_compressors)."""
+    known = registry.native.names()
     if text.strip() == "all":
         return known
     wanted = [v.strip() for v in text.split(",") if v.strip()]
@@ -272,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--compressors",
         required=True,
         metavar="NAMES",
-        help=f"all, or a comma list of: {', '.join(registry.names())}",
+        help=f"all, or a comma list of: {', '.join(registry.native.names())}",
     )
     p.add_argument(
         "--size",

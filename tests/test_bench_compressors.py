@@ -27,7 +27,7 @@ def test_every_compressor_has_a_row(tmp_path, capsys):
     args = ["--compressors", "all", "--size", "256K", "--iters", "1", "--warmup", "0"]
     assert bench_codec.main([*args, "--retries", "0", "--json", str(path)]) == 0
     records = json.loads(path.read_text())
-    assert [r["name"] for r in records] == compressors.names()
+    assert [r["name"] for r in records] == compressors.native.names()
     out = capsys.readouterr().out
     lines = out.splitlines()
     for r in records:
@@ -51,7 +51,7 @@ def test_names_sizes_and_threads_restored():
     records = bench_compressors.compressor_table(["tbq", "topk"], 3000, [1], iters=1, warmup=0)
     assert [(r["name"], r["verify"]) for r in records] == [("tbq", "ok"), ("topk", "ok")]
     assert (torch.get_num_threads(), codec.num_threads()) == before
-    assert bench_compressors.parse_names("all") == compressors.names()
+    assert bench_compressors.parse_names("all") == compressors.native.names()
     assert bench_compressors.parse_names("qsgd, fp16,qsgd") == ["qsgd", "fp16"]
     assert bench_compressors.parse_size("64M") == 64 << 20
     assert bench_compressors.parse_size("256K") == 256 << 10
@@ -59,7 +59,7 @@ def test_names_sizes_and_threads_restored():
         bench_codec.main(["--compressors", "no-such-compressor", "--size", "4K"])
 
 
-@pytest.mark.parametrize("name", compressors.names())
+@pytest.mark.parametrize("name", compressors.native.names())
 @pytest.mark.parametrize("numel", [1, 1000, 4096])
 def test_torch_ops_peer_passes_the_check_and_a_corrupt_decode_fails(name, numel):
     x = torch.randn(numel, generator=torch.Generator().manual_seed(numel)) + 0.01

@@ -83,6 +83,20 @@ def test_register_errors_and_a_users_compressor():
         compressors.unregister("scaledsign")
 
 
+def test_hivemind_named_wrapper_carries_a_python_compressor():
+    from torch_cgx.compression import CGXCompression
+    from torch_cgx.compression.base import extract
+
+    x = torch.randn(40, 50, generator=torch.Generator().manual_seed(3))
+    c = CGXCompression("drive", block=256)
+    payload = c.compress(x)
+    assert payload.method == "cgx/drive" and payload.data.numel() == c.codec_for(2000).encoded_size(
+        2000
+    )
+    y = extract(payload)
+    assert y.shape == x.shape and float((y - x).norm()) <= 255**0.5 * float(x.norm())
+
+
 def test_compiled_encode_equals_eager():
     compressors.register("natural_compiled", type(compressors.get("natural").impl), compile=True)
     try:

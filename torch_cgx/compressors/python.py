@@ -20,6 +20,7 @@ from typing import Dict, Optional
 import torch
 
 from torch_cgx.device.codecs.base import _M32, DeviceCodec, _fmix32, _mul32, constant_bytes, rng_key
+from torch_cgx.warn import warn_once
 
 __all__ = ["CompressorBase", "Context", "HEADER_BYTES", "Param"]
 
@@ -199,6 +200,28 @@ def make(cls, name: str, given: Optional[Dict], compile: bool) -> CompressorBase
     c.name = name
     cls.__init__(c, **(given or {}))
     if compile:  # instance attributes over the methods: compiled per input size at first use
-        c.encode = torch.compile(c.encode, dynamic=True)
-        c.decode = torch.compile(c.decode, dynamic=True)
+        c.encode = _compiled(c, c.encode)
+        c.decode = _compiled(c, c.decode)
     return c
+
+
+def _compiled(c: CompressorBase, eager):
+    """``eager`` through torch.compile; where compiling fails, the eager method from then on,
+    with a warning (a compressor's own errors, e.g. ValueError for a bad body, pass through)."""
+    state = {"fn": torch.compile(eager, dynamic=True)}
+
+    def call(*args):
+        try:
+            return state["fn"](*args)
+        except Exception as e:
+            if not type(e).__module__.startswith(("torch._dynamo", "torch._inductor")):
+                raise
+            if state["fn"] is not eager:
+                warn_once(("compile", c.name, eager.__name__),
+                          f"{c.name}: torch.compile of {eager.__name__} failed "
+                          f"({type(e).__name__}: {str(e)[:200]}); running it eagerly",
+                          category=RuntimeWarning)  # fmt: skip
+                state["fn"] = eager
+            return eager(*args)
+
+    return call
