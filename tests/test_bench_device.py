@@ -64,10 +64,10 @@ def test_every_device_codec_verified_and_timed_on_cpu(tmp_path, capsys):
     rc, records = _run(tmp_path, "--maxmin-bits", "2,4")
     out = capsys.readouterr().out
     assert rc == 0, out
-    expected = [n for n in registry.names() if n in codecs.names()]
+    expected = [n for n in registry.native.names() if n in codecs.names()]
     assert [r["name"] for r in records] == ["maxmin", "maxmin"] + expected[1:]
     assert [r["params"]["bits"] for r in records[:2]] == [2, 4]
-    for name in registry.names():
+    for name in registry.native.names():
         if name not in codecs.names():
             assert f"{name} (no device codec)" in out
     for r in records:
