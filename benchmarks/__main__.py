@@ -17,6 +17,7 @@ ENTRY_POINTS = {
     "demo": "the README's demo: Gloo against cgx at 8 and 4 bits, allreduce and DDP training",
     "codec": "codec throughput on CPU (max-min; --compressors: every registered compressor)",
     "allreduce": "allreduce time per size: Gloo, torch's hook baselines, cgx per algorithm",
+    "python_compressors": "Python-written compressors: eager vs torch.compile vs native, vs memcpy",
     "train": "DDP training: step time and loss of each gradient-reduction method",
     "train_report": "the convergence table of a training benchmark's --json records",
     "accuracy": "max-min's error per layer of a training workload's gradients",
