@@ -244,7 +244,8 @@ def test_protocol():
     impl = TritonLevels()
     assert impl.name == "triton-levels" and impl.applies(DEVICE)
     assert not impl.applies(torch.device("meta"))
-    assert impl.codecs == ("qsgd", "terngrad", "onebit", "efsignsgd", "signsgd", "signum", "tbq")
+    # derived from the device codecs (codecs.family): the dense fusable ones, registry order
+    assert impl.codecs == ("signsgd", "signum", "onebit", "efsignsgd", "terngrad", "qsgd", "tbq")
     for size in (0, 1, 65537, 4294967295):
         assert impl.supports(codecs.get("qsgd", bucket_size=size), torch.bfloat16)
     for name in ("maxmin", "fp16", "topk"):

@@ -43,7 +43,12 @@ class FusedLevels(FusedMaxMin):
     :class:`FusedMaxMin`)."""
 
     name = "fused levels"
-    codecs = ("qsgd", "terngrad", "onebit", "efsignsgd", "signsgd", "signum", "tbq")
+
+    @property
+    def codecs(self):
+        from torch_cgx.device.codecs import family
+
+        return family("levels")
 
     def supports(self, codec, dtype: torch.dtype) -> bool:
         return codec.name in self.codecs

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from torch_cgx.device.codecs.base import DeviceCodec
 
-__all__ = ["DeviceCodec", "get", "names"]
+__all__ = ["DeviceCodec", "family", "get", "names"]
 
 # the modules of this package that implement native compressors: each defines CODECS
 _PACKAGE_MODULES = ("maxmin", "dense", "sparse", "sparseloco")
@@ -30,6 +30,23 @@ def _native() -> Dict[str, type]:
     for module in _PACKAGE_MODULES:
         out.update(importlib.import_module(f"torch_cgx.device.codecs.{module}").CODECS)
     return out
+
+
+@functools.cache
+def family(kind: str) -> Tuple[str, ...]:
+    """The native compressors (registry order) whose device codec a family of fused kernels
+    serves: ``levels``, the dense codecs with a fused encode (``Fusable`` in dense.py: bucket
+    scalars and codes), or ``sparse``, the selection codecs (sparse.py, sparseloco.py)."""
+    from torch_cgx import compressors
+    from torch_cgx.device.codecs import dense, fused, sparse, sparseloco
+
+    if kind == "levels":
+        members = {n for n, c in dense.CODECS.items() if issubclass(c, fused.Fusable)}
+    elif kind == "sparse":
+        members = set(sparse.CODECS) | set(sparseloco.CODECS)
+    else:
+        raise ValueError(f"family must be 'levels' or 'sparse', got {kind!r}")
+    return tuple(n for n in compressors.native.names() if n in members)
 
 
 def names() -> List[str]:

@@ -93,7 +93,12 @@ class TritonLevels(FusedLevels):
     buckets also hold at most ``FUSED_VALUES`` values (its codes: a few tiles)."""
 
     name = "triton-levels"
-    codecs = ("qsgd", "terngrad", "onebit", "efsignsgd", "signsgd", "signum", "tbq")
+
+    @property
+    def codecs(self):
+        from torch_cgx.device.codecs import family
+
+        return family("levels")
 
     def __init__(self, block: int = 1024, buckets_per_program=None, one_launch=None) -> None:
         if block < 8 or block & (block - 1):

@@ -228,7 +228,12 @@ class TritonSparse:
     under Triton's interpreter (``TRITON_INTERPRET=1``)."""
 
     name = "triton-sparse"
-    codecs = ("topk", "randomk", "threshold", "dgc", "graddrop", "sparseloco")
+
+    @property
+    def codecs(self):
+        from torch_cgx.device.codecs import family
+
+        return family("sparse")
 
     def __init__(self, block: int = 1024) -> None:
         if block < 32 or block & (block - 1):
