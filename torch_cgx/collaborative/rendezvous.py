@@ -116,12 +116,13 @@ def make_manager(lighthouse: Tuple[str, int], host: str, run_id: str, *, timeout
     TCPStore it owns."""
     import torch.distributed as dist
     from torchft.manager import Manager
-    from torchft.process_group import ProcessGroupGloo
+
+    from torch_cgx.collaborative.group import BoundedGloo
 
     store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
     limit = timedelta(seconds=timeout)
     manager = Manager(
-        pg=ProcessGroupGloo(timeout=limit),
+        pg=BoundedGloo(timeout=limit),
         load_state_dict=None,
         state_dict=None,
         min_replica_size=1,
