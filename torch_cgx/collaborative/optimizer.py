@@ -109,7 +109,20 @@ class Optimizer:
         self._connect(initial_peers, host, host_maddrs, matchmaking_time, averaging_timeout,
                       heartbeat_timeout)  # fmt: skip
         self._since = time.monotonic()
-        self._round()  # join: the first quorum (a heal from a live peer), no samples
+        self._join()
+
+    def _join(self, tries: int = 3) -> None:
+        """The first quorum (a heal from a live peer), no samples; run again while it fails (a
+        peer died while the quorum re-formed, the heal's source among them: the next quorum is
+        without it), at most ``tries`` times."""
+        healed = False
+        for _ in range(tries):
+            discarded = self.rounds_discarded
+            self._round()
+            healed = healed or self.healed
+            if self.rounds_discarded == discarded:
+                break
+        self.healed = healed
 
     # --- rendezvous -------------------------------------------------------------------------
 
