@@ -7,7 +7,9 @@ same seeded model only by chance of its own seed (``seed``): the first round mak
 (the emulated compute: a slow peer has a larger one). After every epoch it writes
 ``<out>/<name>/<epoch>.pt``: parameters, optimizer state, the round's table, whether it healed.
 Controls: ``<out>/stop`` (an epoch: exit once reached); ``kill_round`` (SIGKILL this process in
-the middle of its n-th round with payloads: after the headers went round, before the parts).
+the middle of its n-th round with payloads: after the headers went round, before the parts);
+``leave_mesh`` (SIGKILL it once it published its Gloo address for a quorum of that many peers,
+before it connected: see ``_leave_mesh``); ``timeout`` (``averaging_timeout``).
 """
 
 from __future__ import annotations
@@ -56,6 +58,41 @@ def _die_in_round(n: int) -> None:
     butterfly._alltoall = alltoall_or_die
 
 
+def _leave_mesh(world: int) -> None:
+    """SIGKILL once this peer published its Gloo address for a quorum of ``world`` peers, before
+    it connected (its Gloo's first read of the others' addresses). Its Gloo device is at
+    127.0.0.2, so the others (at 127.0.0.1, the lower address) are the side of each pair with it
+    that waits for it to connect. Its replica id sorts last: it does not host the quorum's
+    store (its death would fail the others' store at once)."""
+    import uuid
+
+    import torch.distributed as dist
+    import torchft.process_group as tpg
+    from torch.distributed import ProcessGroupGloo as Gloo
+
+    class PublishThenDie(dist.Store):
+        def __init__(self, store):
+            super().__init__()
+            self.store = store
+
+        def set(self, key, value):
+            self.store.set(key, value)
+
+        def __getattribute__(self, name):
+            if name in ("get", "wait", "multi_get", "check", "add", "compare_set"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().__getattribute__(name)
+
+    def gloo(store, rank, size, timeout):
+        opts = Gloo._Options()
+        opts._timeout, opts._threads = timeout, 2
+        opts._devices = [Gloo.create_device(hostname="127.0.0.2")]
+        return Gloo(PublishThenDie(store) if size == world else store, rank, size, opts)
+
+    tpg.BaseProcessGroupGloo = gloo
+    uuid.uuid4 = lambda: uuid.UUID(int=2**128 - 1)
+
+
 def _compression(kind: str):
     from torch_cgx import compression as C
 
@@ -83,11 +120,25 @@ def _snapshot(opt, model, healed) -> dict:
     }
 
 
-def run(out, name, first, delay, compression="fp16", kill_round=0, local=False, seed=0, stop=None):
+def run(
+    out,
+    name,
+    first,
+    delay,
+    compression="fp16",
+    kill_round=0,
+    local=False,
+    seed=0,
+    stop=None,
+    leave_mesh=0,
+    timeout=5.0,
+):
     from torch_cgx.collaborative import Optimizer
 
     if kill_round:
         _die_in_round(kill_round)
+    if leave_mesh:
+        _leave_mesh(leave_mesh)
     torch.manual_seed(1000 + seed)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
     teacher = torch.nn.Linear(16, 1)
@@ -100,7 +151,7 @@ def run(out, name, first, delay, compression="fp16", kill_round=0, local=False, 
         grad_compression=None if local else _compression(compression),
         state_averaging_compression=_compression(compression) if local else None,
         use_local_updates=local, initial_peers=address, host="127.0.0.1",
-        matchmaking_time=3.0, averaging_timeout=5.0, heartbeat_timeout=1.0,
+        matchmaking_time=3.0, averaging_timeout=timeout, heartbeat_timeout=1.0,
     )  # fmt: skip
     if first:
         with open(os.path.join(out, "address.tmp"), "w") as f:

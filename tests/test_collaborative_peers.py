@@ -2,7 +2,8 @@
 peer hosts the Lighthouse; one peer is 3x slower; one is SIGKILLed in the middle of a round and a
 new one joins later (tests/collaborative_peer.py). Checked from every peer's snapshots:
 parameters and optimizer state bitwise equal after every epoch, the slow peer's share, the
-epochs' pace, the others going on after the kill, the newcomer equal and contributing; with
+epochs' pace, the others going on after the kill, the newcomer equal and contributing; a peer
+that dies while a newcomer's quorum re-forms the process group dropped within the timeout; with
 local updates, parameters bitwise after every average and a SIGSTOPped peer dropped."""
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ STOP = 36
 
 
 def _start(ctx, out, name, first, delay, **kw):
+    kw.setdefault("stop", STOP)
     p = ctx.Process(target=collaborative_peer.run, args=(str(out), name, first, delay),
-                    kwargs=dict(stop=STOP, **kw), daemon=True)  # fmt: skip
+                    kwargs=kw, daemon=True)  # fmt: skip
     p.start()
     return p
 
@@ -145,3 +147,44 @@ def test_local_updates_average_parameters_bitwise_and_a_stalled_peer_is_dropped(
     assert not torch.equal(a[last]["optimizer"]["state"][0]["exp_avg"],
                            b[last]["optimizer"]["state"][0]["exp_avg"])  # fmt: skip
     assert any(r is not None for r in a[last]["residuals"])  # 4-bit max-min: error feedback
+
+
+def _stop_at(out, epoch):
+    with open(os.path.join(out, "stop.tmp"), "w") as f:
+        f.write(str(epoch))
+    os.replace(os.path.join(out, "stop.tmp"), os.path.join(out, "stop"))
+
+
+@pytest.mark.timeout(120)
+def test_a_peer_dead_in_the_re_forming_of_the_group_is_dropped_within_the_timeout(tmp_path):
+    """b publishes its Gloo address for the quorum that takes newcomer c in, and dies before it
+    connects: a and c, the side of their pairs with b that waits, fail that round within
+    averaging_timeout (Gloo alone waits five times its timeout), and c joins in the next."""
+    out, timeout = str(tmp_path), 3.0
+    ctx = mp.get_context(context_start_method())
+    _stop_at(out, 10**6)  # until c is in (the peers read <out>/stop)
+    with _peers({}) as (procs, finish):
+        procs["a"] = _start(ctx, out, "a", True, FAST, stop=None, timeout=timeout)
+        procs["b"] = _start(ctx, out, "b", False, FAST, seed=1, stop=None, timeout=timeout,
+                            leave_mesh=3)  # fmt: skip
+        _wait("3 epochs with b", procs, lambda: len(_snapshots(out, "b")) >= 3)
+        procs["c"] = _start(ctx, out, "c", False, FAST, seed=2, stop=None, timeout=timeout)
+        _wait("b's death", procs, lambda: procs["b"].exitcode == -signal.SIGKILL)
+        _wait("3 epochs with c", procs, lambda: len(_snapshots(out, "c")) >= 3)
+        stop = max(_snapshots(out, "c")) + 3
+        _stop_at(out, stop)
+        finish("ac")
+    a, c = _snapshots(out, "a"), _snapshots(out, "c")
+    assert max(a) == max(c) == stop
+    # a's longest wait for an epoch: the timeout, the Lighthouse's heartbeat timeout (1 s) and
+    # a round, plus slack for this machine (before: 5 x the timeout)
+    times = [a[e]["time"] for e in sorted(a)]
+    gap = max(t - s for s, t in zip(times, times[1:]))
+    assert gap < timeout + 1 + 3, gap
+    # the newcomer ran its joining round again without b: healed from a, equal from then
+    first = min(c)
+    join = torch.load(os.path.join(out, "c", f"join{first - 1}.pt"), weights_only=False)
+    assert join["healed"]
+    _equal(a[first - 1], join, "the newcomer after its heal")
+    for e in c:
+        _equal(a[e], c[e], f"epoch {e}, peers a and c")
