@@ -28,7 +28,7 @@ class Natural(CompressorBase):
         bits = x.view(torch.int32)
         exponent = (bits >> 23) & 0xFF
         mantissa = (bits & 0x7FFFFF).to(torch.float32) * 2.0**-23  # |x| / 2^e - 1, exact
-        u = ctx.uniform(torch.arange(x.numel(), device=x.device))
+        u = ctx.uniform_first(x.numel(), x.device)
         up = (u < mantissa).to(torch.int32)
         rounded = torch.where(exponent == 255, exponent, torch.clamp(exponent + up, max=254))
         return torch.cat([rounded.to(torch.uint8), pack_bits((bits >> 31) & 1, 1)])

@@ -96,6 +96,15 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     nbytes = (n * bits + 7) // 8
     if n == 0:
         return torch.zeros(0, dtype=torch.uint8, device=codes.device)
+    if bits == 1:  # the same bytes: bit j of byte i is code 8 i + j (fuses under torch.compile)
+        c = codes.reshape(-1).to(torch.uint8)
+        if nbytes * 8 != n:
+            c = torch.cat([c, c.new_zeros(nbytes * 8 - n)])
+        v = c.view(nbytes, 8)
+        out = v[:, 0]
+        for j in range(1, 8):
+            out = out | (v[:, j] << j)
+        return out
     shifts = torch.arange(bits, device=codes.device, dtype=torch.int32)
     stream = (codes.reshape(-1, 1).to(torch.int32) >> shifts) & 1  # (n, bits)
     stream = stream.reshape(-1).to(torch.uint8)
