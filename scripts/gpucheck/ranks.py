@@ -97,9 +97,26 @@ def _compare(got: torch.Tensor, want: torch.Tensor, gloo, replicated: bool = Tru
             "max_diff": float(diff.max()) if diff.numel() else 0.0}  # fmt: skip
 
 
-def _allreduce_cases(rank, device, world, host, gloo, n: int) -> Dict:
+def _python_case(world, a: torch.Tensor, b: torch.Tensor, op, stream: int) -> None:
+    """A compressor written in Python has no host engine: its CPU run is the same group's
+    plane, both calls with one given stream."""
+    import torch_cgx
+
+    backend, config = torch_cgx.cgx_backend(world), torch_cgx.get_config(world).to_native()
+    config.stream = stream
+    for t in (a, b):
+        backend.allreduce_with(t, config, op == dist.ReduceOp.AVG).wait()
+
+
+def _allreduce_cases(rank, device, world, host, gloo, n: int, python: bool = False) -> Dict:
+    """The cases of native compressors, or (``python``) of those written in Python: run last,
+    since their reference calls advance the world group's call counter alone."""
+    from torch_cgx import compressors
+
     results = {}
     for salt, (name, changes, dt) in enumerate(cases()):
+        if compressors.is_python(changes.get("compressor", "")) != python:
+            continue
         refused = _configure((world, host), changes)
         if refused:
             results[name] = {"refused": refused}
@@ -107,8 +124,11 @@ def _allreduce_cases(rank, device, world, host, gloo, n: int) -> Dict:
         op = dist.ReduceOp.AVG if salt % 2 else dist.ReduceOp.SUM
         x = _inputs(rank, n, salt, DTYPES[dt])
         a, b = x.to(device), x.clone()
-        dist.all_reduce(a, op=op, group=world)
-        dist.all_reduce(b, op=op, group=host)
+        if python:
+            _python_case(world, a, b, op, 1000 + salt)
+        else:
+            dist.all_reduce(a, op=op, group=world)
+            dist.all_reduce(b, op=op, group=host)
         results[name] = _compare(a, b, gloo)
     return results
 
@@ -172,6 +192,7 @@ def body(rank: int, size: int, device_kind: str, out_path: str, n: int) -> None:
     on_device = _ddp_grads(rank, world, device, ids)
     results["ddp/maxmin4"] = _compare(on_device, _ddp_grads(rank, host, torch.device("cpu"), None),
                                       gloo)  # fmt: skip
+    results.update(_allreduce_cases(rank, device, world, host, gloo, n, python=True))
     engine = p.engines[device.type]
     engine.check_headers()
     summary = {"carrier": type(engine.t.pg).__name__, "stats": engine.stats(), "cases": results}
