@@ -295,28 +295,29 @@ def method_info(state) -> dict:
 
 
 class WireMeter:
-    """Bytes one rank sends per step after the warm-up: the cgx backend's counter for methods
-    on the cgx group; for Gloo-based ones a ring's 2 (W - 1) / W times the reduced bytes."""
+    """Bytes one rank sends per step after the warm-up: the cgx group's counters (the native
+    engine's and the device plane's: ``torch_cgx.stats``) for methods on the cgx group; for
+    Gloo-based ones a ring's 2 (W - 1) / W times the reduced bytes."""
 
     def __init__(self, method: str, state, grad_bytes: int, world: int, args) -> None:
         self.method, self.state, self.grad_bytes, self.args = method, state, grad_bytes, args
         self.ring = 2 * (world - 1) / world
-        self.counter = torch_cgx.cgx_backend() if on_cgx_group(method) else None
+        self.counter = on_cgx_group(method)
         psgd_states = (powerSGD_hook.PowerSGDState, cgx_hooks.PowerSGDState)
         self.psgd = state if isinstance(state, psgd_states) else None
         self.bytes0 = self.numel0 = 0
 
     def start(self) -> None:
         """Called at the first timed step."""
-        if self.counter is not None:
-            self.bytes0 = self.counter.total_bytes_sent()
+        if self.counter:
+            self.bytes0 = torch_cgx.stats().bytes_sent
         if self.psgd is not None:
             self.numel0 = self.psgd.total_numel_after_compression
 
     def per_step(self, steps: int, warmup: int) -> float:
         timed = steps - warmup
-        if self.counter is not None:
-            return (self.counter.total_bytes_sent() - self.bytes0) / timed
+        if self.counter:
+            return (torch_cgx.stats().bytes_sent - self.bytes0) / timed
         if self.method == "noop":
             return 0.0
         if self.method in ("fp16", "bf16"):

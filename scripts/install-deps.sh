@@ -57,3 +57,6 @@ fi
 # torch first and pinned, so nothing below can pull a newer (CUDA) build.
 "$PY" -m pip install -q torch==2.13.0
 "$PY" -m pip install -q -r "$ROOT/requirements-dev.txt" -c "$ROOT/constraints.txt"
+# torchao's reference quantizers (MX, NVFP4), which the float formats' tests compare bytes with:
+# without its dependencies (none are needed on CPU; its own would not pin torch).
+"$PY" -m pip install -q --no-deps torchao==0.18.0

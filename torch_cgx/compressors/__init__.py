@@ -199,10 +199,15 @@ def device_codec(name: str, **parameters):
 
 
 def _builtin() -> None:
-    from torch_cgx.compressors import drive, natural
+    from torch_cgx.compressors import drive, floats, natural
 
     register("natural", natural.Natural)
     register("drive", drive.Drive)
+    register("fp8", floats.FP8)
+    register("mxfp8", floats.MXFP8)
+    register("mxfp6", floats.MXFP6)
+    register("mxfp4", floats.MXFP4)
+    register("nvfp4", floats.NVFP4)
 
 
 _builtin()
