@@ -184,6 +184,7 @@ struct Levels {
   uint32_t neg_add = 1;  // code offset of negative values (qsgd: the sign bit)
   bool stochastic = false;
   RngKey key;
+  int64_t ahead = 256;  // the vector kernels prefetch the input this many values ahead
 };
 // Returns whether every value of the range is finite. AVX2 for fp32 input.
 bool level_codes(const void* in, DType t, int64_t begin, int64_t end, const Levels& q,

@@ -164,12 +164,13 @@ bool level_codes_f32(const float* x, int64_t begin, int64_t end, const Levels& q
   const __m256i neg_add = _mm256_set1_epi32(int(q.neg_add));
   const bool stochastic = q.stochastic;  // locals: the byte stores below may alias q
   const RngKey key = q.key;
+  const int64_t ahead = q.ahead;
   __m256 bad = zero;
   int64_t i = begin;
   bool bad512 = false;
   if (stochastic && avx512_ok) i = avx512::stochastic_levels_f32(x, begin, end, q, codes, &bad512);
   for (; i + 8 <= end; i += 8) {
-    _mm_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(x + i + ahead), _MM_HINT_T0);
     const __m256 v = _mm256_loadu_ps(x + i);
     const __m256 a = _mm256_min_ps(_mm256_and_ps(v, abs_mask), clip);
     bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_and_ps(v, abs_mask), inf, _CMP_NLT_UQ));

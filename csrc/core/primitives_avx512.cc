@@ -50,11 +50,12 @@ int64_t plain_levels(const float* x, int64_t begin, int64_t end, const Levels& q
   const __m512 zero = _mm512_setzero_ps(), inf = _mm512_set1_ps(INFINITY);
   const __m512i neg_add = _mm512_set1_epi32(int(q.neg_add));
   const RngKey key = q.key;
+  const int64_t ahead = q.ahead;
   __mmask16 nonfinite = 0;
   int64_t i = begin;
   for (; i + 16 <= end; i += 16) {
     if ((uint64_t(i) & 0xffffffffu) > 0xfffffff0u) break;  // the generator's counter wraps
-    _mm_prefetch(reinterpret_cast<const char*>(x + i) + 1024, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(x + i + ahead), _MM_HINT_T0);
     const __m512 v = _mm512_loadu_ps(x + i);
     const __m512 abs = _mm512_abs_ps(v);
     nonfinite |= _mm512_cmp_ps_mask(abs, inf, _CMP_NLT_UQ);
@@ -101,10 +102,11 @@ int64_t stochastic_levels_f32(const float* x, int64_t begin, int64_t end, const 
   const __m512i c1 = _mm512_set1_epi32(int(0x85ebca6bu)), c2 = _mm512_set1_epi32(int(0xc2b2ae35u));
   const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const RngKey key = q.key;  // locals: the byte stores below may alias q
+  const int64_t ahead = q.ahead;
   __m512i lo, seg, hi_term;  // lanes' low index bits; k0 ^ k0 >> 16 ^ lo >> 16; fmix's addend
   __m512i abs_bits = _mm512_setzero_si512();
   auto step = [&](int64_t i, bool one_segment) {
-    _mm_prefetch(reinterpret_cast<const char*>(x + i) + 1024, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(x + i + ahead), _MM_HINT_T0);
     const __m512 v = _mm512_loadu_ps(x + i);
     const __m512 abs = _mm512_abs_ps(v);
     abs_bits = _mm512_max_epu32(abs_bits, _mm512_castps_si512(abs));
