@@ -18,6 +18,7 @@ ENTRY_POINTS = {
     "codec": "codec throughput on CPU (max-min; --compressors: every registered compressor)",
     "allreduce": "allreduce time per size: Gloo, torch's hook baselines, cgx per algorithm",
     "python_compressors": "Python-written compressors: eager vs torch.compile vs native, vs memcpy",
+    "float_formats": "error against bits of FP8 / MX / NVFP4 beside max-min, three inputs",
     "train": "DDP training: step time and loss of each gradient-reduction method",
     "train_report": "the convergence table of a training benchmark's --json records",
     "accuracy": "max-min's error per layer of a training workload's gradients",
