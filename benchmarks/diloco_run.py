@@ -8,6 +8,8 @@ streaming-4bit  Streaming DiLoCo: --fragments fragments synced in turn, each red
                 overlapped with --delay inner steps, 4-bit max-min
 sparseloco      one fragment, the sparseloco compressor (top-k of each chunk, 2-bit values) with
                 error feedback
+diloco-mxfp4    one fragment, MXFP4 pseudo-gradients (nearest rounding, error feedback)
+diloco-nvfp4    the same in NVFP4
 
 Every method trains the same GPT-2 from the same initial weights on the same batches (a pure
 function of (seed, step, rank)). Per rank and step it records the local training loss and the
@@ -27,7 +29,8 @@ import torch.distributed as dist
 
 import torch_cgx
 
-METHODS = ("ddp-gloo", "ddp-cgx4", "diloco-fp32", "diloco-4bit", "streaming-4bit", "sparseloco")
+METHODS = ("ddp-gloo", "ddp-cgx4", "diloco-fp32", "diloco-4bit", "streaming-4bit", "sparseloco",
+           "diloco-mxfp4", "diloco-nvfp4")  # fmt: skip
 
 
 def parse_methods(text: str) -> List[str]:
@@ -66,6 +69,8 @@ def diloco_kwargs(method: str, args) -> dict:
           "compressor_params": {"bits": args.bits}}  # fmt: skip
     if method == "diloco-fp32":
         kw.update(compressor=None, compressor_params=None)
+    elif method in ("diloco-mxfp4", "diloco-nvfp4"):  # nearest rounding, error feedback
+        kw.update(compressor=method.split("-")[1], compressor_params={})
     elif method == "streaming-4bit":
         kw["fragment_sync_delay"] = args.delay
     elif method == "sparseloco":
