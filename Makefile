@@ -88,10 +88,12 @@ format: $(DEPS_STAMP)
 	ruff format torch_cgx cgx_utils benchmarks examples tests scripts setup.py
 	clang-format -i $$(git ls-files 'csrc/*.cc' 'csrc/*.h' 'csrc/*.inc')
 
-# docs/settings.md from the settings table (torch_cgx/settings.py; needs the built extension);
-# tests/test_settings.py fails
-# until it is regenerated after a change to the table.
+# docs/settings.md and csrc/torch/settings_rules.h from the settings table (torch_cgx/settings.py;
+# the doc needs the built extension, the header not: build again after it changes);
+# tests/test_settings.py and tests/test_settings_rules.py fail until they are regenerated after a
+# change to the table.
 settings-doc:
+	$(PY) scripts/settings_rules.py
 	$(PY) -c "from torch_cgx import settings; print(settings.markdown(), end='')" > docs/settings.md
 
 clean:

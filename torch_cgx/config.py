@@ -34,10 +34,6 @@ from torch_cgx.settings import ALGORITHMS, CREATION_ONLY  # noqa: F401  (re-expo
 __all__ = ["CGXConfig", "ALGORITHMS", "CREATION_ONLY", "Options"]
 
 
-def _power_of_two_block(bucket) -> bool:
-    return 2 <= bucket <= 1 << 20 and bucket & (bucket - 1) == 0
-
-
 class _ConfigMethods:
     """The behaviour of :class:`CGXConfig`; its fields come from the settings table."""
 
@@ -64,9 +60,9 @@ class _ConfigMethods:
         def bad(field: str, why: str, value) -> ValueError:
             return ValueError(f"{name(field) or field} {why}, got {value!r}")
 
-        if self.rotation == "on" and not _power_of_two_block(self.bucket_size):
-            raise bad("rotation", "on needs a bucket_size that is a power of two in [2, 2^20] "
-                      f"(bucket_size {self.bucket_size})", self.rotation)  # fmt: skip
+        if self.rotation == "on" and not _settings.rotation_block(self.bucket_size):
+            raise bad("rotation", f"on needs a bucket_size that is {_settings.ROTATION_BLOCKS_TEXT}"
+                      f" (bucket_size {self.bucket_size})", self.rotation)  # fmt: skip
         if self.intra_compress != "off" and self.inner_communicator not in ("", "shm"):
             raise bad("intra_compress", "needs the shared-memory intra-node transport "
                       f"(CGX_INNER_COMMUNICATOR_TYPE=SHM), not {self.inner_communicator.upper()}",
@@ -102,7 +98,7 @@ class _ConfigMethods:
 
     @property
     def compressed(self) -> bool:
-        return self.bits <= 8 or self.compressor != "maxmin"
+        return _settings.quantizes(self.bits) or self.compressor != "maxmin"
 
     @property
     def minimal_size(self) -> int:

@@ -62,19 +62,55 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _int_in(lo: int, hi: int, what: str = "an integer") -> Callable[[Any], int]:
-    def check(v):
-        if not _is_int(v) or not lo <= v <= hi:
-            raise ValueError(f"must be {what} in [{lo}, {hi}]")
+@dataclasses.dataclass(frozen=True)
+class IntRange:
+    """An integer setting's rule: [lo, hi], plus the values of ``also`` (bits' 32: no
+    compression); ``text`` is how every layer's message states it. Called, it checks a value.
+    The native validation (csrc/torch/settings_rules.h, generated) carries the same numbers."""
+
+    lo: int
+    hi: int
+    also: Tuple[int, ...] = ()
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.text:
+            object.__setattr__(self, "text", f"must be an integer in [{self.lo}, {self.hi}]")
+
+    def ok(self, v) -> bool:
+        return _is_int(v) and (self.lo <= v <= self.hi or v in self.also)
+
+    def __call__(self, v):
+        if not self.ok(v):
+            raise ValueError(self.text)
         return v
 
-    return check
+
+# Max-min's bits: 1..8 quantize, 32 does not compress.
+_BITS = IntRange(1, 8, also=(32,), text="must be 1..8, or 32 for no compression")
+# rotation "on" needs a bucket_size that is a power of two in this range (the rotation's blocks:
+# csrc/core/rotation.h, torch_cgx/device/rotation.py; settings_rules.h asserts they agree).
+ROTATION_BLOCKS, ROTATION_BLOCKS_TEXT = (2, 1 << 20), "a power of two in [2, 2^20]"
+# Tensors under min_size values are reduced exactly; a min_size below this acts as it.
+MIN_SIZE_FLOOR = 16
 
 
-def _bits(v):
-    if not _is_int(v) or not (1 <= v <= 8 or v == 32):
-        raise ValueError("must be 1..8, or 32 for no compression")
-    return v
+def quantizes(bits: int) -> bool:
+    """Whether max-min at ``bits`` compresses (1..8; 32 is exact)."""
+    return BY_NAME["bits"].check.lo <= bits <= BY_NAME["bits"].check.hi
+
+
+def native_default(name: str):
+    """The default of setting ``name`` in native units (e.g. bytes for the MiB settings)."""
+    s = BY_NAME[name]
+    return s.to_native(s.default)
+
+
+def rotation_block(bucket_size: int) -> bool:
+    """Whether max-min buckets of ``bucket_size`` values can rotate: a power of two in
+    ROTATION_BLOCKS."""
+    lo, hi = ROTATION_BLOCKS
+    return _is_int(bucket_size) and lo <= bucket_size <= hi and bucket_size & (bucket_size - 1) == 0
 
 
 def _flag(v):
@@ -137,18 +173,20 @@ def _mib(v):  # MiB in Python, bytes natively
 
 SETTINGS: Tuple[Setting, ...] = (
     Setting("bits", "CGX_COMPRESSION_QUANTIZATION_BITS", int, 32, "call",
-            "max-min bits per value, 1..8; 32 = no compression", _bits, native="bits"),
+            "max-min bits per value, 1..8; 32 = no compression", _BITS, native="bits"),
     Setting("bucket_size", "CGX_COMPRESSION_BUCKET_SIZE", int, 512, "call",
             "values per max-min bucket (each sends its min and step, 8 bytes)",
-            _int_in(1, 2**32 - 1), native="bucket_size"),
+            IntRange(1, 2**32 - 1, text="must be an integer in [1, 2^32)"),
+            native="bucket_size"),
     Setting("skip_incomplete_buckets", "CGX_COMPRESSION_SKIP_INCOMPLETE_BUCKETS", bool, False,
             "call", "send the incomplete last bucket raw", _flag,
             native="skip_incomplete_buckets"),
     Setting("min_size", "CGX_COMPRESSION_MINIMAL_SIZE", int, 16, "group",
-            "tensors with fewer values are reduced exactly (values below 16 act as 16)",
-            _int_in(0, 2**62), native="minimal_size", aliases=("minimal_size",)),
+            f"tensors with fewer values are reduced exactly (values below {MIN_SIZE_FLOOR} act as "
+            f"{MIN_SIZE_FLOOR}); the hooks and FSDP have their own defaults (below)",
+            IntRange(0, 2**62), native="minimal_size", aliases=("minimal_size",)),
     Setting("fusion_buffer_mb", "CGX_FUSION_BUFFER_SIZE_MB", int, 64, "group",
-            "tensors are reduced in pieces of at most this many MiB", _int_in(1, 1 << 20),
+            "tensors are reduced in pieces of at most this many MiB", IntRange(1, 1 << 20),
             native="fusion_buffer_bytes", to_native=_mib, from_native=lambda b: b >> 20),
     Setting("algorithm", "CGX_REDUCTION_ALGORITHM", str, "sra", "group",
             "`sra` (scatter-reduce-allgather), `ring`, `tree` (binomial, small messages) or "
@@ -159,7 +197,7 @@ SETTINGS: Tuple[Setting, ...] = (
             env_alias="CGX_INNER_REDUCTION_TYPE"),
     Setting("pipeline_segment_mb", "CGX_PIPELINE_SEGMENT_MB", int, 4, "group",
             "segments of this many MiB are encoded while the previous one is on the wire "
-            "(CaSync); 0 = no pipeline", _int_in(0, 1 << 20),
+            "(CaSync); 0 = no pipeline", IntRange(0, 1 << 20),
             native="pipeline_segment_bytes", to_native=_mib, from_native=lambda b: b >> 20),
     Setting("stochastic", "CGX_COMPRESSION_STOCHASTIC", bool, False, "group",
             "stochastic (unbiased) rounding", _flag, native="stochastic"),
@@ -173,7 +211,7 @@ SETTINGS: Tuple[Setting, ...] = (
             _AUTO_ON_OFF_CHECK, native="clip"),
     Setting("seed", "CGX_COMPRESSION_SEED", int, 0, "group",
             "seed of the random streams (stochastic rounding, rotation, random-k)",
-            _int_in(0, 2**64 - 1), native="seed"),
+            IntRange(0, 2**64 - 1), native="seed"),
     Setting("compressor", "CGX_COMPRESSOR", str, "maxmin", "group",
             "a registered compressor (`torch_cgx.compressors.names()`), or `auto`: the "
             "planner chooses per size (docs/algorithms.md)", _text, native="compressor"),
@@ -212,7 +250,7 @@ SETTINGS: Tuple[Setting, ...] = (
                     "auto, device or host"), native="data_plane"),
     Setting("codec_threads", "CGX_CODEC_THREADS", int, 0, "process",
             "codec threads per process for large buffers, 1..1024; default: the cores this "
-            "process may use divided by `LOCAL_WORLD_SIZE`", _int_in(1, 1024),
+            "process may use divided by `LOCAL_WORLD_SIZE`", IntRange(1, 1024),
             default_doc="cores / local ranks"),
     Setting("disable_avx2", "CGX_DISABLE_AVX2", bool, False, "process",
             "1: the portable codec kernels instead of AVX2 (the same bytes)", _flag),
@@ -229,6 +267,23 @@ ALIASES: Dict[str, str] = {a: s.name for s in SETTINGS for a in s.aliases}
 GROUP_SETTINGS = tuple(s for s in SETTINGS if s.scope != "process")
 CREATION_ONLY = tuple(s.name for s in SETTINGS if s.scope == "creation")
 CALL_SETTINGS = tuple(s.name for s in SETTINGS if s.scope == "call")
+
+# min_size's default at each entry point, and why it differs (docs/settings.md prints this).
+MIN_SIZE_DEFAULTS: Dict[str, Tuple[int, str]] = {
+    "group": (BY_NAME["min_size"].default, "any allreduce or reduce-scatter of a whole tensor on "
+              "a cgx group, host engine and device plane (`CGX_COMPRESSION_MINIMAL_SIZE`)"),
+    "hooks": (1024, "`cgx_hook` and `compression_hook` (`CGXState`, `CompressionState`): per "
+              "layer, CGX's `layer_min_size` default; layers with `dim() <= 1` stay exact too"),
+    "policy_hook": (0, "`PolicyState`: the policy decides for every parameter, small ones "
+                    "included"),
+    "fsdp": (4096, "`fsdp.compress`, `CompressedReduceScatter`, `CompressedAllGather`: per "
+             "chunk, 1/W of a parameter group's flat buffer, hence larger (not re-measured)"),
+}  # fmt: skip
+
+
+def min_size_default(entry: str) -> int:
+    """The default min_size of ``entry``, a key of MIN_SIZE_DEFAULTS."""
+    return MIN_SIZE_DEFAULTS[entry][0]
 
 
 def canonical_name(name: str) -> str:
@@ -340,4 +395,10 @@ def markdown() -> str:
         names = f"`{s.name}`" + "".join(f" (`{a}`)" for a in s.aliases)
         var = f"`{s.env}`" + (f" (`{s.env_alias}`)" if s.env_alias else "")
         lines.append(f"| {names} | {var} | {s.scope} | {default} | {s.doc} |")
+    lines += ["", "## min_size per entry point", "",
+              "Each entry point reduces smaller tensors exactly; where it is not told a "
+              "`min_size`, it uses its own default (`settings.MIN_SIZE_DEFAULTS`):", "",
+              "| entry point | default | where and why |", "|---|---|---|"]  # fmt: skip
+    for entry, (default, why) in MIN_SIZE_DEFAULTS.items():
+        lines.append(f"| {entry} | {default} | {why} |")
     return "\n".join(lines) + "\n"

@@ -67,6 +67,24 @@ c10::intrusive_ptr<c10d::Work> reduce_bucket(ProcessGroupCGX& pg, at::Tensor buf
   return pg.reduce_bucket(std::move(buf), std::move(ps), average);
 }
 
+// The rules this build was compiled with (settings_rules.h): tests/test_settings_rules.py checks
+// them against the table, so a build older than the table fails there.
+pybind11::dict compiled_rules() {
+  namespace py = pybind11;
+  using namespace rules;
+  auto range = [](const Range& r) { return py::make_tuple(r.lo, r.hi, r.also, r.text); };
+  py::dict d;
+  d["bits"] = range(kBitsRange);
+  d["bucket_size"] = range(kBucketSizeRange);
+  d["min_size"] = range(kMinSizeRange);
+  d["fusion_buffer_mb"] = range(kFusionBufferMbRange);
+  d["pipeline_segment_mb"] = range(kPipelineSegmentMbRange);
+  d["call_vars"] = std::vector<std::string>(kCallVars, kCallVars + kCallSettings);
+  d["rotation_blocks"] = py::make_tuple(kRotationMinBlock, kRotationMaxBlock, kRotationBlocksText);
+  d["min_size_floor"] = kMinSizeFloor;
+  return d;
+}
+
 }  // namespace
 
 void bind_backend(pybind11::module& m) {
@@ -206,6 +224,7 @@ void bind_backend(pybind11::module& m) {
   m.def("_fault_after", &fault_after, py::arg("ops"), py::arg("signal"),
         "Test hook: the transport operation `ops` from now raises `signal` on this process.");
   m.def("_transport_ops", &transport_ops, "Transport operations begun in this process so far.");
+  m.def("_settings_rules", &compiled_rules);
   m.def("parse_env_int", &parse_env_int, py::arg("var"), py::arg("raw"));
   m.def("parse_env_bool", &parse_env_bool, py::arg("var"), py::arg("raw"));
   m.def("bucket_error_bound", &bucket_error_bound, py::arg("range_sum"), py::arg("magnitude_sum"),

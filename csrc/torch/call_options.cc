@@ -12,16 +12,21 @@
 
 namespace cgx::binding {
 
+// The table's rotation blocks are the rotation's (torch_cgx/settings.py, ROTATION_BLOCKS).
+static_assert(rules::kRotationMinBlock == rotation::kMinBlock &&
+              rules::kRotationMaxBlock == rotation::kMaxBlock);
+
 // Whether some bits setting would compress t (minimal_size is agreed at creation; bits may
 // change per call).
 bool eligible(const at::Tensor& t, const BackendConfig& c) {
-  return is_codec_dtype(t.scalar_type()) && t.numel() >= std::max<int64_t>(c.minimal_size, 16);
+  return is_codec_dtype(t.scalar_type()) &&
+         t.numel() >= std::max<int64_t>(c.minimal_size, rules::kMinSizeFloor);
 }
 
 // Compression is on with max-min at 1..8 bits, or with any other compressor.
 bool compressible(const at::Tensor& t, const BackendConfig& c) {
   if (c.compressor == kAutoCompressor) return false;  // no plan rule for this call: exact
-  const bool on = !uses_codec(c.compressor) || (c.bits >= 1 && c.bits <= 8);
+  const bool on = !uses_codec(c.compressor) || quantizes(c.bits);
   return on && eligible(t, c);
 }
 
@@ -74,8 +79,7 @@ bool rotates(const BackendConfig& c) {
 CallOptions::CallOptions(const BackendConfig& config) : config_(config) {
   validate_fields(config_);
   const bool automatic = config_.compressor == kAutoCompressor;
-  compressed_ =
-      !automatic && (!uses_codec(config_.compressor) || (config_.bits >= 1 && config_.bits <= 8));
+  compressed_ = !automatic && (!uses_codec(config_.compressor) || quantizes(config_.bits));
   rotates_ = rotation_rule(config_.rotation, config_.bits, config_.bucket_size, config_.compressor);
   clips_ = uses_codec(config_.compressor) && clip_rule(config_.clip, rotates_);
   // Built here, once: also what names a bad compressor name or parameter. Max-min at 32 bits
@@ -124,21 +128,25 @@ void validate_config(const BackendConfig& c) {
 }
 
 void validate_fields(const BackendConfig& c) {
-  CGX_CHECK_ARG((c.bits >= 1 && c.bits <= 8) || c.bits == 32,
-                "bits must be 1..8, or 32 for no compression, got ", c.bits);
-  CGX_CHECK_ARG(c.bucket_size >= 1 && c.bucket_size < (int64_t(1) << 32),
-                "bucket_size must be in [1, 2^32), got ", c.bucket_size);
-  CGX_CHECK_ARG(c.minimal_size >= 0, "minimal_size must be >= 0, got ", c.minimal_size);
-  CGX_CHECK_ARG(c.fusion_buffer_bytes >= 1 && c.fusion_buffer_bytes <= (int64_t(1) << 40),
-                "fusion_buffer_bytes must be in [1, 2^40], got ", c.fusion_buffer_bytes);
-  CGX_CHECK_ARG(c.pipeline_segment_bytes >= 0 && c.pipeline_segment_bytes <= (int64_t(1) << 40),
-                "pipeline_segment_bytes must be in [0, 2^40], got ", c.pipeline_segment_bytes);
+  using namespace rules;
+  CGX_CHECK_ARG(kBitsRange.ok(c.bits), "bits ", kBitsRange.text, ", got ", c.bits);
+  CGX_CHECK_ARG(kBucketSizeRange.ok(c.bucket_size), "bucket_size ", kBucketSizeRange.text, ", got ",
+                c.bucket_size);
+  CGX_CHECK_ARG(kMinSizeRange.ok(c.minimal_size), "minimal_size ", kMinSizeRange.text, ", got ",
+                c.minimal_size);
+  // In bytes natively, and finer than the table's MiB below (the tests cut small pieces).
+  const int64_t fusion_max = kFusionBufferMbRange.hi, segment_max = kPipelineSegmentMbRange.hi;
+  CGX_CHECK_ARG(c.fusion_buffer_bytes >= 1 && c.fusion_buffer_bytes <= fusion_max,
+                "fusion_buffer_bytes must be in [1, ", fusion_max, "], got ",
+                c.fusion_buffer_bytes);
+  CGX_CHECK_ARG(c.pipeline_segment_bytes >= 0 && c.pipeline_segment_bytes <= segment_max,
+                "pipeline_segment_bytes must be in [0, ", segment_max, "], got ",
+                c.pipeline_segment_bytes);
   algorithm_from_int(c.algorithm);
   CGX_CHECK_ARG(c.rotation == "auto" || c.rotation == "off" ||
                     (c.rotation == "on" && rotation::valid_block(c.bucket_size)),
-                "rotation must be auto, off, or on with a bucket_size that is a power of two in "
-                "[2, 2^20], got ",
-                c.rotation, " (bucket_size ", c.bucket_size, ")");
+                "rotation must be auto, off, or on with a bucket_size that is ",
+                kRotationBlocksText, ", got ", c.rotation, " (bucket_size ", c.bucket_size, ")");
   CGX_CHECK_ARG(c.clip == "auto" || c.clip == "on" || c.clip == "off",
                 "clip must be auto, on or off, got ", c.clip);
   CGX_CHECK_ARG(!uses_codec(c.compressor) || c.compressor_params.empty(),

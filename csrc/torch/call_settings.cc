@@ -12,9 +12,9 @@
 namespace cgx::binding {
 namespace {
 
-constexpr const char* kVars[3] = {"CGX_COMPRESSION_QUANTIZATION_BITS",
-                                  "CGX_COMPRESSION_BUCKET_SIZE",
-                                  "CGX_COMPRESSION_SKIP_INCOMPLETE_BUCKETS"};
+// bits, bucket_size, skip_incomplete_buckets: the table's call settings, in its order.
+constexpr const char* const* kVars = rules::kCallVars;
+static_assert(rules::kCallSettings == 3);
 
 std::optional<std::string> read(const char* var) {
   const char* v = std::getenv(var);
@@ -67,7 +67,7 @@ CallSettings::CallSettings() {
 }
 
 bool CallSettings::refresh(BackendConfig& config) {
-  std::array<std::optional<std::string>, 3> now;
+  std::array<std::optional<std::string>, rules::kCallSettings> now;
   bool changed = false;
   for (size_t i = 0; i < now.size(); ++i) {
     now[i] = read(kVars[i]);
@@ -79,13 +79,13 @@ bool CallSettings::refresh(BackendConfig& config) {
   auto given = [&](size_t i) { return now[i] && !trim(*now[i]).empty(); };
   if (now[0] != seen_[0]) {
     next.bits = given(0) ? int(parse_env_int(kVars[0], *now[0])) : defaults.bits;
-    CGX_CHECK_ARG((next.bits >= 1 && next.bits <= 8) || next.bits == 32, kVars[0],
-                  " must be 1..8, or 32 for no compression, got '", *now[0], "'");
+    CGX_CHECK_ARG(rules::kBitsRange.ok(next.bits), kVars[0], " ", rules::kBitsRange.text, ", got '",
+                  *now[0], "'");
   }
   if (now[1] != seen_[1]) {
     next.bucket_size = given(1) ? parse_env_int(kVars[1], *now[1]) : defaults.bucket_size;
-    CGX_CHECK_ARG(next.bucket_size >= 1 && next.bucket_size < (int64_t(1) << 32), kVars[1],
-                  " must be an integer in [1, 2^32), got '", *now[1], "'");
+    CGX_CHECK_ARG(rules::kBucketSizeRange.ok(next.bucket_size), kVars[1], " ",
+                  rules::kBucketSizeRange.text, ", got '", *now[1], "'");
   }
   if (now[2] != seen_[2]) {
     next.skip_incomplete_buckets =

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "algorithms/transport.h"
+#include "settings_rules.h"
 
 namespace cgx::binding {
 
@@ -33,7 +34,7 @@ class CallSettings {
   bool refresh(BackendConfig& config);
 
  private:
-  std::array<std::optional<std::string>, 3> seen_;
+  std::array<std::optional<std::string>, rules::kCallSettings> seen_;
 };
 
 // Every rank's (bits, bucket_size, skip_incomplete_buckets) through t's allgather; ValueError on

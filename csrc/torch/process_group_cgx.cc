@@ -123,7 +123,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCGX::plane_call(const std::string& ki
   const bool coalesced = kind == "allreduce_coalesced";
   if (sum && c.settings_per_call && !c.planned && getSize() > 1 && !outputs.empty() &&
       is_codec_dtype(outputs[0].scalar_type()) &&
-      (coalesced ? n : outputs[0].numel()) >= std::max<int64_t>(c.minimal_size, 16)) {
+      (coalesced ? n : outputs[0].numel()) >=
+          std::max<int64_t>(c.minimal_size, rules::kMinSizeFloor)) {
     auto agreed = enqueue({}, c10d::OpType::ALLREDUCE, [this, c]() { engine_.agree(c); });
     if (PyGILState_Check()) {
       pybind11::gil_scoped_release no_gil;  // queued work's callbacks may need it

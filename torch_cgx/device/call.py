@@ -7,12 +7,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
+from torch_cgx import settings
 from torch_cgx.device.algorithms import common
 from torch_cgx.device.rotation import valid_block
 
 __all__ = ["ALGORITHMS", "DeviceCall", "resolve"]
 
-ALGORITHMS = ("sra", "ring", "allgather", "tree")
+ALGORITHMS = tuple(settings.ALGORITHMS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,18 +21,18 @@ class DeviceCall:
     """One call's settings, built once per version of the group's settings. ``params``: the
     compressor's parameters as sorted (name, value) pairs (max-min: bits, bucket_size,
     skip_incomplete_buckets, stochastic and the clip rule's result, as the native
-    ``compressor_params_of``). ``min_size``: smaller tensors are reduced exactly (at least 16,
-    the native ``eligible``)."""
+    ``compressor_params_of``). ``min_size``: smaller tensors are reduced exactly (at least
+    ``settings.MIN_SIZE_FLOOR``, the native ``eligible``). The defaults are the table's."""
 
     compressor: str
     params: Tuple[Tuple[str, float], ...]
     algorithm: str = "sra"
     average: bool = False
-    min_size: int = 16
+    min_size: int = settings.MIN_SIZE_FLOOR
     seed: int = 0
     rotation: bool = False
-    fusion_bytes: int = 64 << 20
-    segment_bytes: int = 4 << 20
+    fusion_bytes: int = settings.native_default("fusion_buffer_mb")
+    segment_bytes: int = settings.native_default("pipeline_segment_mb")
     pipeline_sparse: bool = False
 
     def __post_init__(self) -> None:
@@ -40,7 +41,9 @@ class DeviceCall:
         if self.fusion_bytes < 4 or self.segment_bytes < 0:
             raise ValueError("fusion_bytes must be >= 4 and segment_bytes >= 0")
         if self.rotation and not valid_block(int(self.param("bucket_size", 0))):
-            raise ValueError("rotation needs a bucket_size that is a power of two in [2, 2^20]")
+            raise ValueError(
+                f"rotation needs a bucket_size that is {settings.ROTATION_BLOCKS_TEXT}"
+            )
 
     def param(self, name: str, default=None):
         return dict(self.params).get(name, default)
@@ -54,7 +57,7 @@ class DeviceCall:
 
         name = config.compressor
         codec = name == "maxmin"
-        if name == "auto" or (codec and not 1 <= config.bits <= 8):
+        if name == "auto" or (codec and not settings.quantizes(config.bits)):
             return None
         rotates = bool(_C.rotation_rule(config.rotation, config.bits, config.bucket_size, name))
         if codec:
@@ -72,7 +75,7 @@ class DeviceCall:
             params=tuple(sorted((k, float(v)) for k, v in params.items())),
             algorithm=config.algorithm,
             average=bool(average),
-            min_size=max(int(config.min_size), 16),
+            min_size=max(int(config.min_size), settings.MIN_SIZE_FLOOR),
             seed=int(config.seed),
             rotation=rotates,
             fusion_bytes=int(config.fusion_buffer_mb) << 20,

@@ -18,6 +18,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from torch_cgx import settings
 from torch_cgx.device.algorithms import common, gather, ring, rotation, sra, tree
 from torch_cgx.device.algorithms import hierarchical as hier
 from torch_cgx.device.algorithms import reduce_scatter as rs
@@ -292,7 +293,8 @@ class DeviceEngine:
         return plan
 
     def _eligible(self, t: torch.Tensor, call: DeviceCall) -> bool:
-        return t.dtype in common.FLOAT_DTYPES and t.numel() >= max(call.min_size, 16)
+        size = max(call.min_size, settings.MIN_SIZE_FLOOR)
+        return t.dtype in common.FLOAT_DTYPES and t.numel() >= size
 
     def _reduce_scatter_exact(self, out, flat, average: bool) -> None:
         world = self.t.size

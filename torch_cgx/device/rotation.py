@@ -21,17 +21,19 @@ import math
 import numpy as np
 import torch
 
+from torch_cgx import settings
 from torch_cgx.device import constants
 from torch_cgx.device.codecs.base import _M32, _fmix32
 
 __all__ = ["MAX_BLOCK", "rotate_", "rotate_full_", "rotation_seed", "sign_bits", "valid_block"]
 
-MIN_BLOCK, MAX_BLOCK = 2, 1 << 20
+MIN_BLOCK, MAX_BLOCK = settings.ROTATION_BLOCKS  # the table's, csrc/core/rotation.h's
 _M64 = (1 << 64) - 1
 
 
 def valid_block(block: int) -> bool:
-    return isinstance(block, int) and MIN_BLOCK <= block <= MAX_BLOCK and block & (block - 1) == 0
+    """A power of two in the table's rotation blocks (settings.rotation_block)."""
+    return settings.rotation_block(block)
 
 
 def rotation_seed(group_seed: int, call: int) -> int:
