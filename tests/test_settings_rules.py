@@ -106,3 +106,20 @@ def test_changed_rotation_blocks_change_the_config_and_the_device_plane(monkeypa
         CGXConfig(rotation="on", bucket_size=512)
     with pytest.raises(ValueError, match="rotation needs"):
         DeviceCall("maxmin", (("bits", 4.0), ("bucket_size", 512.0)), rotation=True)
+
+
+def test_min_size_defaults_come_from_the_table(monkeypatch):
+    from torch_cgx import fsdp
+    from torch_cgx.hooks.cgx import CGXState
+    from torch_cgx.hooks.compression import CompressionState
+
+    assert settings.min_size_default("group") == settings.BY_NAME["min_size"].default
+    assert CGXState().min_size == settings.min_size_default("hooks")
+    monkeypatch.setitem(settings.MIN_SIZE_DEFAULTS, "hooks", (7, "a test"))
+    monkeypatch.setitem(settings.MIN_SIZE_DEFAULTS, "fsdp", (9, "a test"))
+    assert CGXState().min_size == 7 and CompressionState().min_size == 7
+    assert fsdp.CompressedReduceScatter().min_size == 9
+    assert fsdp.CompressedAllGather().min_size == 9
+    doc = settings.markdown()
+    for entry, (default, _) in settings.MIN_SIZE_DEFAULTS.items():
+        assert f"| {entry} | {default} |" in doc

@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch_cgx import compressors
 from torch_cgx.hooks import core
 from torch_cgx.hooks.compression import DEFAULT_BITS
+from torch_cgx.settings import min_size_default
 
 __all__ = ["CompressedAllGather", "CompressedReduceScatter", "compress"]
 
@@ -49,9 +50,12 @@ except ImportError:  # pragma: no cover - older torch: usable by hand, not by FS
     _AllGather = _ReduceScatter = object
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-# Chunks under this many values are reduced (or gathered) exactly: a chunk is 1/W of a whole
-# FSDP parameter group's buffer, not one layer, hence not the hooks' 1024 (docs/hooks.md).
-MIN_SIZE = 4096
+
+
+def _min_size(min_size: Optional[int], min_numel: Optional[int]) -> int:
+    """Chunks under this many values are reduced (or gathered) exactly; default: the table's for
+    fsdp (a chunk is 1/W of a parameter group's buffer, not a layer: settings.MIN_SIZE_DEFAULTS)."""
+    return core.check_min_size(min_size, min_numel, "min_numel", min_size_default("fsdp"))
 
 
 class _MinSizeAlias:
@@ -119,7 +123,7 @@ class CompressedReduceScatter(_MinSizeAlias, _ReduceScatter):
         self.codec = compressors.get(compressor, **params)  # ValueError names the problem
         self.device_codec = _device_codec(compressor, params, data_plane)
         self.data_plane = data_plane
-        self.min_size = core.check_min_size(min_size, min_numel, "min_numel", MIN_SIZE)
+        self.min_size = _min_size(min_size, min_numel)
         self.calls, self.bytes_sent = 0, 0
         self.check = "auto"
         self.all_gather: Optional[CompressedAllGather] = None  # set by compress()
@@ -275,7 +279,7 @@ class CompressedAllGather(_MinSizeAlias, _AllGather):
         params = dict(bits=bits, bucket_size=bucket_size)
         self.device_codec = _device_codec("maxmin", params, data_plane)
         self.data_plane = data_plane
-        self.min_size = core.check_min_size(min_size, min_numel, "min_numel", MIN_SIZE)
+        self.min_size = _min_size(min_size, min_numel)
         self.calls, self.bytes_sent = 0, 0
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device):
@@ -334,7 +338,7 @@ def compress(
     none is sharded."""
     from torch.distributed.fsdp import FSDPModule
 
-    min_size = core.check_min_size(min_size, min_numel, "min_numel", MIN_SIZE)
+    min_size = _min_size(min_size, min_numel)
     comm = CompressedReduceScatter(compressor, min_size, data_plane=data_plane, **params)
     if all_gather_bits is not None:
         comm.all_gather = CompressedAllGather(

@@ -35,6 +35,7 @@ from torch_cgx.compression.base import (
 )
 from torch_cgx.hooks import core
 from torch_cgx.hooks.compression import CompressionState, compressed_parts
+from torch_cgx.settings import min_size_default
 
 __all__ = ["PolicyState", "policy_hook", "register_policy"]
 
@@ -108,8 +109,9 @@ class PolicyState:
         if key == _EXACT:  # never compresses (compresses() is False): the name is unused
             state = _ChoiceState(self.process_group, "fp16", error_feedback=False, module=module)
         else:
+            min_size = min_size_default("policy_hook")  # the policy decides for every parameter
             state = _ChoiceState(self.process_group, name, dict(params), error_feedback,
-                                 min_size=0, module=module)  # fmt: skip
+                                 min_size=min_size, module=module)  # fmt: skip
         state.exact = key == _EXACT
         return state
 

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch_cgx.config import CGXConfig
 from torch_cgx.hooks import core, levers
 from torch_cgx.hooks.layer_state import LayerState
+from torch_cgx.settings import min_size_default
 
 __all__ = ["CGXState", "cgx_hook", "DEFAULT_LEVERS"]
 
@@ -102,7 +103,9 @@ class CGXState(LayerState):
         legacy: bool = False,
         layer_min_size: Optional[int] = None,
     ) -> None:
-        min_size = core.check_min_size(min_size, layer_min_size, "layer_min_size", 1024)
+        min_size = core.check_min_size(
+            min_size, layer_min_size, "layer_min_size", min_size_default("hooks")
+        )
         params = dict(compression_params or {})
         unknown = set(params) - {"bits", "bucket_size", "stochastic"}
         if unknown:

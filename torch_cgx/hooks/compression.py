@@ -37,6 +37,7 @@ from torch_cgx.backend import get_config
 from torch_cgx.config import CGXConfig
 from torch_cgx.hooks import core
 from torch_cgx.hooks.layer_state import LayerState
+from torch_cgx.settings import min_size_default
 
 __all__ = ["CompressionState", "compression_hook"]
 
@@ -101,7 +102,9 @@ class CompressionState(LayerState):
         if compressor == "maxmin":
             params.setdefault("bits", DEFAULT_BITS)
         traits = compressors.get(compressor, **params).traits  # ValueError names the problem
-        min_size = core.check_min_size(min_size, layer_min_size, "layer_min_size", 1024)
+        min_size = core.check_min_size(
+            min_size, layer_min_size, "layer_min_size", min_size_default("hooks")
+        )
         if error_feedback is not None and not isinstance(error_feedback, bool):
             raise ValueError(f"error_feedback must be a bool or None, got {error_feedback!r}")
         defaults = _DEFAULTS.get(compressor, {})
