@@ -162,11 +162,10 @@ def body_bad_parts(rank, world):
     buf = torch.zeros(100)
 
     def part(**kw):
-        f = dict(options=options, stream=-1, offsets=[0], numels=[100], residuals=[],
-                 residuals_out=[], seeds=[], bucket_size=1, split=False, fp32=False,
-                 whole=False)  # fmt: skip
+        f = dict(stream=-1, offsets=[0], numels=[100], residuals=[], residuals_out=[], seeds=[],
+                 bucket_size=1, split=False, fp32=False, whole=False)  # fmt: skip
         f.update(kw)
-        return tuple(f.values())
+        return core.native_part(options, **f)
 
     cases = {
         "increasing": part(offsets=[0, 10], numels=[20, 5]),
@@ -178,11 +177,12 @@ def body_bad_parts(rank, world):
         "power of two": part(seeds=[1], bucket_size=100),
         "whole part must cover": part(numels=[50], whole=True),
         "stream must be": part(stream=-2),
-        "tuple of 11": part()[:10],
     }
     for message, bad in cases.items():
         with pytest.raises(ValueError, match=message):
             backend.reduce_bucket(buf, [bad])
+    with pytest.raises(AttributeError, match="offset"):  # the fields are named: no typo passes
+        part(offset=[0])
     with pytest.raises(ValueError, match="1-D floating-point CPU buffer"):
         backend.reduce_bucket(torch.zeros(10, 10), [part()])
     # The group still works after the refusals.

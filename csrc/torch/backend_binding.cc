@@ -42,29 +42,30 @@ at::Tensor bucket_error_bound(const at::Tensor& range_sum, const at::Tensor& mag
   return out;
 }
 
-// reduce_bucket's parts from Python: (options, stream, offsets, numels, residuals,
-// residuals_out, seeds, bucket_size, split, fp32, whole) each (torch_cgx/hooks/core.py).
+// reduce_bucket's parts from Python: _C.BucketPart, its fields by name (torch_cgx/hooks/core.py).
 c10::intrusive_ptr<c10d::Work> reduce_bucket(ProcessGroupCGX& pg, at::Tensor buf,
-                                             const std::vector<pybind11::tuple>& parts,
-                                             bool average) {
-  std::vector<BucketPart> ps;
-  ps.reserve(parts.size());
-  for (const pybind11::tuple& t : parts) {
-    CGX_CHECK_ARG(t.size() == 11, "a bucket part is a tuple of 11 fields, got ", t.size());
-    BucketPart& p = ps.emplace_back(t[0].cast<const CallOptions&>());
-    p.stream = t[1].cast<int64_t>();
-    p.offsets = t[2].cast<std::vector<int64_t>>();
-    p.numels = t[3].cast<std::vector<int64_t>>();
-    p.residuals = t[4].cast<std::vector<std::optional<at::Tensor>>>();
-    p.residuals_out = t[5].cast<std::vector<at::Tensor>>();
-    p.seeds = t[6].cast<std::vector<uint64_t>>();
-    p.bucket_size = t[7].cast<int64_t>();
-    p.split = t[8].cast<bool>();
-    p.fp32 = t[9].cast<bool>();
-    p.whole = t[10].cast<bool>();
-  }
+                                             std::vector<BucketPart> parts, bool average) {
   pybind11::gil_scoped_release no_gil;
-  return pg.reduce_bucket(std::move(buf), std::move(ps), average);
+  return pg.reduce_bucket(std::move(buf), std::move(parts), average);
+}
+
+void bind_bucket_part(pybind11::module& m) {
+  namespace py = pybind11;
+  py::class_<BucketPart>(m, "BucketPart",
+                         "One reduction of a gradient bucket for reduce_bucket "
+                         "(csrc/torch/bucket_call.h): its options, then its fields by name.")
+      .def(py::init<CallOptions>(), py::arg("options"))
+      .def_readwrite("options", &BucketPart::options)
+      .def_readwrite("stream", &BucketPart::stream)
+      .def_readwrite("offsets", &BucketPart::offsets)
+      .def_readwrite("numels", &BucketPart::numels)
+      .def_readwrite("residuals", &BucketPart::residuals)
+      .def_readwrite("residuals_out", &BucketPart::residuals_out)
+      .def_readwrite("seeds", &BucketPart::seeds)
+      .def_readwrite("bucket_size", &BucketPart::bucket_size)
+      .def_readwrite("split", &BucketPart::split)
+      .def_readwrite("fp32", &BucketPart::fp32)
+      .def_readwrite("whole", &BucketPart::whole);
 }
 
 // The rules this build was compiled with (settings_rules.h): tests/test_settings_rules.py checks
@@ -139,6 +140,8 @@ void bind_backend(pybind11::module& m) {
         "Whether an allreduce with these settings rotates its buckets (the backend's rule).");
   m.def("clip_rule", &clip_rule, py::arg("clip"), py::arg("rotates"),
         "Whether max-min clips its range, given the clip setting and whether the call rotates.");
+
+  bind_bucket_part(m);
 
   py::class_<PlanRule>(m, "PlanRule")
       .def(py::init<>())

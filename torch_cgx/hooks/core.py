@@ -45,6 +45,7 @@ __all__ = [
     "grad_spans",
     "issue",
     "native_calls",
+    "native_part",
     "reduce_bucket",
     "rotation_rule",
     "settled",
@@ -246,9 +247,11 @@ def reduce_bucket(
         if part.keep is not None:
             out = [torch.empty(n, dtype=torch.float32) for _, n, _ in spans]
             kept.append((part.keep, spans, out))
-        native.append((part.options, part.stream, [o for o, _, _ in spans],
-                       [n for _, n, _ in spans], part.residuals or [], out, part.seeds,
-                       part.bucket_size, part.split, part.fp32, part.whole))  # fmt: skip
+        native.append(native_part(
+            part.options, stream=part.stream, offsets=[o for o, _, _ in spans],
+            numels=[n for _, n, _ in spans], residuals=part.residuals or [], residuals_out=out,
+            seeds=part.seeds, bucket_size=part.bucket_size, split=part.split, fp32=part.fp32,
+            whole=part.whole))  # fmt: skip
     fut = backend.reduce_bucket(buf, native, True).get_future()
     if extra:
         fut = torch.futures.collect_all([fut] + [issue_more() for issue_more in extra])
@@ -263,6 +266,15 @@ def reduce_bucket(
         return buf
 
     return fut.then(done)
+
+
+def native_part(options: _C.CallOptions, **fields) -> _C.BucketPart:
+    """A part of the backend's ``reduce_bucket``: ``fields`` set by name (an unknown one raises
+    AttributeError), the others their defaults (csrc/torch/bucket_call.h)."""
+    native = _C.BucketPart(options)
+    for name, value in fields.items():
+        setattr(native, name, value)
+    return native
 
 
 def stage(
