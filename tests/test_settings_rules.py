@@ -16,6 +16,7 @@ from torch_cgx import _C, settings
 from torch_cgx.config import CGXConfig
 from torch_cgx.device import rotation as device_rotation
 from torch_cgx.device.call import DeviceCall
+from torch_cgx.hooks import levers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -102,6 +103,7 @@ def test_a_changed_bits_range_changes_the_python_layers(monkeypatch):
 def test_changed_rotation_blocks_change_the_config_and_the_device_plane(monkeypatch):
     monkeypatch.setattr(settings, "ROTATION_BLOCKS", (2, 256))
     assert not device_rotation.valid_block(512) and device_rotation.valid_block(256)
+    assert not levers.valid_rotation_block(512)  # the hooks' per-layer rotation
     with pytest.raises(ValueError, match="rotation"):
         CGXConfig(rotation="on", bucket_size=512)
     with pytest.raises(ValueError, match="rotation needs"):

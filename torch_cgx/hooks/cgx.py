@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch_cgx.config import CGXConfig
 from torch_cgx.hooks import core, levers
 from torch_cgx.hooks.layer_state import LayerState
-from torch_cgx.settings import min_size_default
+from torch_cgx.settings import ROTATION_BLOCKS_TEXT, min_size_default
 
 __all__ = ["CGXState", "cgx_hook", "DEFAULT_LEVERS"]
 
@@ -189,7 +189,7 @@ torch.serialization.add_safe_globals([CGXState])
 def _check_rotation_block(bucket_size: int) -> None:
     if not levers.valid_rotation_block(bucket_size):
         raise ValueError(
-            f"rotation needs a bucket_size that is a power of two in [2, 2^20], got {bucket_size}"
+            f"rotation needs a bucket_size that is {ROTATION_BLOCKS_TEXT}, got {bucket_size}"
         )
 
 

@@ -24,7 +24,7 @@ from typing import List, Sequence
 
 import torch
 
-from torch_cgx import _C
+from torch_cgx import _C, settings
 
 MIN_BITS, MAX_BITS = 1, 8
 # Max (1960): squared error of the optimal uniform quantizer of a unit Gaussian at 1..8 bits
@@ -38,7 +38,8 @@ def padded(numel: int, bucket_size: int, split: bool) -> int:
 
 
 def valid_rotation_block(bucket_size: int) -> bool:
-    return bucket_size >= 2 and bucket_size <= (1 << 20) and bucket_size & (bucket_size - 1) == 0
+    """The settings table's rule (settings.rotation_block)."""
+    return settings.rotation_block(bucket_size)
 
 
 def rotation_seed(stream: int, layer: int) -> int:

@@ -26,13 +26,14 @@ from torch_cgx.plan.probe import (
     option_to,
     tournament,
 )
+from torch_cgx.settings import quantizes
 
 log = logging.getLogger("torch_cgx.plan")
 SIZE_CLASSES = [1 << k for k in range(4, 31)]  # 16 .. 2^30 values; the last rule covers the rest
 
 
 def budget_of(config) -> Budget:
-    bits = config.bits if 1 <= config.bits <= 8 else 4
+    bits = config.bits if quantizes(config.bits) else 4
     return Budget(min_bits=bits, bucket_size=config.bucket_size)
 
 
