@@ -10,6 +10,9 @@ range (its ``check``), the scope and one line of documentation. From this table 
   variables (the per-call re-read of the ``call`` settings is C++'s, csrc/torch/call_settings.cc);
 - the settings reference, docs/settings.md (``make settings-doc`` writes it from
   :func:`markdown`; a test fails when the file and the table differ);
+- csrc/torch/settings_rules.h, the native defaults, ranges and messages (scripts/settings_rules.py
+  writes it, ``make settings-doc``); BackendConfig and the native validation read it;
+- the device plane's checks, through :func:`quantizes`, :func:`rotation_block` and the constants;
 - a test that the native defaults equal the table's.
 
 Scopes:
@@ -86,29 +89,25 @@ class IntRange:
         return v
 
 
-# Max-min's bits: 1..8 quantize, 32 does not compress.
-_BITS = IntRange(1, 8, also=(32,), text="must be 1..8, or 32 for no compression")
-# rotation "on" needs a bucket_size that is a power of two in this range (the rotation's blocks:
-# csrc/core/rotation.h, torch_cgx/device/rotation.py; settings_rules.h asserts they agree).
+# rotation "on" needs a bucket_size that is a power of two in this range: the rotation's blocks
+# (torch_cgx/device/rotation.py reads them; csrc/core/rotation.h's, a static_assert checks).
 ROTATION_BLOCKS, ROTATION_BLOCKS_TEXT = (2, 1 << 20), "a power of two in [2, 2^20]"
 # Tensors under min_size values are reduced exactly; a min_size below this acts as it.
 MIN_SIZE_FLOOR = 16
 
 
 def quantizes(bits: int) -> bool:
-    """Whether max-min at ``bits`` compresses (1..8; 32 is exact)."""
+    """Whether max-min at ``bits`` compresses (the bits range, 1..8; its other value, 32, not)."""
     return BY_NAME["bits"].check.lo <= bits <= BY_NAME["bits"].check.hi
 
 
 def native_default(name: str):
     """The default of setting ``name`` in native units (e.g. bytes for the MiB settings)."""
-    s = BY_NAME[name]
-    return s.to_native(s.default)
+    return BY_NAME[name].to_native(BY_NAME[name].default)
 
 
 def rotation_block(bucket_size: int) -> bool:
-    """Whether max-min buckets of ``bucket_size`` values can rotate: a power of two in
-    ROTATION_BLOCKS."""
+    """Whether max-min buckets of ``bucket_size`` values can rotate (ROTATION_BLOCKS)."""
     lo, hi = ROTATION_BLOCKS
     return _is_int(bucket_size) and lo <= bucket_size <= hi and bucket_size & (bucket_size - 1) == 0
 
@@ -173,7 +172,8 @@ def _mib(v):  # MiB in Python, bytes natively
 
 SETTINGS: Tuple[Setting, ...] = (
     Setting("bits", "CGX_COMPRESSION_QUANTIZATION_BITS", int, 32, "call",
-            "max-min bits per value, 1..8; 32 = no compression", _BITS, native="bits"),
+            "max-min bits per value, 1..8; 32 = no compression", native="bits",
+            check=IntRange(1, 8, also=(32,), text="must be 1..8, or 32 for no compression")),
     Setting("bucket_size", "CGX_COMPRESSION_BUCKET_SIZE", int, 512, "call",
             "values per max-min bucket (each sends its min and step, 8 bytes)",
             IntRange(1, 2**32 - 1, text="must be an integer in [1, 2^32)"),
@@ -399,6 +399,5 @@ def markdown() -> str:
               "Each entry point reduces smaller tensors exactly; where it is not told a "
               "`min_size`, it uses its own default (`settings.MIN_SIZE_DEFAULTS`):", "",
               "| entry point | default | where and why |", "|---|---|---|"]  # fmt: skip
-    for entry, (default, why) in MIN_SIZE_DEFAULTS.items():
-        lines.append(f"| {entry} | {default} | {why} |")
+    lines += [f"| {entry} | {value} | {why} |" for entry, (value, why) in MIN_SIZE_DEFAULTS.items()]
     return "\n".join(lines) + "\n"
