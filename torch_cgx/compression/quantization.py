@@ -29,18 +29,18 @@ from typing import Optional
 
 import torch
 
-from torch_cgx import compressors
+from torch_cgx import compressors, settings
 from torch_cgx.compression.base import CompressionBase, Payload, bits_of, register_method
 from torch_cgx.compression.registered import CGXCompression, compressor_input
 
 __all__ = ["BlockwiseQuantization", "Quantile8BitQuantization", "Uniform8BitQuantization"]
 
-_MAX_BUCKET = 2**32 - 1  # the max-min header's u32 bucket size
+_BUCKET = settings.BY_NAME["bucket_size"].check  # the table's: the max-min header's u32 size
 
 
 def _check_size(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_BUCKET:
-        raise ValueError(f"{name} must be an integer in [1, 2^32 - 1], got {value!r}")
+    if not _BUCKET.ok(value):
+        raise ValueError(f"{name} {_BUCKET.text}, got {value!r}")
 
 
 class Uniform8BitQuantization(CGXCompression):
@@ -64,7 +64,7 @@ class Uniform8BitQuantization(CGXCompression):
     def codec_for(self, numel: int) -> compressors.Compressor:
         if self.bucket_size is not None:
             return self._codec
-        size = min(max(numel, 1), _MAX_BUCKET)
+        size = min(max(numel, 1), _BUCKET.hi)
         if size not in self._per_tensor:
             if len(self._per_tensor) > 64:
                 self._per_tensor.clear()
