@@ -136,14 +136,15 @@ class _Setup:
             self.diloco = DiLoCo(
                 frags, self.opt, _outer_factory(method, args), **diloco_kwargs(method, args)
             )
-        self.counter = None if method == "ddp-gloo" else torch_cgx.cgx_backend()
+        # the cgx group's counters: the native engine's and the device plane's
+        self.counter = method != "ddp-gloo"
         self.ring = 2 * (world - 1) / world
-        self.bytes0 = self.counter.total_bytes_sent() if self.counter is not None else 0
+        self.bytes0 = torch_cgx.stats().bytes_sent if self.counter else 0
 
     def bytes_sent(self, steps: int) -> float:
-        if self.counter is None:
+        if not self.counter:
             return self.ring * self.grad_bytes * steps
-        return float(self.counter.total_bytes_sent() - self.bytes0)
+        return float(torch_cgx.stats().bytes_sent - self.bytes0)
 
 
 def _loop(wl, s: _Setup, args, gloo) -> tuple:
