@@ -5,7 +5,8 @@ nearest in bits, each against memcpy, side by side in one run.
 
 For each Python compressor: the median seconds of ``encode`` and ``decode_add_`` eager and
 compiled (``register(..., compile=True)``; compile time reported apart), of the same calls of
-the native compressor nearest in bits (natural, 9 bits: fp16; drive, 1 bit: onebit), and of a
+the native compressor nearest in bits (natural, 9 bits: fp16; drive, 1 bit: onebit; the float
+formats: max-min at their bits, e.g. maxmin4 for mxfp4), and of a
 memcpy of the input (``dst.copy_(x)``), in alternating rounds (benchmarks.timing); the table
 shows GB/s of fp32 input and the ratio to memcpy. The compiled encode must give the eager
 bytes (checked before timing).
@@ -23,7 +24,10 @@ from benchmarks.compressors import parse_size
 from benchmarks.timing import alternate_rounds
 from torch_cgx import compressors
 
-NEAREST = {"natural": "fp16", "drive": "onebit"}
+# the native compressor nearest in bits a value (name, parameters)
+NEAREST = {"natural": ("fp16", {}), "drive": ("onebit", {}), "fp8": ("maxmin", {"bits": 8}),
+           "mxfp8": ("maxmin", {"bits": 8}), "mxfp6": ("maxmin", {"bits": 6}),
+           "mxfp4": ("maxmin", {"bits": 4}), "nvfp4": ("maxmin", {"bits": 4})}  # fmt: skip
 
 
 def _ops(c, x: torch.Tensor, acc: torch.Tensor) -> Dict[str, object]:
@@ -51,8 +55,10 @@ def measure(name: str, n: int, iters: int) -> List[dict]:
             raise SystemExit(f"{name}: the compiled encode's bytes differ from the eager one's")
         fns = {"memcpy": lambda: dst.copy_(x)}
         peers = {"eager": eager, "compiled": compiled}
-        if NEAREST.get(name):
-            peers[f"native {NEAREST[name]}"] = compressors.get(NEAREST[name])
+        if name in NEAREST:
+            native, params = NEAREST[name]
+            label = native + "".join(f"{v}" for v in params.values())
+            peers[f"native {label}"] = compressors.get(native, **params)
         for label, c in peers.items():
             for op, fn in _ops(c, x, acc).items():
                 fns[f"{label} {op}"] = fn

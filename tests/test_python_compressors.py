@@ -2,7 +2,7 @@
 torch_cgx.testing over every registered compressor, the built-in Python ones' formats and bounds,
 registration errors, and a user's compressor by name through every entry point on real ranks:
 the cgx backend (CPU tensors, through the device plane), the compression hook with error
-feedback, FSDP2's reduce-scatter and DiLoCo; replicas bit-identical."""
+feedback, FSDP2's reduce-scatter (natural, mxfp4) and DiLoCo (drive, nvfp4); replicas bit-identical."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def _replicas_equal(t):
 def _backend(rank, world):
     import torch_cgx
 
-    for name in ("natural", "drive", "scaledsign"):
+    for name in ("natural", "drive", "scaledsign", "mxfp8"):
         torch_cgx.set_config(compressor=name, compressor_params="")
         x = torch.randn(5000, generator=torch.Generator().manual_seed(rank)) * (rank + 1)
         want = x.clone()
@@ -160,7 +160,7 @@ def _fsdp(rank, world):
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    comm = fsdp.compress(model, "natural", min_size=1024)
+    comm = fsdp.compress(model, _fsdp.compressor, min_size=1024)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for step in range(2):
         x = torch.randn(16, 32, generator=torch.Generator().manual_seed(10 * step + rank))
@@ -172,15 +172,15 @@ def _fsdp(rank, world):
         assert _replicas_equal(v.full_tensor())
 
 
-def _diloco(rank, world):
+def _diloco(rank, world, compressor, params):
     from torch_cgx.diloco import DiLoCo
 
     torch.manual_seed(0)
     model = torch.nn.Linear(64, 32)
     inner = torch.optim.SGD(model.parameters(), lr=0.1)
-    d = DiLoCo(model, inner, sync_every=2, group=_backend.gloo, compressor="drive",
-               compressor_params={"block": 512})  # fmt: skip
-    assert d.error_feedback  # drive is biased
+    d = DiLoCo(model, inner, sync_every=2, group=_backend.gloo, compressor=compressor,
+               compressor_params=params)  # fmt: skip
+    assert d.error_feedback  # biased: drive, nvfp4 with nearest rounding
     with d:
         for step in range(4):
             x = torch.randn(4, 64, generator=torch.Generator().manual_seed(10 * step + rank))
@@ -196,8 +196,13 @@ def body(rank, world):
     compressors.register("scaledsign", ScaledSign, replace=True)  # every rank, before the group
     dist.init_process_group("cgx")
     _backend.gloo = dist.new_group(backend="gloo")
-    for part in (_backend, _hook, _fsdp, _diloco):
-        part(rank, world)
+    _backend(rank, world)
+    _hook(rank, world)
+    for name in ("natural", "mxfp4"):
+        _fsdp.compressor = name
+        _fsdp(rank, world)
+    _diloco(rank, world, "drive", {"block": 512})
+    _diloco(rank, world, "nvfp4", {})
     dist.destroy_process_group()
 
 
