@@ -2,7 +2,8 @@
 torch_cgx.testing over every registered compressor, the built-in Python ones' formats and bounds,
 registration errors, and a user's compressor by name through every entry point on real ranks:
 the cgx backend (CPU tensors, through the device plane), the compression hook with error
-feedback, FSDP2's reduce-scatter (natural, mxfp4) and DiLoCo (drive, nvfp4); replicas bit-identical."""
+feedback, FSDP2's reduce-scatter (natural, mxfp4) and DiLoCo (drive, nvfp4); replicas
+bit-identical."""
 
 from __future__ import annotations
 
