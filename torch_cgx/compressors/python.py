@@ -19,6 +19,7 @@ from typing import Dict, Optional
 
 import torch
 
+from torch_cgx.device import constants
 from torch_cgx.device.codecs.base import _M32, DeviceCodec, _fmix32, _mul32, constant_bytes, rng_key
 from torch_cgx.warn import warn_once
 
@@ -63,7 +64,8 @@ class Context:
         self.seed, self.stream, self.shared = seed, stream, shared
         own, common = rng_key(seed, stream), rng_key(seed, shared)
         keys = torch.tensor(own + common, dtype=torch.int64)
-        self._keys = keys if device is None else keys.to(device, non_blocking=True)
+        # per-call values: host -> device without blocking the host (CUDA: pinned memory)
+        self._keys = keys if device is None else constants.upload(keys, device)
 
     def uniform(self, index: torch.Tensor) -> torch.Tensor:
         """u in [0, 1) per element index (int64 tensor): the generator of FORMAT.md keyed by
