@@ -102,7 +102,9 @@ class _ConfigMethods:
 
     @property
     def minimal_size(self) -> int:
-        """The former name of :attr:`min_size` (CGX_COMPRESSION_MINIMAL_SIZE)."""
+        """Deprecated alias of :attr:`min_size`: use ``min_size``. No compatibility target reads
+        it: CGX's name is the environment variable ``CGX_COMPRESSION_MINIMAL_SIZE``, which stays
+        the setting's own variable."""
         return self.min_size
 
     @classmethod

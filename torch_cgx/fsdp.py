@@ -12,7 +12,7 @@ stay exact). Each value is quantized exactly once, so the error of an owned valu
 sum, over the other ranks, of one quantization error of that rank's value (max-min, nearest
 rounding: half a step, (max - min) / (2^bits - 1) / 2, of its bucket); docs/algorithms.md. SUM
 and AVG are served; other ops, and buffers under ``min_size`` values per chunk (``min_numel``,
-the former name, is accepted), go through the group's own exact reduce-scatter. Any group works
+a deprecated alias, is accepted), go through the group's own exact reduce-scatter. Any group works
 (Gloo, NCCL, cgx): the payloads are bytes. No error feedback (as in ZeRO++): the error of a
 step is not carried to the next.
 
@@ -61,7 +61,8 @@ def _min_size(min_size: Optional[int], min_numel: Optional[int]) -> int:
 class _MinSizeAlias:
     @property
     def min_numel(self) -> int:
-        """The former name of :attr:`min_size`."""
+        """Deprecated alias of :attr:`min_size` (no compatibility target uses it): use
+        ``min_size``."""
         return self.min_size
 
 
@@ -94,8 +95,9 @@ class CompressedReduceScatter(_MinSizeAlias, _ReduceScatter):
 
     Args:
         compressor: a name of ``torch_cgx.compressors.names()`` (default max-min).
-        min_size: chunks with fewer values are reduced exactly (default 4096; ``min_numel``,
-            the former name, is accepted).
+        min_size: chunks with fewer values are reduced exactly (default 4096).
+        min_numel: deprecated alias of ``min_size`` (no compatibility target uses it): use
+            ``min_size``.
         data_plane: ``"auto"`` (default: tensors off the CPU on their device through the
             device codecs, CPU tensors through the native codec), ``"device"`` (every tensor
             through the device codecs) or ``"host"`` (a host copy and the native codec); the
@@ -260,11 +262,12 @@ class CompressedAllGather(_MinSizeAlias, _AllGather):
     ``bits`` per value, ``bucket_size`` values per block): every rank keeps its own shard exact
     and sees the others' within half a step of their block. Opt-in: it changes the weights the
     forward and backward passes see (never the sharded weights the optimizer updates). Shards
-    under ``min_size`` values (``min_numel``: the former name) or of non-float dtypes are
-    gathered exactly. ``bytes_sent``: what this rank's shard costs the wire, (W - 1) payloads
-    (or exact shards) per call. Its 8 default bits are not the gradients' 4: these are the
-    weights every forward and backward pass sees, with no error feedback over steps. The shards
-    are encoded and decoded on their device (``data_plane="host"``: through a host copy)."""
+    under ``min_size`` values (``min_numel``: a deprecated alias; use ``min_size``) or of
+    non-float dtypes are gathered exactly. ``bytes_sent``: what this rank's shard costs the wire,
+    (W - 1) payloads (or exact shards) per call. Its 8 default bits are not the gradients' 4:
+    these are the weights every forward and backward pass sees, with no error feedback over
+    steps. The shards are encoded and decoded on their device (``data_plane="host"``: through a
+    host copy)."""
 
     def __init__(
         self,
@@ -334,8 +337,8 @@ def compress(
     (one shared object: its ``calls`` and ``bytes_sent`` count all of them) and, with
     ``all_gather_bits`` (e.g. 8), a block-quantized parameter all-gather
     (:class:`CompressedAllGather`, kept as ``.all_gather`` of the returned object).
-    ``data_plane``: ``"auto"`` (default), ``"device"`` or ``"host"``, for both. ValueError when
-    none is sharded."""
+    ``data_plane``: ``"auto"`` (default), ``"device"`` or ``"host"``, for both. ``min_numel``:
+    a deprecated alias of ``min_size`` (use ``min_size``). ValueError when none is sharded."""
     from torch.distributed.fsdp import FSDPModule
 
     min_size = _min_size(min_size, min_numel)

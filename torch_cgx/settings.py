@@ -56,8 +56,8 @@ class Setting:
     native: Optional[str] = None
     to_native: Callable[[Any], Any] = staticmethod(lambda v: v)
     from_native: Callable[[Any], Any] = staticmethod(lambda v: v)
-    env_alias: Optional[str] = None  # CGX's other name, read when `env` is unset
-    aliases: Tuple[str, ...] = ()  # older keyword names still accepted
+    env_alias: Optional[str] = None  # compatibility alias: CGX's variable, read when `env` unset
+    aliases: Tuple[str, ...] = ()  # deprecated keyword names still accepted (docs/guide.md)
     default_doc: Optional[str] = None  # the default as the docs print it, when computed
 
 

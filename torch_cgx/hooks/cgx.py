@@ -51,8 +51,9 @@ class CGXState(LayerState):
 
     Args:
         process_group: a group created with backend ``cgx`` (None: the default group).
-        min_size: parameters with fewer elements are reduced exactly (CGX default 1024; CGX's
-            name ``layer_min_size`` is accepted too).
+        min_size: parameters with fewer elements are reduced exactly (CGX default 1024).
+        layer_min_size: compatibility alias of ``min_size`` for CGX's
+            ``CGXState(layer_min_size=...)`` (the original pytorch-cgx ``cgx_utils`` API).
         compression_params: ``{"bits": 1..8 or 32, "bucket_size": >= 1}``, optionally
             ``"stochastic": bool``; missing keys take the group's settings (``CGX_*`` variables).
         split_layers: every layer starts a new bucket (no bucket straddles two layers).
@@ -75,7 +76,8 @@ class CGXState(LayerState):
             ``module``.
         module: the model, to key residuals and per-layer bits by parameter name (needed to
             checkpoint them).
-        legacy: CGX's hook exactly (levers off unless given).
+        legacy: CGX's hook exactly (levers off unless given): compatibility mode for CGX's
+            ``cgx_hook`` results (torch_cgx's own flag, not a CGX name).
         None for a lever: ``DEFAULT_LEVERS`` at the call's bit width.
 
     The group's settings are read and the native call options built once per version of them
@@ -171,7 +173,7 @@ class CGXState(LayerState):
         }
 
     def __setstate__(self, state):
-        self._restore_layers(state)  # "layer_min_size": a state saved before the rename
+        self._restore_layers(state)  # reads the deprecated "layer_min_size" key too
         self.compression_params = state["compression_params"]
         # States saved before the levers existed are CGX's hook: keep what they did.
         self.levers = state.get("levers", {})

@@ -68,7 +68,9 @@ class CompressionState(LayerState):
         error_feedback: keep residuals; None (default): for biased compressors only (signsgd and
             signum: off).
         min_size: parameters with fewer values (or ``dim() <= 1``) are reduced exactly (default
-            1024; the old name ``layer_min_size`` is accepted too).
+            1024).
+        layer_min_size: deprecated alias of ``min_size`` (no compatibility target uses it
+            here; CGX's name belongs to ``CGXState``): use ``min_size``.
         module: the model, to key residuals by parameter name (needed to checkpoint them).
         momentum: keep ``u = m * u + g`` and compress it (DGC, Signum); None: 0.9 for ``signum``
             and ``dgc``, else 0.

@@ -376,7 +376,9 @@ def clip_rule(clip: Optional[bool], rotates: bool) -> bool:
 
 
 def check_min_size(min_size, alias, alias_name: str, default: int) -> int:
-    """The minimum size a state was given, under its name or its old one (``alias_name``)."""
+    """The minimum size a state was given, under its name or an alias (``alias_name``: CGX's
+    ``layer_min_size`` for ``CGXState``, or a deprecated one; docs/guide.md, "Compatibility
+    names")."""
     if alias is not None:
         if min_size is not None:
             raise ValueError(f"give min_size or {alias_name}, not both")

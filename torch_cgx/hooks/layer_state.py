@@ -74,6 +74,7 @@ class LayerState:
     def _restore_layers(self, state: dict) -> None:
         # The process group cannot be pickled; it is set again after loading (PyTorch's habit).
         self.process_group = None
+        # "layer_min_size": deprecated key of states saved by earlier torch_cgx versions.
         self.min_size = state["min_size"] if "min_size" in state else state["layer_min_size"]
         self.residuals = dict(state.get("residuals", {}))
         self.steps = state.get("steps", 0)
