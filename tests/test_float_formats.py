@@ -82,3 +82,43 @@ def test_sizes_non_finite_and_the_checks(name):
         assert bool(y[64:].isfinite().all())
     for params in ({}, {"stochastic": 1}):
         testing.check_compressor(compressors.get(name, **params), draws=100)
+
+
+@pytest.mark.parametrize("spec", [("mxfp8", {}), ("mxfp8", {"element": 1}), ("mxfp6", {}),
+                                  ("mxfp6", {"element": 1, "stochastic": 1}), ("mxfp4", {}),
+                                  ("mxfp4", {"stochastic": 1})])  # fmt: skip
+def test_the_native_mx_path_is_the_tensor_operations(spec):
+    from torch_cgx.compressors import floats_native
+
+    name, params = spec
+    c = compressors.get(name, **params).impl
+    assert floats_native.usable(c, "cpu")  # it passed its first-use check
+    ctx = compressors.Context(4, 9, 0)
+    for n in (1, 31, 33, 32 * 700 + 5):
+        for scale in (1.0, 1e-35, 1e35):
+            x = _heavy(n, n) * scale
+            if n > 100:
+                x[3], x[50], x[99] = float("nan"), float("-inf"), 2.0**-149
+            assert torch.equal(c.encode(x, ctx), c.reference_encode(x, ctx))
+        body = torch.randint(0, 256, (c.body_size(n),), dtype=torch.uint8,
+                             generator=torch.Generator().manual_seed(n))  # fmt: skip
+        want, got = c.reference_decode(body, n), c.decode(body, n)
+        assert torch.equal(want.view(torch.int32), got.view(torch.int32)) or bool(
+            ((want == got) | (want.isnan() & got.isnan())).all()
+        )
+
+
+def test_a_native_path_that_disagrees_warns_and_is_not_used(monkeypatch):
+    from torch_cgx import _C
+    from torch_cgx.compressors import floats_native
+
+    c = compressors.get("mxfp8", element=1, stochastic=1).impl
+    monkeypatch.setattr(floats_native, "_CHECKED", {})
+    real = _C.mx_encode
+    monkeypatch.setattr(_C, "mx_encode", lambda *a: real(*a).roll(1))  # wrong bytes
+    with pytest.warns(RuntimeWarning, match="native MX path differs"):
+        assert not floats_native.usable(c, "cpu")
+    x = _heavy(4096)
+    assert torch.equal(
+        c.encode(x, compressors.Context()), c.reference_encode(x, compressors.Context())
+    )

@@ -4,6 +4,7 @@
 #include "backend_binding.h"
 #include "codec_binding.h"
 #include "compressor_binding.h"
+#include "float_formats_binding.h"
 #include "lowrank_binding.h"
 #include "rotation_binding.h"
 
@@ -18,6 +19,7 @@ PYBIND11_MODULE(_C, m) {
   cgx::binding::bind_codec(m);
   cgx::binding::bind_backend(m);
   cgx::binding::bind_compressors(m);
+  cgx::binding::bind_float_formats(m);
   cgx::binding::bind_lowrank(m);
   cgx::binding::bind_rotation(m);
 }

@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from torch_cgx.compressors import floats_native as native
 from torch_cgx.compressors.blocks import pack_bits, unpack_bits
 from torch_cgx.compressors.python import CompressorBase, Context, Param
 
@@ -134,12 +135,27 @@ class _MX(CompressorBase):
         return torch.where(biased == 255, float("nan"), value)
 
     def encode(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
+        if native.usable(self, x.device):
+            return native.encode(self, x, ctx)
+        return self.reference_encode(x, ctx)
+
+    def reference_encode(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         biased, scale = self._scales(x)
         v = (_blocks(x, self.block) / scale.view(-1, 1)).view(-1)[: x.numel()]
         codes = self.element.quantize(v, _draws(self, ctx, x.numel(), x.device))
         return torch.cat([biased.to(torch.uint8), pack_bits(codes, self.element.bits)])
 
     def decode(self, body: torch.Tensor, numel: int) -> torch.Tensor:
+        if native.usable(self, body.device):
+            return native.decode(self, body, numel)
+        return self.reference_decode(body, numel)
+
+    def decode_add_(self, acc: torch.Tensor, body: torch.Tensor) -> torch.Tensor:
+        if native.usable(self, body.device) and acc.device.type == "cpu":
+            return native.decode_add_(self, acc, body)
+        return acc.add_(self.reference_decode(body, acc.numel()))
+
+    def reference_decode(self, body: torch.Tensor, numel: int) -> torch.Tensor:
         blocks = -(-numel // self.block)
         scale = self._scale_values(body[:blocks].to(torch.int32))
         codes = unpack_bits(body[blocks:], numel, self.element.bits).long()
