@@ -163,19 +163,29 @@ void mx_encode(const float* x, int64_t n, const Element& e, int64_t block, bool 
   const int64_t blocks = (n + block - 1) / block;
   uint8_t* stream = out + blocks;
   const int bits = e.bits();
-  uint32_t codes[64];
-  float u[64];
-  for (int64_t b = first; b < last; ++b) {
-    const int64_t lo = b * block, count = std::min(n, lo + block) - lo;
-    const uint32_t most = max_bits(x + lo, count);
-    const float amax =
-        most > 0x7F800000u ? std::numeric_limits<float>::quiet_NaN() : from_bits(most);
-    const uint8_t s = mx_scale(amax, e, stochastic);
-    out[b] = s;
-    // x / 2^k as x * 2^-k: the same rounding (both the exact product, rounded once); NaN: NaN
-    const float inv = s == 255 ? std::numeric_limits<float>::quiet_NaN() : 1.0f / mx_scale_value(s);
+  // Passes of whole blocks (kPass values at most): scales and scaled values block by block,
+  // then the draws, the codes and the bit stream of the pass in one loop each.
+  constexpr int64_t kPass = 2048;
+  const int64_t per_pass = kPass / block;
+  float scaled[kPass], u[kPass];
+  uint32_t codes[kPass];
+  for (int64_t b = first; b < last; b += per_pass) {
+    const int64_t end = std::min(last, b + per_pass);
+    const int64_t lo = b * block, count = std::min(n, end * block) - lo;
+    for (int64_t k = b; k < end; ++k) {
+      const int64_t from = k * block, size = std::min(n, from + block) - from;
+      const uint32_t most = max_bits(x + from, size);
+      const float amax =
+          most > 0x7F800000u ? std::numeric_limits<float>::quiet_NaN() : from_bits(most);
+      const uint8_t s = mx_scale(amax, e, stochastic);
+      out[k] = s;
+      // x / 2^j as x * 2^-j: the same rounding (the exact product, rounded once); NaN: NaN
+      const float inv =
+          s == 255 ? std::numeric_limits<float>::quiet_NaN() : 1.0f / mx_scale_value(s);
+      for (int64_t i = 0; i < size; ++i) scaled[from - lo + i] = x[from + i] * inv;
+    }
     if (stochastic) draws(key, lo, count, u);
-    quantize_block(x + lo, count, inv, e, stochastic ? u : nullptr, codes);
+    quantize_block(scaled, count, 1.0f, e, stochastic ? u : nullptr, codes);
     pack(codes, count, bits, stream + ((lo * bits) >> 3));
   }
 }
