@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Type
 import torch
 
 from torch_cgx import _C
-from torch_cgx.compressors import native
+from torch_cgx.compressors import native, python
 from torch_cgx.compressors.native import Compressor
 from torch_cgx.compressors.python import CompressorBase, Context, Param
 
@@ -37,6 +37,7 @@ class _Entry:
 
 
 _PYTHON: Dict[str, _Entry] = {}
+_COMPILED: Dict[tuple, CompressorBase] = {}
 
 
 def names() -> List[str]:
@@ -64,9 +65,13 @@ def get(name: str, **parameters):
             raise ValueError(f"unknown compressor {name!r} (registered: {', '.join(names())})")
         return native.get(name, **parameters)
     entry = _PYTHON[name]
-    from torch_cgx.compressors import python
-
-    return PythonCompressor(python.make(entry.cls, name, parameters, entry.compile), parameters)
+    if not entry.compile:
+        return PythonCompressor(python.make(entry.cls, name, parameters, False), parameters)
+    # one compiled instance per configuration: torch.compile's cache is per function object
+    key = (name, tuple(sorted(parameters.items())))
+    if key not in _COMPILED:
+        _COMPILED[key] = python.make(entry.cls, name, parameters, True)
+    return PythonCompressor(_COMPILED[key], parameters)
 
 
 def register(name: str, cls: Type[CompressorBase], *, compile: bool = False,
@@ -85,11 +90,11 @@ def register(name: str, cls: Type[CompressorBase], *, compile: bool = False,
     for key, p in cls.params.items():
         if not isinstance(p, Param):
             raise ValueError(f"{cls.__name__}.params[{key!r}] must be a Param, got {p!r}")
-    from torch_cgx.compressors import python
-
     python.make(cls, name, {}, False)  # its defaults must make one
     _C.declare_external_compressor(name)
     _PYTHON[name] = _Entry(cls, bool(compile))
+    for key in [k for k in _COMPILED if k[0] == name]:
+        del _COMPILED[key]
 
 
 def unregister(name: str) -> None:
@@ -97,6 +102,8 @@ def unregister(name: str) -> None:
     if name not in _PYTHON:
         raise ValueError(f"{name!r} is not a registered Python compressor")
     del _PYTHON[name]
+    for key in [k for k in _COMPILED if k[0] == name]:
+        del _COMPILED[key]
 
 
 class PythonCompressor:
@@ -121,14 +128,10 @@ class PythonCompressor:
             raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
         if not isinstance(numel, int) or numel < 0:
             raise ValueError(f"numel must be an integer >= 0, got {numel!r}")
-        from torch_cgx.compressors.python import HEADER_BYTES
-
-        return HEADER_BYTES + self.impl.body_size(numel)
+        return python.HEADER_BYTES + self.impl.body_size(numel)
 
     def encode(self, tensor: torch.Tensor, seed: int = 0, stream: int = 0, shared: int = 0, *,
                out: Optional[torch.Tensor] = None) -> torch.Tensor:  # fmt: skip
-        from torch_cgx.compressors import python
-
         if not isinstance(tensor, torch.Tensor) or tensor.dtype not in native._DTYPES:
             raise ValueError("tensor must be a float32, float16 or bfloat16 tensor")
         for what, v in (("seed", seed), ("stream", stream), ("shared", shared)):
@@ -145,8 +148,6 @@ class PythonCompressor:
 
     def numel(self, payload: torch.Tensor) -> int:
         """The element count a payload describes (its header, validated)."""
-        from torch_cgx.compressors import python
-
         ok = isinstance(payload, torch.Tensor) and payload.dtype == torch.uint8
         if not ok or payload.dim() != 1:
             raise ValueError("payload must be a 1-D uint8 tensor (what encode returned)")
@@ -171,15 +172,11 @@ class PythonCompressor:
         n = self.numel(payload)
         self._check_out(out, n)
         if out.dtype == torch.float32 and out.is_contiguous():
-            from torch_cgx.compressors import python
-
             self.impl.decode_add_(out.view(-1), python.split(self.impl, payload, n))
             return out
         return out.copy_(out.float() + self._values(payload, n).view(out.shape))
 
     def _values(self, payload: torch.Tensor, n: int) -> torch.Tensor:
-        from torch_cgx.compressors import python
-
         return self.impl.decode(python.split(self.impl, payload, n), n).float()
 
     def _check_out(self, out, n: int) -> None:
@@ -193,8 +190,6 @@ def device_codec(name: str, **parameters):
     """The device plane's codec of the Python compressor ``name`` (ValueError if it is not)."""
     if name not in _PYTHON:
         raise ValueError(f"{name!r} is not a registered Python compressor")
-    from torch_cgx.compressors import python
-
     return python.DeviceAdapter(get(name, **parameters).impl, parameters)
 
 
