@@ -94,7 +94,7 @@ format: $(DEPS_STAMP)
 # change to the table.
 settings-doc:
 	$(PY) scripts/settings_rules.py
-	$(PY) -c "from torch_cgx import settings; print(settings.markdown(), end='')" > docs/settings.md
+	$(PY) -c "from torch_cgx import settings_doc; print(settings_doc.markdown(), end='')" > docs/settings.md
 
 clean:
 	rm -rf build torch_cgx/*.so .stamp-deps .venv/.stamp-deps

@@ -12,7 +12,7 @@ import pathlib
 
 import pytest
 
-from torch_cgx import _C, settings
+from torch_cgx import _C, settings, settings_doc
 from torch_cgx.config import CGXConfig
 from torch_cgx.device import rotation as device_rotation
 from torch_cgx.device.call import DeviceCall
@@ -122,6 +122,6 @@ def test_min_size_defaults_come_from_the_table(monkeypatch):
     assert CGXState().min_size == 7 and CompressionState().min_size == 7
     assert fsdp.CompressedReduceScatter().min_size == 9
     assert fsdp.CompressedAllGather().min_size == 9
-    doc = settings.markdown()
+    doc = settings_doc.markdown()
     for entry, (default, _) in settings.MIN_SIZE_DEFAULTS.items():
         assert f"| {entry} | {default} |" in doc
