@@ -3,6 +3,7 @@
 
     python -m benchmarks.collaborative --peers 4 --link 50mbit --latency 25ms --seconds 60
     python -m benchmarks.collaborative --systems cgx,hivemind --hivemind-python /path/to/python
+    python -m benchmarks.collaborative --systems cgx-delay,hivemind-delay --hivemind-python ...
 
 W peers, one per emulated host (benchmarks/hosts_wan.py: every link RATE both ways, LATENCY one
 way); peer 1 computes ``--slow`` times slower (benchmarks/hosts_slow.py); peer W-1 is SIGKILLed a
@@ -15,7 +16,10 @@ go through each system for ``--seconds``. Printed per system: samples/s of the c
 mean time of one (over the window, and over its last third, when every peer is back), bytes
 sent per sample (every host's TUN, both systems' whole traffic), the
 held-out loss at the end, and how long the restarted peer took to its first global step.
-hivemind runs with ``--hivemind-python`` (an interpreter with ``hivemind==1.1.12``; it is never
+A system named with ``-delay`` runs with hivemind's ``delay_grad_averaging=True`` (and
+``delay_optimizer_step``, hivemind's ``offload_optimizer`` as it requires): each round in the
+background while the peer goes on computing. hivemind runs with ``--hivemind-python`` (an
+interpreter with ``hivemind==1.1.12``; it is never
 a dependency of torch_cgx) and is left out, saying so, where none is given or found.
 """
 
@@ -31,7 +35,8 @@ import tempfile
 import time
 from typing import Dict, List, Optional
 
-SYSTEMS = ("cgx", "hivemind")
+# "-delay": hivemind's delay_grad_averaging / delay_optimizer_step (rounds in the background)
+SYSTEMS = ("cgx", "hivemind", "cgx-delay", "hivemind-delay")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -175,22 +180,24 @@ def _print(results: List[Dict], args) -> None:
     print(f"{args.peers} peers, {args.link} links, {args.latency} one way, peer 1 {args.slow}x "
           f"slower, peer {args.peers - 1} killed and restarted; target {args.target}, batch "
           f"{args.batch}, {args.compression}, {args.seconds:.0f} s")  # fmt: skip
-    print(f"{'system':<10}{'samples/s':>10}{'of solo':>9}{'epochs':>8}{'s/epoch':>9}"
+    print(f"{'system':<15}{'samples/s':>10}{'of solo':>9}{'epochs':>8}{'s/epoch':>9}"
           f"{'late s/ep':>10}{'B/sample':>10}{'loss':>8}{'rejoin s':>10}")  # fmt: skip
 
     def f(r, key, fmt):
         return format(r[key], fmt) if r[key] is not None else "-"
 
     for r in results:
-        print(f"{r['system']:<10}{f(r, 'samples_per_s', '.0f'):>10}{f(r, 'of_solo', '.2f'):>9}"
+        print(f"{r['system']:<15}{f(r, 'samples_per_s', '.0f'):>10}{f(r, 'of_solo', '.2f'):>9}"
               f"{r['epochs']:>8}{f(r, 'epoch_s', '.2f'):>9}{f(r, 'late_epoch_s', '.2f'):>10}"
               f"{f(r, 'bytes_per_sample', '.0f'):>10}"
               f"{f(r, 'loss', '.4f'):>8}{f(r, 'rejoin_s', '.1f'):>10}")  # fmt: skip
-    if len(results) == 2 and all(r["samples_per_s"] for r in results):
-        a, b = results
-        print(f"{a['system']} / {b['system']}: {a['samples_per_s'] / b['samples_per_s']:.2f}x "
-              f"samples/s, {b['bytes_per_sample'] / a['bytes_per_sample']:.2f}x fewer bytes "
-              "per sample")  # fmt: skip
+    by = {r["system"]: r for r in results if r["samples_per_s"]}
+    for mode in ("", "-delay"):
+        a, b = by.get("cgx" + mode), by.get("hivemind" + mode)
+        if a and b:
+            print(f"{a['system']} / {b['system']}: {a['samples_per_s'] / b['samples_per_s']:.2f}x "
+                  f"samples/s, {b['bytes_per_sample'] / a['bytes_per_sample']:.2f}x fewer bytes "
+                  "per sample")  # fmt: skip
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -215,7 +222,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         for system in systems:
             python = sys.executable
-            if system == "hivemind":
+            if system.startswith("hivemind"):
                 python = _hivemind_python(args.hivemind_python)
                 if python is None:
                     print("hivemind: not installed for any given Python (pip install "

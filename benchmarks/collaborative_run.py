@@ -1,6 +1,6 @@
 """One peer of ``python -m benchmarks.collaborative`` (run inside an emulated host): the same
 model, data and arguments through ``torch_cgx.collaborative.Optimizer`` ("cgx") or
-``hivemind.Optimizer`` ("hivemind").
+``hivemind.Optimizer`` ("hivemind"); "-delay" adds hivemind's ``delay_grad_averaging``.
 
 A peer first trains alone (plain Adam, no collaboration) until ``--join-at``: its solo rate,
 measured while every other peer does the same (they share this machine's cores). Then it joins
@@ -62,13 +62,18 @@ def _compression(name: str, hivemind: bool):
 
 
 def _optimizer(args, model, address):
+    hivemind_system = args.system.startswith("hivemind")
     opts = dict(run_id="bench", target_batch_size=args.target, batch_size_per_step=args.batch,
                 optimizer=partial(torch.optim.Adam, lr=1e-3), params=model.parameters(),
                 matchmaking_time=args.matchmaking_time, averaging_timeout=args.averaging_timeout,
-                grad_compression=_compression(args.compression, args.system == "hivemind"),
+                grad_compression=_compression(args.compression, hivemind_system),
                 state_averaging_compression=_compression(args.compression,
-                                                         args.system == "hivemind"))  # fmt: skip
-    if args.system == "hivemind":
+                                                         hivemind_system))  # fmt: skip
+    if args.system.endswith("-delay"):
+        opts.update(delay_grad_averaging=True, delay_optimizer_step=True)
+        if hivemind_system:  # hivemind's delayed step needs its offloaded optimizer
+            opts["offload_optimizer"] = True
+    if hivemind_system:
         import hivemind
 
         peers = [address] if address else []

@@ -9,7 +9,8 @@ same seeded model only by chance of its own seed (``seed``): the first round mak
 Controls: ``<out>/stop`` (an epoch: exit once reached); ``kill_round`` (SIGKILL this process in
 the middle of its n-th round with payloads: after the headers went round, before the parts);
 ``leave_mesh`` (SIGKILL it once it published its Gloo address for a quorum of that many peers,
-before it connected: see ``_leave_mesh``); ``timeout`` (``averaging_timeout``).
+before it connected: see ``_leave_mesh``); ``timeout`` (``averaging_timeout``); ``background``
+(``delay_grad_averaging``: rounds in the background).
 """
 
 from __future__ import annotations
@@ -132,6 +133,7 @@ def run(
     stop=None,
     leave_mesh=0,
     timeout=5.0,
+    background=False,
 ):
     from torch_cgx.collaborative import Optimizer
 
@@ -152,6 +154,7 @@ def run(
         state_averaging_compression=_compression(compression) if local else None,
         use_local_updates=local, initial_peers=address, host="127.0.0.1",
         matchmaking_time=3.0, averaging_timeout=timeout, heartbeat_timeout=1.0,
+        delay_grad_averaging=background,
     )  # fmt: skip
     if first:
         with open(os.path.join(out, "address.tmp"), "w") as f:

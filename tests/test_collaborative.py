@@ -3,6 +3,8 @@ weighted average, bad arguments, and one peer alone on a Lighthouse of its own."
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -126,6 +128,10 @@ def _model():
          "does not go with use_local_updates"),
         ({"grad_compression": "fp16"}, ValueError, "compression must be"),
         ({"performance_ema_alpha": 2}, ValueError, "performance_ema_alpha"),
+        ({"use_local_updates": True, "delay_grad_averaging": True}, ValueError,
+         "leave the delay flags out"),
+        ({"delay_optimizer_step": True, "grad_averager_factory": lambda p: None}, ValueError,
+         "do not go with grad_averager_factory"),
     ],
 )  # fmt: skip
 def test_bad_arguments_name_the_problem(kwargs, error, match):
@@ -186,6 +192,44 @@ def test_a_lone_peer_steps_every_target_batch(capsys):
             opt.load_state_dict({"optimizer": {}})
         with pytest.raises(ValueError, match="batch_size"):
             opt.step(batch_size=0)
+    finally:
+        opt.shutdown()
+
+
+def test_a_lone_peer_with_delay_steps_with_the_epochs_it_took():
+    """delay_grad_averaging: rounds run in the background while step() goes on; each epoch
+    holds the contiguous samples taken at its round's start (at least the target), and the
+    parameters are the SGD steps with their means, applied one epoch late."""
+    model = _model()
+    opt = Optimizer(run_id="alone-bg", target_batch_size=32, batch_size_per_step=8,
+                    host="127.0.0.1", optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+                    params=model.parameters(), averaging_timeout=5.0, matchmaking_time=1.0,
+                    delay_grad_averaging=True)  # fmt: skip
+    try:
+        before = model.weight.detach().clone()
+        grads, epochs, x = [], [], torch.randn(8, 4, generator=torch.Generator().manual_seed(2))
+        deadline = time.monotonic() + 30
+        while opt.local_epoch < 3 and time.monotonic() < deadline:
+            torch.nn.functional.mse_loss(
+                model(x * (len(grads) % 5 + 1)), torch.zeros(8, 2)
+            ).backward()
+            grads.append(model.weight.grad.clone())
+            epoch = opt.local_epoch
+            opt.step()
+            opt.zero_grad()
+            if opt.local_epoch != epoch:
+                epochs.append(opt.last_round["samples"])
+            time.sleep(0.005)
+        assert opt.local_epoch == 3 and len(epochs) == 3, (opt.local_epoch, epochs)
+        assert all(n >= 32 and n % 8 == 0 for n in epochs), epochs
+        # the steps taken during a round are the next epoch's, none lost: contiguous chunks
+        assert sum(epochs) <= 8 * len(grads)
+        expected, start = before.clone(), 0
+        for n in epochs:
+            chunk = grads[start : start + n // 8]
+            expected -= 0.1 * (sum(g * 8 for g in chunk) / n)
+            start += n // 8
+        assert torch.allclose(model.weight.detach(), expected, atol=1e-6)
     finally:
         opt.shutdown()
 

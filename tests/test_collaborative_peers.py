@@ -1,5 +1,6 @@
 """Collaborative training with real peers (processes on 127.0.0.1, torchft's Gloo): the first
-peer hosts the Lighthouse; one peer is 3x slower; one is SIGKILLed in the middle of a round and a
+peer hosts the Lighthouse and runs its rounds in the background (delay_grad_averaging) beside
+peers that do not; one peer is 3x slower; one is SIGKILLed in the middle of a round and a
 new one joins later (tests/collaborative_peer.py). Checked from every peer's snapshots:
 parameters and optimizer state bitwise equal after every epoch, the slow peer's share, the
 epochs' pace, the others going on after the kill, the newcomer equal and contributing; a peer
@@ -81,19 +82,26 @@ def _equal(a, b, what):
 def test_slow_peer_kill_and_join(tmp_path):
     out = str(tmp_path)
     ctx = mp.get_context(context_start_method())
+    _stop_at(out, 10**6)  # until the newcomer is in (the peers read <out>/stop)
     with _peers({}) as (procs, finish):
-        procs["a"] = _start(ctx, out, "a", True, FAST, seed=0, compression="adaptive")
+        procs["a"] = _start(ctx, out, "a", True, FAST, seed=0, compression="adaptive",
+                            background=True, stop=None)  # fmt: skip
         procs["b"] = _start(ctx, out, "b", False, FAST, seed=1, compression="adaptive",
-                            kill_round=8)  # fmt: skip
-        procs["c"] = _start(ctx, out, "c", False, SLOW, seed=2, compression="adaptive")
+                            kill_round=8, stop=None)  # fmt: skip
+        procs["c"] = _start(ctx, out, "c", False, SLOW, seed=2, compression="adaptive",
+                            stop=None)  # fmt: skip
         _wait("b's death", procs, lambda: procs["b"].exitcode == -signal.SIGKILL)
         killed_at = max(_snapshots(out, "a"), default=0)
-        procs["d"] = _start(ctx, out, "d", False, FAST, seed=3, compression="adaptive")
+        procs["d"] = _start(ctx, out, "d", False, FAST, seed=3, compression="adaptive",
+                            stop=None)  # fmt: skip
+        _wait("4 epochs with d", procs, lambda: len(_snapshots(out, "d")) >= 4)
+        stop = max(_snapshots(out, "a")) + 3
+        _stop_at(out, stop)
         finish("acd")
     snaps = {n: _snapshots(out, n) for n in "abcd"}
     # the others went on after the kill, without a restart, to the last epoch
-    assert max(snaps["a"]) == max(snaps["c"]) == max(snaps["d"]) == STOP
-    assert killed_at < STOP - 5
+    assert max(snaps["a"]) == max(snaps["c"]) == max(snaps["d"]) == stop
+    assert killed_at < stop - 5
     # bitwise equal after every epoch, on every peer that saw it
     for e, a in snaps["a"].items():
         for n in "bcd":

@@ -8,7 +8,7 @@ from typing import Any, Dict
 
 import torch
 
-__all__ = ["check_hivemind_only", "check_number", "make_optimizer", "make_scheduler"]
+__all__ = ["check_delay", "check_hivemind_only", "check_number", "make_optimizer", "make_scheduler"]
 
 # hivemind arguments refused: what to do instead
 REFUSED = {
@@ -28,8 +28,6 @@ REFUSED_UNLESS_EMPTY = {
 }
 # accepted: what they do here (docs/collaborative.md has the table)
 ACCEPTED = {
-    "delay_optimizer_step": "the step runs in step(): accepted, no effect",
-    "delay_grad_averaging": "the average runs in step(): accepted, no effect",
     "delay_state_averaging": "the state average runs in step(): accepted, no effect",
     "offload_optimizer": "the optimizer runs where its parameters are: accepted, no effect",
     "load_state_compression": "a joining peer receives the state exactly: accepted, no effect",
@@ -40,6 +38,21 @@ ACCEPTED = {
     "shutdown_timeout": "accepted, no effect",
     "performance_ema_alpha": "the weight of the newest epoch in a peer's rate estimate",
 }
+
+
+def check_delay(grad_averaging, optimizer_step, local_updates, averager_factory) -> bool:
+    """Whether rounds run in the background (hivemind's ``delay_grad_averaging`` /
+    ``delay_optimizer_step``: either one); ValueError where it cannot."""
+    delayed = bool(grad_averaging) or bool(optimizer_step)
+    if delayed and local_updates:
+        raise ValueError("delay_grad_averaging / delay_optimizer_step delay the gradients' "
+                         "average: with use_local_updates=True the parameters are averaged "
+                         "(leave the delay flags out)")  # fmt: skip
+    if delayed and averager_factory is not None:
+        raise ValueError("delay_grad_averaging / delay_optimizer_step do not go with "
+                         "grad_averager_factory (the averager reads p.grad while the training "
+                         "loop writes it): leave one out")  # fmt: skip
+    return delayed
 
 
 def check_hivemind_only(kwargs: Dict[str, Any]) -> Dict[str, Any]:

@@ -4,7 +4,9 @@ equal after every epoch (docs/collaborative.md)."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from concurrent.futures import Future
 from typing import Optional
 
 import torch
@@ -17,6 +19,21 @@ __all__ = ["Optimizer"]
 
 KEY = "torch_cgx.collaborative"
 _log = logging.getLogger("torch_cgx.collaborative")
+
+
+def _in_background(fn, *args) -> Future:
+    """``fn(*args)`` in a daemon thread (a round stuck in a dead peer's timeout does not hold
+    the interpreter's exit)."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:  # handed to the training thread by _collect
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="torch_cgx.collaborative round", daemon=True).start()
+    return future
 
 
 class Optimizer:
@@ -46,6 +63,10 @@ class Optimizer:
         reuse_grad_buffers: ``step()`` consumes and zeroes ``p.grad`` (do not call
             ``zero_grad``); False: call ``zero_grad()`` after ``step()`` as usual.
         verbose: print one line per epoch.
+        delay_grad_averaging, delay_optimizer_step: run each round (the average and the
+            commit) in the background while ``step()`` goes on accumulating the next epoch's
+            gradients; the optimizer steps with the average at the first ``step()`` after the
+            round ends (one epoch stale, as hivemind's; either flag turns it on).
     torch_cgx's own: ``error_feedback`` (None: for biased compressors), ``host`` /
     ``host_maddrs`` (the address others reach this peer at), ``heartbeat_timeout`` (a hosted
     Lighthouse drops a silent peer after it, s).
@@ -59,6 +80,7 @@ class Optimizer:
                  grad_averager_factory=None, reuse_grad_buffers: bool = False,
                  error_feedback: Optional[bool] = None, host: Optional[str] = None,
                  host_maddrs=None, heartbeat_timeout: float = 2.0, verbose: bool = False,
+                 delay_grad_averaging: bool = False, delay_optimizer_step: Optional[bool] = None,
                  **hivemind_only) -> None:  # fmt: skip
         extra = arguments.check_hivemind_only(hivemind_only)
         if not isinstance(run_id, str) or not run_id:
@@ -74,6 +96,9 @@ class Optimizer:
         if grad_averager_factory is not None and use_local_updates:
             raise ValueError("grad_averager_factory averages gradients: it does not go with "
                              "use_local_updates=True (parameters are averaged)")  # fmt: skip
+        self.delayed = arguments.check_delay(
+            delay_grad_averaging, delay_optimizer_step, use_local_updates, grad_averager_factory
+        )
         self.optimizer, self.params = arguments.make_optimizer(optimizer, params)
         self.scheduler = arguments.make_scheduler(scheduler, self.optimizer)
         self.run_id, self.batch_size_per_step = run_id, batch_size_per_step
@@ -104,7 +129,9 @@ class Optimizer:
         self.rounds_discarded = 0
         self.last_round: dict = {}
         self._by_payloads = False  # average by whole payloads (a compressor too large to re-encode)
-        self._samples, self._counted, self._quota = 0, 0, None
+        self._samples, self._fresh, self._quota = 0, 0, None  # _fresh: not in the rate yet
+        self._inflight = None  # the background round (delay_grad_averaging)
+        self._round_limit = averaging_timeout + matchmaking_time + heartbeat_timeout
         self._batch = batch_size_per_step or 0
         self._connect(initial_peers, host, host_maddrs, matchmaking_time, averaging_timeout,
                       heartbeat_timeout)  # fmt: skip
@@ -147,8 +174,9 @@ class Optimizer:
 
     def step(self, closure=None, batch_size: Optional[int] = None):
         """Counts one micro-batch of ``batch_size`` samples (its gradients, or with local
-        updates an optimizer step); runs a round when this peer's share of the epoch is done.
-        Returns the closure's loss."""
+        updates an optimizer step); runs a round when this peer's share of the epoch is done
+        (with ``delay_grad_averaging``: starts it in the background, and applies a finished
+        one). Returns the closure's loss."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -162,9 +190,17 @@ class Optimizer:
         else:
             self.state.accumulate(size)
         self._samples += size
+        self._fresh += size
         self._batch = size
+        if self._inflight is not None:
+            if not self._inflight.done():
+                return loss
+            self._collect()
         if self._quota is None or self._samples >= self._quota:
-            self._round()
+            if self.delayed:
+                self._launch()
+            else:
+                self._round()
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -175,17 +211,43 @@ class Optimizer:
         """Drops this peer's unsent samples and takes part in a round without them: a peer
         behind the collaboration (it missed epochs) receives a live peer's state; one in step
         with it already holds that state."""
+        if self._inflight is not None:
+            self._collect()
         self.state.drop_samples()
-        self._samples = self._counted = 0
+        self._samples = 0
         self._round()
 
-    # --- a round ----------------------------------------------------------------------------
+    # --- a round: begun and finished by the training loop, run by it or in the background ---
 
     def _round(self) -> None:
+        self._finish(self._run(self._begin()))
+
+    def _launch(self) -> None:
+        job = self._begin()
+        self.state.deferring = True
+        self._inflight = _in_background(self._run, job)
+
+    def _collect(self) -> None:
+        """Applies the background round (waits for it if it is still running)."""
+        future, self._inflight = self._inflight, None
+        try:
+            job = future.result()
+        finally:
+            self.state.deferring = False
+        self._finish(job)
+
+    def _begin(self) -> dict:
+        """Takes this peer's samples for a round (training thread)."""
         now = time.monotonic()
-        self._rate.add(self._samples - self._counted, now - self._since)
-        self._counted = self._samples
-        started = time.perf_counter()
+        self._rate.add(self._fresh, now - self._since)
+        self._since, self._fresh = now, 0
+        job = {"samples": self._samples, "acc": self.state.take(), "started": time.perf_counter()}
+        self._samples = 0
+        return job
+
+    def _run(self, job: dict) -> dict:
+        """The quorum, the average and the commit vote (writes no parameter or optimizer
+        state: it may run beside the training loop)."""
         self.healed = False
         try:
             self.manager.start_quorum()
@@ -194,16 +256,16 @@ class Optimizer:
                 f"collaborative round: no quorum from the Lighthouse at {self.address} (is the "
                 f"rendezvous up? the peer that hosted it may have left): {e}"
             ) from e
-        quorum = time.perf_counter() - started
-        if self.healed:
-            self._samples = self._counted = 0
-        samples = self._samples if self.manager.is_participating() else 0
+        self._times = {"quorum": time.perf_counter() - job["started"]}
+        if self.healed:  # behind the others: its samples were computed on stale parameters
+            job["samples"] = 0
+        job["healed"] = self.healed
+        samples = job["samples"] if self.manager.is_participating() else 0
         every = self.average_state_every
         averaging = not self.use_local_updates or (self.local_epoch + 1) % every == 0
-        average, table, sent = None, None, 0
-        self._times = {"quorum": quorum}
+        job.update(table=None, average=None, sent=0)
         try:
-            table, average, sent = self._exchange(samples, averaging)
+            job["table"], job["average"], job["sent"] = self._exchange(samples, averaging, job)
         except butterfly.TooLarge as e:  # the same on every peer: all switch together
             self._by_payloads = True
             _log.warning("collaborative round failed (not committed): %s", e)
@@ -211,24 +273,27 @@ class Optimizer:
         except Exception as e:  # a peer gone, a timeout, a corrupted payload: not committed
             _log.warning("collaborative round failed (not committed): %s", e)
             self.manager.report_error(e)
-        committed = self.manager.should_commit()
-        self._finish_round(committed, table, average, sent, time.perf_counter() - started)
-        self.last_round["phases"] = self._times  # seconds: quorum, header, reduce_scatter, ...
+        job["committed"] = self.manager.should_commit()
+        job["seconds"] = time.perf_counter() - job["started"]
+        job["phases"] = self._times  # seconds: quorum, header, reduce_scatter, ...
+        return job
 
-    def _exchange(self, samples: int, averaging: bool):
+    def _exchange(self, samples: int, averaging: bool, job: dict):
         """The round's traffic: ``(header table, average or None, bytes sent)``."""
         head = (samples, self._rate.value or 0.0, self._batch)
+        acc = job["acc"]
         if self.averager is not None or not averaging:  # the header alone
             table, _, sent = wire.gather_round(self.manager, (*head, 0), None)
             if averaging and sum(int(r[0]) for r in table):
-                return table, self.state.average_with(self.averager, table, self.manager), sent
+                average = self.state.average_with(self.averager, table, self.manager, acc)
+                return table, average, sent
             return table, None, sent
         if self._by_payloads:  # whole payloads, all-gathered
-            payload = self.state.encode() if samples else None
+            payload = self.state.encode(acc, samples) if samples else None
             size = 0 if payload is None else payload.numel()
             table, payloads, sent = wire.gather_round(self.manager, (*head, size), payload)
             return table, wire.average(self.codec, table, payloads)[0], sent
-        values = self.state.values() if samples else None
+        values = self.state.values(acc, samples) if samples else None
         feedback = any(self.error_feedback)
         table, average, own, sent = butterfly.reduce(
             self.manager, self.codec, values, head, self._times, decode_own=feedback
@@ -236,24 +301,34 @@ class Optimizer:
         self.state.pending_from(values, own)
         return table, average, sent
 
-    def _finish_round(self, committed, table, average, sent, seconds) -> None:
-        stepped = False
-        if committed and table is not None:
+    def _finish(self, job: dict) -> None:
+        """Applies a round's outcome (training thread)."""
+        if self.state.apply_heal():
+            self._samples = 0  # computed on stale parameters
+        table, stepped = job["table"], False
+        if job["committed"] and table is not None:
             total = sum(int(r[0]) for r in table)
             if total > 0:
-                self._apply(average)
+                self._apply(job["average"])
                 stepped = True
-                self._samples = self._counted = 0
             self._rate.close_epoch()
             counts = progress.batches_per_peer([r[:3] for r in table], self.target_batch_size,
                                                self._batch or 1)  # fmt: skip
             self._quota = counts[wire.rank_of(self.manager)] * max(self._batch, 1)
-            self.last_round = {"peers": len(table), "samples": total, "seconds": seconds,
-                               "bytes_sent": sent, "table": table}  # fmt: skip
+            self.last_round = {"peers": len(table), "samples": total, "seconds": job["seconds"],
+                               "bytes_sent": job["sent"], "table": table}  # fmt: skip
+            self.state.recycle(job["acc"])
         else:
             self.rounds_discarded += 1
             self.state.discard_round()
-        self._since = time.monotonic()
+            if job["healed"]:
+                self.state.recycle(job["acc"])
+            else:  # nothing a peer computed is lost: sent at the next round
+                self.state.give_back(job["acc"])
+                self._samples += job["samples"]
+        self.last_round["phases"] = job["phases"]
+        if not self.delayed:
+            self._since = time.monotonic()
         if stepped and self.verbose:
             r = self.last_round
             print(f"torch_cgx.collaborative: epoch {self.local_epoch}: {r['samples']} samples "
@@ -281,7 +356,19 @@ class Optimizer:
         self.state.restore(state)
 
     def shutdown(self) -> None:
-        """Leaves the collaboration (the others drop this peer at their next round)."""
+        """Leaves the collaboration (the others drop this peer at their next round). A
+        background round still running is finished first and applied (within
+        ``averaging_timeout + matchmaking_time + heartbeat_timeout``, else dropped): a peer
+        leaves between rounds, its parameters those of the last epoch it took part in."""
+        inflight, self._inflight = getattr(self, "_inflight", None), None
+        if inflight is not None:
+            try:
+                inflight.result(timeout=self._round_limit)
+                self._inflight = inflight
+                self._collect()
+            except Exception as e:  # a timeout, or the round's own error: leave anyway
+                _log.warning("collaborative: left with a round unfinished: %r", e)
+            self._inflight = None
         manager, self.manager = getattr(self, "manager", None), None
         if manager is not None:
             manager.shutdown(wait=False)

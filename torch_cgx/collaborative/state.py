@@ -36,6 +36,9 @@ class PeerState:
         self.residuals: List[Optional[torch.Tensor]] = [None] * len(params)
         self._pending: Optional[List[Optional[torch.Tensor]]] = None
         self.globals = [_host(p).clone() for p in params] if owner.use_local_updates else None
+        self._spare: Optional[List[torch.Tensor]] = None  # a zeroed accumulator to swap in
+        self.deferring = False  # a round runs in the background: a heal waits for finish()
+        self._healed_with: Optional[dict] = None
 
     # --- between rounds ---------------------------------------------------------------------
 
@@ -54,16 +57,35 @@ class PeerState:
         if self.globals is not None:  # local updates: back to the last average
             self._set_params(self.globals)
 
+    def take(self) -> List[torch.Tensor]:
+        """The accumulated gradients, for a round; a zeroed accumulator takes their place (the
+        samples of the steps during a background round go to the next epoch)."""
+        taken, spare = self.acc, self._spare
+        self.acc = spare if spare is not None else [torch.zeros_like(a) for a in taken]
+        self._spare = None
+        return taken
+
+    def give_back(self, taken: List[torch.Tensor]) -> None:
+        """A round that did not commit: its gradients are added back (sent at the next)."""
+        for a, t in zip(self.acc, taken):
+            a.add_(t)
+        self.recycle(taken)
+
+    def recycle(self, taken: List[torch.Tensor]) -> None:
+        for t in taken:
+            t.zero_()
+        self._spare = taken
+
     # --- a round ----------------------------------------------------------------------------
 
-    def values(self) -> List[torch.Tensor]:
-        """What this peer sends: its mean gradient (with local updates: ``global - local``),
-        plus its residual where error feedback is on."""
+    def values(self, acc: List[torch.Tensor], samples: int) -> List[torch.Tensor]:
+        """What this peer sends: its mean gradient over ``samples`` (with local updates:
+        ``global - local``), plus its residual where error feedback is on."""
         owner = self.owner
         if self.globals is not None:
             values = [g - _host(p) for g, p in zip(self.globals, owner.params)]
         else:
-            values = [a / float(owner._samples) for a in self.acc]
+            values = [a / float(samples) for a in acc]
         for i, r in enumerate(self.residuals):
             if owner.error_feedback[i] and r is not None:
                 values[i].add_(r)
@@ -78,9 +100,9 @@ class PeerState:
             self._pending = [v.clone().sub_(d) if f else None
                              for v, d, f in zip(values, decoded, on)]  # fmt: skip
 
-    def encode(self) -> torch.Tensor:
+    def encode(self, acc: List[torch.Tensor], samples: int) -> torch.Tensor:
         """This peer's payload as one piece (averages by whole payloads)."""
-        values = self.values()
+        values = self.values(acc, samples)
         payload = self.owner.codec.encode(values)
         self.pending_from(values, self.owner.codec.decode(payload))
         return payload
@@ -93,7 +115,7 @@ class PeerState:
             self.residuals = self._pending
         self._pending = None
 
-    def average_with(self, averager, table, manager) -> List[torch.Tensor]:
+    def average_with(self, averager, table, manager, acc) -> List[torch.Tensor]:
         """The sample-weighted average through a gradient averager (PowerSGD): each peer
         passes ``sum of its gradients * W / N`` so that the averager's mean over the W peers
         is the weighted mean."""
@@ -101,7 +123,7 @@ class PeerState:
 
         world, total = len(table), sum(int(r[0]) for r in table)
         scale = float(world) / float(total)
-        for p, a in zip(self.owner.params, self.acc):
+        for p, a in zip(self.owner.params, acc):
             p.grad = (a * scale).view(p.shape).to(p.device, p.dtype)
         averager.process_group = _process_group(manager)
         averager.step()
@@ -113,8 +135,6 @@ class PeerState:
         self._take_residuals()
 
     def after_step(self) -> None:
-        for a in self.acc:
-            a.zero_()
         if self.owner.reuse_grad_buffers:
             for p in self.owner.params:
                 p.grad = None
@@ -151,7 +171,23 @@ class PeerState:
     def load_from_peer(self, state: dict) -> None:
         """A live peer's state, bitwise; the accumulated samples and the residuals start empty
         (a residual is this peer's own unsent error: a copy of the source's would send the
-        source's twice)."""
+        source's twice). During a background round (the training loop runs meanwhile) it is
+        kept and loaded by :meth:`apply_heal` when the round finishes."""
+        owner = self.owner
+        owner.healed = True
+        if self.deferring:
+            self._healed_with = state
+            return
+        self._load(state)
+
+    def apply_heal(self) -> bool:
+        """Loads a state received during a background round; True if there was one."""
+        state, self._healed_with = self._healed_with, None
+        if state is not None:
+            self._load(state)
+        return state is not None
+
+    def _load(self, state: dict) -> None:
         owner = self.owner
         self._set_params(state["params"])
         owner.optimizer.load_state_dict(state["optimizer"])
@@ -164,7 +200,6 @@ class PeerState:
         for a in self.acc:
             a.zero_()
         self.residuals, self._pending = [None] * len(self.acc), None
-        owner.healed = True
 
     # --- checkpoints ------------------------------------------------------------------------
 
