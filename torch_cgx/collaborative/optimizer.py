@@ -66,7 +66,8 @@ class Optimizer:
         delay_grad_averaging, delay_optimizer_step: run each round (the average and the
             commit) in the background while ``step()`` goes on accumulating the next epoch's
             gradients; the optimizer steps with the average at the first ``step()`` after the
-            round ends (one epoch stale, as hivemind's; either flag turns it on).
+            round ends (one epoch stale, as hivemind's; either flag turns it on). A peer whose
+            next share is done before the round ends waits for it.
     torch_cgx's own: ``error_feedback`` (None: for biased compressors), ``host`` /
     ``host_maddrs`` (the address others reach this peer at), ``heartbeat_timeout`` (a hosted
     Lighthouse drops a silent peer after it, s).
@@ -193,9 +194,10 @@ class Optimizer:
         self._fresh += size
         self._batch = size
         if self._inflight is not None:
-            if not self._inflight.done():
+            share_done = self._quota is not None and self._samples >= self._quota
+            if not self._inflight.done() and not share_done:
                 return loss
-            self._collect()
+            self._collect()  # waits when this peer's next share is done before the round
         if self._quota is None or self._samples >= self._quota:
             if self.delayed:
                 self._launch()
