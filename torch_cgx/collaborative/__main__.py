@@ -39,11 +39,11 @@ def main(argv=None) -> None:
         heartbeat_timeout=args.heartbeat_timeout,
         min_peers=args.min_peers,
     )
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before the address is out: a stop right
+        signal.signal(sig, lambda *_: done.set())  # after it is a clean exit too
     print(f"torch_cgx.collaborative: lighthouse at {server.address} "
           f"(peers pass initial_peers={server.address!r})", flush=True)  # fmt: skip
-    done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
     done.wait()
     server.shutdown()
 
