@@ -1,6 +1,5 @@
 """Collaborative training with real peers (processes on 127.0.0.1, torchft's Gloo): the first
-peer hosts the Lighthouse and runs its rounds in the background (delay_grad_averaging) beside
-peers that do not; one peer is 3x slower; one is SIGKILLed in the middle of a round and a
+peer hosts the Lighthouse; one peer is 3x slower; one is SIGKILLed in the middle of a round and a
 new one joins later (tests/collaborative_peer.py). Checked from every peer's snapshots:
 parameters and optimizer state bitwise equal after every epoch, the slow peer's share, the
 epochs' pace, the others going on after the kill, the newcomer equal and contributing; a peer
@@ -85,7 +84,7 @@ def test_slow_peer_kill_and_join(tmp_path):
     _stop_at(out, 10**6)  # until the newcomer is in (the peers read <out>/stop)
     with _peers({}) as (procs, finish):
         procs["a"] = _start(ctx, out, "a", True, FAST, seed=0, compression="adaptive",
-                            background=True, stop=None)  # fmt: skip
+                            stop=None)  # fmt: skip
         procs["b"] = _start(ctx, out, "b", False, FAST, seed=1, compression="adaptive",
                             kill_round=8, stop=None)  # fmt: skip
         procs["c"] = _start(ctx, out, "c", False, SLOW, seed=2, compression="adaptive",
