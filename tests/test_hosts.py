@@ -73,25 +73,53 @@ def test_cleanup_on_exception(netns):
     _assert_gone(prefix, before)
 
 
+def _proc_state(pid: int) -> str:
+    """What a stuck process is doing: its signal masks, its wait channel, its children."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        masks = [x for x in status if x.startswith(("State", "SigBlk", "SigIgn", "SigCgt"))]
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError as e:
+        return f"/proc/{pid}: {e}"
+    kids = subprocess.run(
+        ["ps", "--ppid", str(pid), "-o", "pid,stat,wchan:20,etimes,args"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    return f"{masks} wchan={wchan}\nchildren:\n{kids}"
+
+
 def test_cleanup_on_sigterm(netns):
     prefix, before = _prefix("c"), set(H._root_links())
+    # The child stamps its teardown on stderr, so that a slow one says which part was slow.
     code = (
         "import sys, time\n"
-        "from benchmarks import hosts as H\n"
+        "from benchmarks import hosts as H, hosts_net as N\n"
+        "def stamped(*a, _t=N._teardown):\n"
+        "    t0 = time.monotonic(); print('teardown starts', flush=True, file=sys.stderr)\n"
+        "    left = _t(*a)\n"
+        "    print(f'teardown took {time.monotonic() - t0:.1f} s', flush=True, file=sys.stderr)\n"
+        "    return left\n"
+        "N._teardown = stamped\n"
         f"with H.emulated_hosts(2, '1gbit', prefix={prefix!r}):\n"
         "    print('ready', flush=True)\n"
-        "    time.sleep(60)\n"
+        "    time.sleep(600)\n"
     )
     p = subprocess.Popen(
         [sys.executable, "-c", code],
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
+    state = ""
     try:
         assert p.stdout.readline().strip() == "ready"
         p.send_signal(signal.SIGTERM)
-        assert p.wait(timeout=60) == 128 + signal.SIGTERM  # teardown is slow on a loaded host
+        try:
+            rc = p.wait(timeout=120)  # teardown is slow on a loaded host (the kernel's netns work)
+        except subprocess.TimeoutExpired:
+            state, rc = _proc_state(p.pid), None
     finally:
         if p.poll() is None:
             p.kill()  # no handler runs: remove what it made, so that no run leaves namespaces
@@ -99,6 +127,9 @@ def test_cleanup_on_sigterm(netns):
             for ns in H._netns_list():
                 if ns.startswith(prefix):
                     subprocess.run(["ip", "netns", "del", ns], check=False)
+    err = p.stderr.read()
+    assert rc == 128 + signal.SIGTERM, f"rc {rc}; stderr:\n{err}\nstate at the timeout: {state}"
+    assert "teardown took" in err, err
     _assert_gone(prefix, before)
 
 
