@@ -121,6 +121,12 @@ def _snapshot(opt, model, healed) -> dict:
     }
 
 
+def _save(obj, path: str) -> None:
+    """Whole or not at all: the test reads the folder while the peers write it."""
+    torch.save(obj, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
 def run(
     out,
     name,
@@ -164,7 +170,7 @@ def run(
     os.makedirs(folder, exist_ok=True)
     data = torch.Generator().manual_seed(7919 * (seed + 1))
     epoch, healed = opt.local_epoch, opt.healed
-    torch.save(_snapshot(opt, model, healed), os.path.join(folder, f"join{epoch}.pt"))
+    _save(_snapshot(opt, model, healed), os.path.join(folder, f"join{epoch}.pt"))
     while True:
         last = stop if stop is not None else _stop_epoch(out)
         if last is not None and opt.local_epoch >= last:
@@ -178,6 +184,6 @@ def run(
         healed = healed or opt.healed
         if opt.local_epoch != epoch:
             epoch = opt.local_epoch
-            torch.save(_snapshot(opt, model, healed), os.path.join(folder, f"{epoch}.pt"))
+            _save(_snapshot(opt, model, healed), os.path.join(folder, f"{epoch}.pt"))
             healed = False
     opt.shutdown()

@@ -83,8 +83,9 @@ def test_slow_peer_kill_and_join(tmp_path):
     ctx = mp.get_context(context_start_method())
     _stop_at(out, 10**6)  # until the newcomer is in (the peers read <out>/stop)
     with _peers({}) as (procs, finish):
+        # a hosts the Lighthouse and runs its rounds in the background; the others do not
         procs["a"] = _start(ctx, out, "a", True, FAST, seed=0, compression="adaptive",
-                            stop=None)  # fmt: skip
+                            stop=None, background=True)  # fmt: skip
         procs["b"] = _start(ctx, out, "b", False, FAST, seed=1, compression="adaptive",
                             kill_round=8, stop=None)  # fmt: skip
         procs["c"] = _start(ctx, out, "c", False, SLOW, seed=2, compression="adaptive",

@@ -230,13 +230,17 @@ class Optimizer:
         self._inflight = _in_background(self._run, job)
 
     def _collect(self) -> None:
-        """Applies the background round (waits for it if it is still running)."""
+        """Applies the background round (waits for it if it is still running). The wait and
+        the step are not compute: they are left out of this peer's rate, as a synchronous
+        round's time is (else the plan gives a waiting peer a share it cannot compute)."""
         future, self._inflight = self._inflight, None
+        start = time.monotonic()
         try:
             job = future.result()
         finally:
             self.state.deferring = False
         self._finish(job)
+        self._since += time.monotonic() - start
 
     def _begin(self) -> dict:
         """Takes this peer's samples for a round (training thread)."""
