@@ -35,12 +35,15 @@ def _wait_for(path: str, limit: float = 60.0) -> str:
         return f.read().strip()
 
 
-def _stop_epoch(out: str):
-    try:
-        with open(os.path.join(out, "stop")) as f:
-            return int(f.read().strip() or "0")
-    except (FileNotFoundError, ValueError):
-        return None
+def _stop_epoch(out: str, name: str):
+    """The epoch to stop at: <out>/stop-<name> where there is one, else <out>/stop."""
+    for path in (os.path.join(out, f"stop-{name}"), os.path.join(out, "stop")):
+        try:
+            with open(path) as f:
+                return int(f.read().strip() or "0")
+        except (FileNotFoundError, ValueError):
+            continue
+    return None
 
 
 def _die_in_round(n: int) -> None:
@@ -169,10 +172,10 @@ def run(
     folder = os.path.join(out, name)
     os.makedirs(folder, exist_ok=True)
     data = torch.Generator().manual_seed(7919 * (seed + 1))
-    epoch, healed = opt.local_epoch, opt.healed
-    _save(_snapshot(opt, model, healed), os.path.join(folder, f"join{epoch}.pt"))
+    epoch = opt.local_epoch
+    _save(_snapshot(opt, model, opt.healed), os.path.join(folder, f"join{epoch}.pt"))
     while True:
-        last = stop if stop is not None else _stop_epoch(out)
+        last = stop if stop is not None else _stop_epoch(out, name)
         if last is not None and opt.local_epoch >= last:
             break
         x = torch.randn(BATCH, 16, generator=data)
@@ -181,9 +184,7 @@ def run(
         time.sleep(delay)
         opt.step()
         opt.zero_grad()
-        healed = healed or opt.healed
-        if opt.local_epoch != epoch:
+        if opt.local_epoch != epoch:  # the round that changed it healed this peer or not
             epoch = opt.local_epoch
-            _save(_snapshot(opt, model, healed), os.path.join(folder, f"{epoch}.pt"))
-            healed = False
+            _save(_snapshot(opt, model, opt.healed), os.path.join(folder, f"{epoch}.pt"))
     opt.shutdown()

@@ -36,9 +36,15 @@ def _start(ctx, out, name, first, delay, **kw):
 
 def _snapshots(out, name):
     folder = os.path.join(out, name)
+    return {e: torch.load(os.path.join(folder, f"{e}.pt"), weights_only=False)
+            for e in _epochs(out, name)}  # fmt: skip
+
+
+def _epochs(out, name):
+    """The epochs of ``name``'s snapshots so far (a listing: cheaper than loading them)."""
+    folder = os.path.join(out, name)
     names = os.listdir(folder) if os.path.isdir(folder) else []
-    epochs = sorted(int(f[:-3]) for f in names if f.endswith(".pt") and f[0].isdigit())
-    return {e: torch.load(os.path.join(folder, f"{e}.pt"), weights_only=False) for e in epochs}
+    return sorted(int(f[:-3]) for f in names if f.endswith(".pt") and f[0].isdigit())
 
 
 def _wait(what, procs, condition):
@@ -82,6 +88,7 @@ def test_slow_peer_kill_and_join(tmp_path):
     out = str(tmp_path)
     ctx = mp.get_context(context_start_method())
     _stop_at(out, 10**6)  # until the newcomer is in (the peers read <out>/stop)
+    _stop_at(out, 10**6, "a")
     with _peers({}) as (procs, finish):
         # a hosts the Lighthouse and runs its rounds in the background; the others do not
         procs["a"] = _start(ctx, out, "a", True, FAST, seed=0, compression="adaptive",
@@ -91,16 +98,29 @@ def test_slow_peer_kill_and_join(tmp_path):
         procs["c"] = _start(ctx, out, "c", False, SLOW, seed=2, compression="adaptive",
                             stop=None)  # fmt: skip
         _wait("b's death", procs, lambda: procs["b"].exitcode == -signal.SIGKILL)
-        killed_at = max(_snapshots(out, "a"), default=0)
+        killed_at = max(_epochs(out, "a"), default=0)
         procs["d"] = _start(ctx, out, "d", False, FAST, seed=3, compression="adaptive",
-                            stop=None)  # fmt: skip
-        _wait("4 epochs with d", procs, lambda: len(_snapshots(out, "d")) >= 4)
-        stop = max(_snapshots(out, "a")) + 3
+                            stop=None, background=True)  # fmt: skip
+        _wait("4 epochs with d", procs, lambda: len(_epochs(out, "d")) >= 4)
+        # d stalls past averaging_timeout (5 s) and the heartbeat timeout (1 s): the others go
+        # on without it; back, d is behind and heals during a background round
+        os.kill(procs["d"].pid, signal.SIGSTOP)
+        time.sleep(6.5)
+        stalled_at = max(_epochs(out, "d"))
+        os.kill(procs["d"].pid, signal.SIGCONT)
+        _wait("d's heal", procs, lambda: _healed_after(_snapshots(out, "d"), stalled_at))
+        healed_at = _healed_after(_snapshots(out, "d"), stalled_at)
+        _wait("2 epochs after d's heal", procs, lambda: max(_epochs(out, "d")) >= healed_at + 2)
+        stop = max(_epochs(out, "a")) + 10  # the peers are ahead of the listing by a few
         _stop_at(out, stop)
+        for n in "cd":  # the host leaves last: a round the others left in flight can end
+            procs[n].join(LIMIT)
+        _stop_at(out, max(_epochs(out, "a")) + 2, "a")
         finish("acd")
     snaps = {n: _snapshots(out, n) for n in "abcd"}
     # the others went on after the kill, without a restart, to the last epoch
-    assert max(snaps["a"]) == max(snaps["c"]) == max(snaps["d"]) == stop
+    assert max(snaps["c"]) == max(snaps["d"]) == stop <= max(snaps["a"]), (
+        stop, {n: max(snaps[n]) for n in "acd"})  # fmt: skip
     assert killed_at < stop - 5
     # bitwise equal after every epoch, on every peer that saw it
     for e, a in snaps["a"].items():
@@ -114,6 +134,8 @@ def test_slow_peer_kill_and_join(tmp_path):
     _equal(snaps["a"][first - 1], join, "the newcomer after its heal")
     gave = [e for e, s in snaps["d"].items() if s["table"][s["rank"]][0] > 0]
     assert gave and min(gave) <= first + 1, (first, gave)
+    # after its stall d skipped epochs, healed, and is bitwise the others' (checked above)
+    assert healed_at > stalled_at + 1 and healed_at in snaps["a"], (stalled_at, healed_at)
     # the slow peer: fewer samples per epoch than the fast ones, and the epochs at their pace
     three = [s for e, s in snaps["c"].items() if e > 3 and len(s["table"]) == 3]
     assert three, "no epoch with three peers"
@@ -135,7 +157,7 @@ def test_local_updates_average_parameters_bitwise_and_a_stalled_peer_is_dropped(
         for name, first, delay in (("a", True, FAST), ("b", False, SLOW), ("c", False, FAST)):
             procs[name] = _start(ctx, out, name, first, delay, seed=ord(name) - ord("a"),
                                  compression="maxmin4", local=True)  # fmt: skip
-        _wait("8 epochs with c", procs, lambda: len(_snapshots(out, "c")) >= 8)
+        _wait("8 epochs with c", procs, lambda: len(_epochs(out, "c")) >= 8)
         os.kill(procs["c"].pid, signal.SIGSTOP)  # c stalls, wherever it is (a round or not)
         stalled = time.time()
         finish("ab")
@@ -157,10 +179,17 @@ def test_local_updates_average_parameters_bitwise_and_a_stalled_peer_is_dropped(
     assert any(r is not None for r in a[last]["residuals"])  # 4-bit max-min: error feedback
 
 
-def _stop_at(out, epoch):
-    with open(os.path.join(out, "stop.tmp"), "w") as f:
+def _healed_after(snaps, epoch):
+    """The first epoch after ``epoch`` that a heal brought (None before one)."""
+    return min((e for e, s in snaps.items() if e > epoch and s["healed"]), default=None)
+
+
+def _stop_at(out, epoch, name=None):
+    """Every peer (or ``name``) stops at ``epoch`` (collaborative_peer reads the file)."""
+    path = os.path.join(out, "stop" if name is None else f"stop-{name}")
+    with open(path + ".tmp", "w") as f:
         f.write(str(epoch))
-    os.replace(os.path.join(out, "stop.tmp"), os.path.join(out, "stop"))
+    os.replace(path + ".tmp", path)
 
 
 @pytest.mark.timeout(120)
@@ -175,11 +204,11 @@ def test_a_peer_dead_in_the_re_forming_of_the_group_is_dropped_within_the_timeou
         procs["a"] = _start(ctx, out, "a", True, FAST, stop=None, timeout=timeout)
         procs["b"] = _start(ctx, out, "b", False, FAST, seed=1, stop=None, timeout=timeout,
                             leave_mesh=3)  # fmt: skip
-        _wait("3 epochs with b", procs, lambda: len(_snapshots(out, "b")) >= 3)
+        _wait("3 epochs with b", procs, lambda: len(_epochs(out, "b")) >= 3)
         procs["c"] = _start(ctx, out, "c", False, FAST, seed=2, stop=None, timeout=timeout)
         _wait("b's death", procs, lambda: procs["b"].exitcode == -signal.SIGKILL)
-        _wait("3 epochs with c", procs, lambda: len(_snapshots(out, "c")) >= 3)
-        stop = max(_snapshots(out, "c")) + 3
+        _wait("3 epochs with c", procs, lambda: len(_epochs(out, "c")) >= 3)
+        stop = max(_epochs(out, "c")) + 3
         _stop_at(out, stop)
         finish("ac")
     a, c = _snapshots(out, "a"), _snapshots(out, "c")

@@ -126,7 +126,8 @@ class Optimizer:
         if extra.get("performance_ema_alpha") is not None:
             self._rate.smooth = float(extra["performance_ema_alpha"])
         self.local_epoch = 0
-        self.healed = False  # the last round healed this peer from a live one
+        self.healed = False  # the last finished round healed this peer from a live one
+        self._healing = False  # the round running now healed it (set by the heal)
         self.rounds_discarded = 0
         self.last_round: dict = {}
         self._by_payloads = False  # average by whole payloads (a compressor too large to re-encode)
@@ -166,8 +167,10 @@ class Optimizer:
             print(f"torch_cgx.collaborative: peers join with initial_peers="
                   f"{self.lighthouse.address!r}", flush=True)  # fmt: skip
         self.address = f"{target[0]}:{target[1]}"
+        # a quorum forms within the Lighthouse's join timeout of its first request; one that
+        # takes a round's limit has no Lighthouse (a peer leaving waits no longer at exit)
         self.manager, self._store = rendezvous.make_manager(
-            target, me, self.run_id, timeout=timeout, quorum_timeout=max(60.0, 4 * timeout)
+            target, me, self.run_id, timeout=timeout, quorum_timeout=max(self._round_limit, 10.0)
         )
         self.manager.register_state_dict_fn(KEY, self.state.load_from_peer, self.state.for_peer)
 
@@ -254,7 +257,7 @@ class Optimizer:
     def _run(self, job: dict) -> dict:
         """The quorum, the average and the commit vote (writes no parameter or optimizer
         state: it may run beside the training loop)."""
-        self.healed = False
+        self._healing = False
         try:
             self.manager.start_quorum()
         except Exception as e:  # no quorum: the Lighthouse is gone or unreachable
@@ -263,9 +266,9 @@ class Optimizer:
                 f"rendezvous up? the peer that hosted it may have left): {e}"
             ) from e
         self._times = {"quorum": time.perf_counter() - job["started"]}
-        if self.healed:  # behind the others: its samples were computed on stale parameters
+        if self._healing:  # behind the others: its samples were computed on stale parameters
             job["samples"] = 0
-        job["healed"] = self.healed
+        job["healed"] = self._healing
         samples = job["samples"] if self.manager.is_participating() else 0
         every = self.average_state_every
         averaging = not self.use_local_updates or (self.local_epoch + 1) % every == 0
@@ -309,6 +312,7 @@ class Optimizer:
 
     def _finish(self, job: dict) -> None:
         """Applies a round's outcome (training thread)."""
+        self.healed = job["healed"]
         if self.state.apply_heal():
             self._samples = 0  # computed on stale parameters
         table, stepped = job["table"], False

@@ -174,7 +174,7 @@ class PeerState:
         source's twice). During a background round (the training loop runs meanwhile) it is
         kept and loaded by :meth:`apply_heal` when the round finishes."""
         owner = self.owner
-        owner.healed = True
+        owner._healing = True
         if self.deferring:
             self._healed_with = state
             return
