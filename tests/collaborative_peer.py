@@ -124,9 +124,14 @@ def _snapshot(opt, model, healed) -> dict:
     }
 
 
-def _save(obj, path: str) -> None:
-    """Whole or not at all: the test reads the folder while the peers write it."""
-    torch.save(obj, path + ".tmp")
+def write_whole(path: str, obj) -> None:
+    """``obj`` (a str, else torch.save'd) at ``path``, whole or not at all: the test and the
+    peers read these files while others write them."""
+    if isinstance(obj, str):
+        with open(path + ".tmp", "w") as f:
+            f.write(obj)
+    else:
+        torch.save(obj, path + ".tmp")
     os.replace(path + ".tmp", path)
 
 
@@ -166,14 +171,12 @@ def run(
         delay_grad_averaging=background,
     )  # fmt: skip
     if first:
-        with open(os.path.join(out, "address.tmp"), "w") as f:
-            f.write(opt.address)
-        os.replace(os.path.join(out, "address.tmp"), os.path.join(out, "address"))
+        write_whole(os.path.join(out, "address"), opt.address)
     folder = os.path.join(out, name)
     os.makedirs(folder, exist_ok=True)
     data = torch.Generator().manual_seed(7919 * (seed + 1))
     epoch = opt.local_epoch
-    _save(_snapshot(opt, model, opt.healed), os.path.join(folder, f"join{epoch}.pt"))
+    write_whole(os.path.join(folder, f"join{epoch}.pt"), _snapshot(opt, model, opt.healed))
     while True:
         last = stop if stop is not None else _stop_epoch(out, name)
         if last is not None and opt.local_epoch >= last:
@@ -186,5 +189,5 @@ def run(
         opt.zero_grad()
         if opt.local_epoch != epoch:  # the round that changed it healed this peer or not
             epoch = opt.local_epoch
-            _save(_snapshot(opt, model, opt.healed), os.path.join(folder, f"{epoch}.pt"))
+            write_whole(os.path.join(folder, f"{epoch}.pt"), _snapshot(opt, model, opt.healed))
     opt.shutdown()

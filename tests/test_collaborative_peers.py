@@ -186,10 +186,8 @@ def _healed_after(snaps, epoch):
 
 def _stop_at(out, epoch, name=None):
     """Every peer (or ``name``) stops at ``epoch`` (collaborative_peer reads the file)."""
-    path = os.path.join(out, "stop" if name is None else f"stop-{name}")
-    with open(path + ".tmp", "w") as f:
-        f.write(str(epoch))
-    os.replace(path + ".tmp", path)
+    collaborative_peer.write_whole(os.path.join(out, "stop" if name is None else f"stop-{name}"),
+                                   str(epoch))  # fmt: skip
 
 
 @pytest.mark.timeout(120)

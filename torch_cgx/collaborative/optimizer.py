@@ -127,7 +127,6 @@ class Optimizer:
             self._rate.smooth = float(extra["performance_ema_alpha"])
         self.local_epoch = 0
         self.healed = False  # the last finished round healed this peer from a live one
-        self._healing = False  # the round running now healed it (set by the heal)
         self.rounds_discarded = 0
         self.last_round: dict = {}
         self._by_payloads = False  # average by whole payloads (a compressor too large to re-encode)
@@ -257,7 +256,7 @@ class Optimizer:
     def _run(self, job: dict) -> dict:
         """The quorum, the average and the commit vote (writes no parameter or optimizer
         state: it may run beside the training loop)."""
-        self._healing = False
+        self.state.heal_received = False
         try:
             self.manager.start_quorum()
         except Exception as e:  # no quorum: the Lighthouse is gone or unreachable
@@ -266,9 +265,9 @@ class Optimizer:
                 f"rendezvous up? the peer that hosted it may have left): {e}"
             ) from e
         self._times = {"quorum": time.perf_counter() - job["started"]}
-        if self._healing:  # behind the others: its samples were computed on stale parameters
+        job["healed"] = self.state.heal_received
+        if job["healed"]:  # behind the others: its samples were computed on stale parameters
             job["samples"] = 0
-        job["healed"] = self._healing
         samples = job["samples"] if self.manager.is_participating() else 0
         every = self.average_state_every
         averaging = not self.use_local_updates or (self.local_epoch + 1) % every == 0

@@ -38,6 +38,7 @@ class PeerState:
         self.globals = [_host(p).clone() for p in params] if owner.use_local_updates else None
         self._spare: Optional[List[torch.Tensor]] = None  # a zeroed accumulator to swap in
         self.deferring = False  # a round runs in the background: a heal waits for finish()
+        self.heal_received = False  # a live peer's state came in the round running now
         self._healed_with: Optional[dict] = None
 
     # --- between rounds ---------------------------------------------------------------------
@@ -173,8 +174,7 @@ class PeerState:
         (a residual is this peer's own unsent error: a copy of the source's would send the
         source's twice). During a background round (the training loop runs meanwhile) it is
         kept and loaded by :meth:`apply_heal` when the round finishes."""
-        owner = self.owner
-        owner._healing = True
+        self.heal_received = True
         if self.deferring:
             self._healed_with = state
             return
