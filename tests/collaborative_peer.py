@@ -51,15 +51,15 @@ def _die_in_round(n: int) -> None:
     before its parts (the reduce-scatter's all-to-all)."""
     from torch_cgx.collaborative import butterfly
 
-    alltoall, calls = butterfly._alltoall, [0]
+    exchange, calls = butterfly._exchange, [0]
 
-    def alltoall_or_die(*args):
+    def exchange_or_die(*args):
         calls[0] += 1
         if calls[0] == n:
             os.kill(os.getpid(), signal.SIGKILL)
-        return alltoall(*args)
+        return exchange(*args)
 
-    butterfly._alltoall = alltoall_or_die
+    butterfly._exchange = exchange_or_die
 
 
 def _leave_mesh(world: int) -> None:
@@ -149,8 +149,9 @@ def run(
     timeout=5.0,
     background=False,
 ):
-    from torch_cgx.collaborative import Optimizer
+    from torch_cgx.collaborative import Optimizer, butterfly
 
+    butterfly.PIECE_VALUES = 16  # this small model's rounds in 12 chunks: the pipeline runs
     if kill_round:
         _die_in_round(kill_round)
     if leave_mesh:

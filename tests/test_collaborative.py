@@ -132,6 +132,7 @@ def _model():
          "leave the delay flags out"),
         ({"delay_optimizer_step": True, "grad_averager_factory": lambda p: None}, ValueError,
          "do not go with grad_averager_factory"),
+        ({"wait_for_round": True}, ValueError, "pass delay_grad_averaging=True"),
     ],
 )  # fmt: skip
 def test_bad_arguments_name_the_problem(kwargs, error, match):
@@ -172,6 +173,8 @@ def test_a_lone_peer_steps_every_target_batch(capsys):
                     averaging_timeout=5.0, matchmaking_time=1.0)  # fmt: skip
     try:
         assert opt.lighthouse is not None and opt.address in capsys.readouterr().out
+        # lateness counts from the last round's end: a left-out peer's request opens a round
+        assert opt.lighthouse.join_timeout == pytest.approx(1.0 + 5.0)
         x, y = torch.randn(8, 4, generator=torch.Generator().manual_seed(1)), torch.zeros(8, 2)
         before = model.weight.detach().clone()
         grads = []
@@ -234,6 +237,40 @@ def test_a_lone_peer_with_delay_steps_with_the_epochs_it_took():
         opt.shutdown()
 
 
+@pytest.mark.parametrize("wait", [False, True])
+def test_a_delayed_peer_computes_on_during_a_slow_round_unless_it_waits(wait):
+    """A round slower than the compute: without wait_for_round every sample computed meanwhile
+    goes into the next epoch (many times the target); with it the peer waits in step() and
+    each epoch is the planned batch (the target, here 4 batches of 8)."""
+    model = _model()
+    opt = Optimizer(run_id=f"slow-round-{wait}", target_batch_size=32, batch_size_per_step=8,
+                    host="127.0.0.1", optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+                    params=model.parameters(), averaging_timeout=5.0, matchmaking_time=1.0,
+                    delay_grad_averaging=True, wait_for_round=wait)  # fmt: skip
+    run = opt._run
+    opt._run = lambda job: (time.sleep(0.3), run(job))[1]  # a slow link
+    try:
+        epochs, steps, x = [], 0, torch.randn(8, 4, generator=torch.Generator().manual_seed(2))
+        deadline = time.monotonic() + 30
+        while opt.local_epoch < 4 and time.monotonic() < deadline:
+            torch.nn.functional.mse_loss(model(x), torch.zeros(8, 2)).backward()
+            epoch = opt.local_epoch
+            opt.step()
+            opt.zero_grad()
+            steps += 1
+            if opt.local_epoch != epoch:
+                epochs.append(opt.last_round["samples"])
+            time.sleep(0.01)
+        assert opt.local_epoch == 4, epochs
+        if wait:  # 0.3 s rounds of 4 batches: most of the time waiting
+            assert epochs[1:] == [32] * 3 and steps < 5 * 4 + 8, (epochs, steps)
+        else:  # a round is >= 0.3 s of ~10 ms batches: ~30 batches an epoch, none lost
+            assert all(n >= 8 * 8 for n in epochs[1:]), epochs
+            assert sum(epochs) <= 8 * steps
+    finally:
+        opt.shutdown()
+
+
 def test_the_standalone_lighthouse_command():
     import signal
     import subprocess
@@ -267,6 +304,22 @@ def test_butterfly_layout_and_bounds():
             assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
         sizes = [sum(e - s for _, s, e in p) for p in parts]
         assert max(sizes) - min(sizes) <= 1
+    # chunks: chunk k's parts are parts k * world ... in flat order, one per peer
+    chunked = butterfly.layout(numels, 3, 4)
+    assert [s for p in chunked for s in p] == [s for p in butterfly.layout(numels, 12) for s in p]
+    assert butterfly.chunk_count(10**6, 3) == 10 and butterfly.chunk_count(1000, 3) == 1
+    assert butterfly.chunk_count(10**9, 4) == butterfly.MAX_CHUNKS
+    # an averaged part's bound: exact for a fixed-size compressor, a margin otherwise
+    table = [(1, 0, 0, 0, 100, 40), (1, 0, 0, 0, 90, 60)]
+    fp16 = wire.Codec(C.Float16Compression(), [(4, 3)], TensorRole.GRADIENT)
+    assert fp16.fixed_size and butterfly._bound(fp16, table, 1, [(0, 0, 6)]) == 60
+
+    class Mine(C.NoCompression):  # a user's compression: its size may depend on the data
+        pass
+
+    assert not wire.Codec(Mine(), [(4, 3)], TensorRole.GRADIENT).fixed_size
+    assert butterfly._bound(wire.Codec(Mine(), [(4, 3)], TensorRole.GRADIENT), table, 0,
+                            [(0, 0, 6)]) == 110 + 64 + 1024  # fmt: skip
     codec = wire.Codec(C.Float16Compression(), [(4, 3), (5,)], TensorRole.GRADIENT)
     parts = butterfly.layout([12, 5], 2)
     flag = torch.zeros(8, dtype=torch.uint8)

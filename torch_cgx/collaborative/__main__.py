@@ -30,12 +30,19 @@ def main(argv=None) -> None:
         default=2.0,
         help="seconds of silence after which a peer is dropped (default 2)",
     )
+    ap.add_argument(
+        "--averaging-timeout",
+        type=float,
+        default=60.0,
+        help="the peers' averaging_timeout: a round waits matchmaking time + this from its "
+        "first request (which may come from a peer the last round left out; default 60)",
+    )
     ap.add_argument("--min-peers", type=int, default=1, help="peers a round needs (default 1)")
     args = ap.parse_args(argv)
     server = Lighthouse(
         local_host(None, args.host),
         args.port,
-        join_timeout=args.matchmaking_time,
+        join_timeout=args.matchmaking_time + args.averaging_timeout,
         heartbeat_timeout=args.heartbeat_timeout,
         min_peers=args.min_peers,
     )

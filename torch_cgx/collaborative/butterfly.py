@@ -3,17 +3,19 @@
 ``W - 1``), every exchange an all-to-all (each peer sends straight to every other: one latency
 per exchange, where Gloo's ring all-gather takes W - 1 in a row).
 
-The tensors, flattened end to end, are cut into W contiguous parts; part j belongs to peer j
-(rank order). After the header table (every peer's samples, rate, batch size and the bytes of
-each of its W encoded parts), an all-to-all sends every contributor's part j to peer j, which
-decodes them in rank order, forms ``sum_i (n_i * x_i) / sum_i n_i`` (each product and sum a
-separate IEEE operation), encodes that average with the same compression and all-gathers it:
-every peer decodes the same bytes. The average is compressed twice (the parts, then the
-averaged part): a quantizer's error is that of two roundings; fp16's second rounding is exact
-for values that are already sums of fp16 values only when no carry occurs, so at most one more
-half unit in the last place. A part's re-encoded size is bounded by the largest part any peer
-sent plus a margin; a compressor whose averaged part exceeds it (its size depends on the data)
-makes that round fail on every peer, and the Optimizer then averages by whole payloads.
+The tensors, flattened end to end, are cut into C chunks (:func:`chunk_count`, from the shapes
+alone) and each chunk into W contiguous parts; part j of every chunk belongs to peer j (rank
+order). After the header table (every peer's samples, rate, batch size and the bytes of each of
+its C * W encoded parts), chunk by chunk an all-to-all sends every contributor's part j to peer
+j, which decodes them in rank order, forms ``sum_i (n_i * x_i) / sum_i n_i`` (each product and
+sum a separate IEEE operation), encodes that average with the same compression and all-gathers
+it, while the next chunk's reduce-scatter runs: every peer decodes the same bytes. The average
+is compressed twice (the parts, then the averaged part): a quantizer's error is that of two
+roundings; fp16's second rounding is exact for values that are already sums of fp16 values only
+when no carry occurs, so at most one more half unit in the last place. An averaged part is sent
+in the size of the largest part of its contributors (a fixed-size compressor's exact size), plus
+a margin for a compressor whose size depends on the data; one that outgrows it makes that round
+fail on every peer, and the Optimizer then averages by whole payloads.
 """
 
 from __future__ import annotations
@@ -36,13 +38,26 @@ class TooLarge(ValueError):
     """An averaged part outgrew its bound (a compressor whose size depends on the data)."""
 
 
-def layout(numels: Sequence[int], world: int) -> List[List[Tuple[int, int, int]]]:
-    """The segments ``(tensor, start, end)`` of each of the ``world`` parts."""
-    total = sum(numels)
-    bounds = [total * j // world for j in range(world + 1)]
-    parts, offset = [[] for _ in range(world)], 0
+# a part of a chunk holds at least this many values: the parts of a round's chunks pipeline (a
+# chunk's all-gather runs beside the next chunk's reduce-scatter), and the link carries several
+# short exchanges faster than two long ones (measured: docs/collaborative.md)
+PIECE_VALUES = 32768
+MAX_CHUNKS = 16
+
+
+def chunk_count(total: int, world: int) -> int:
+    """Chunks of a round over ``total`` values (the same on every peer: shapes only)."""
+    return max(1, min(MAX_CHUNKS, total // (world * PIECE_VALUES)))
+
+
+def layout(numels: Sequence[int], world: int, chunks: int = 1) -> List[List[Tuple[int, int, int]]]:
+    """The segments ``(tensor, start, end)`` of each of the ``world * chunks`` parts, in flat
+    order: part ``k * world + j`` is chunk ``k``'s part of peer ``j``."""
+    total, count = sum(numels), world * chunks
+    bounds = [total * j // count for j in range(count + 1)]
+    parts, offset = [[] for _ in range(count)], 0
     for i, n in enumerate(numels):
-        for j in range(world):
+        for j in range(count):
             lo, hi = max(bounds[j], offset), min(bounds[j + 1], offset + n)
             if lo < hi:
                 parts[j].append((i, lo - offset, hi - offset))
@@ -50,15 +65,67 @@ def layout(numels: Sequence[int], world: int) -> List[List[Tuple[int, int, int]]
     return parts
 
 
-def _alltoall(pg, chunks: List[torch.Tensor], table, rank: int) -> List[torch.Tensor]:
+def _start(pg, send: List[torch.Tensor], into: List[int]):
+    """An all-to-all begun: ``(work, output, into)``; :func:`_done` waits for it."""
     from torch.distributed.distributed_c10d import AllToAllOptions
 
-    world = len(table)
-    send = torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.uint8)
-    into = [int(table[r][4 + rank]) for r in range(world)]
+    data = torch.cat(send) if send else torch.empty(0, dtype=torch.uint8)
     out = torch.empty(sum(into), dtype=torch.uint8)
-    pg.alltoall_base(out, send, into, [c.numel() for c in chunks], AllToAllOptions()).wait()
+    work = pg.alltoall_base(out, data, into, [c.numel() for c in send], AllToAllOptions())
+    return work, out, into
+
+
+def _done(started) -> List[torch.Tensor]:
+    work, out, into = started
+    work.wait()
     return list(torch.split(out, into))
+
+
+def _bound(codec: Codec, table, part: int, segments) -> int:
+    """The bytes an averaged part may take: what its largest contributor sent (a fixed-size
+    compressor re-encodes to exactly that), with a margin for a data-dependent one."""
+    largest = int(max(row[4 + part] for row in table))
+    if codec.fixed_size:
+        return largest
+    return int(largest * 1.1) + 64 * len(segments) + 1024
+
+
+def _framed(mine: torch.Tensor, bound: int) -> torch.Tensor:
+    """``u32 length + the part``, padded to ``4 + bound`` (the length says TooLarge past it)."""
+    wire = torch.zeros(4 + bound, dtype=torch.uint8)
+    size = _TOO_LARGE if mine.numel() > bound else mine.numel()
+    wire[:4] = torch.frombuffer(bytearray(_LEN.pack(size)), dtype=torch.uint8)
+    if size != _TOO_LARGE:
+        wire[4 : 4 + size] = mine
+    return wire
+
+
+def _exchange(pg, codec: Codec, parts, encoded, table, times: dict, clock: float):
+    """The reduce-scatter and all-gather of every chunk, pipelined (issued in the same order on
+    every peer: RS 0, RS 1, AG 0, RS 2, AG 1, ...): ``(gathered wires per part, bytes sent)``."""
+    world, rank = len(table), _rank(pg)
+    chunks = len(parts) // world
+
+    def scatter(k: int):
+        ids = range(k * world, (k + 1) * world)
+        return _start(pg, [encoded[p] for p in ids], [int(r[4 + k * world + rank]) for r in table])
+
+    gathers, sent = [], 0
+    pending = scatter(0)
+    for k in range(chunks):
+        following = scatter(k + 1) if k + 1 < chunks else None
+        own = k * world + rank
+        mine = _average_part(codec, parts[own], table, _done(pending))
+        wire = _framed(mine, _bound(codec, table, own, parts[own]))
+        into = [4 + _bound(codec, table, k * world + j, parts[k * world + j]) for j in range(world)]
+        gathers.append(_start(pg, [wire] * world, into))
+        sent += (world - 1) * wire.numel()
+        pending = following
+    times["reduce_scatter"] = time.perf_counter() - clock
+    gathered = [w for g in gathers for w in _done(g)]
+    times["all_gather"] = time.perf_counter() - clock - times["reduce_scatter"]
+    sent += sum(c.numel() for p, c in enumerate(encoded) if p % world != rank)
+    return gathered, sent
 
 
 def reduce(manager, codec: Codec, values: Optional[List[torch.Tensor]], head: Sequence[float],
@@ -67,38 +134,27 @@ def reduce(manager, codec: Codec, values: Optional[List[torch.Tensor]], head: Se
     tensor) is None for a peer that contributes nothing; ``head`` is its ``(samples, rate,
     batch)``. ``average`` is None when nobody contributed; ``own_decoded`` (what this peer's
     parts carry, for error feedback) only with ``decode_own``. ``times`` receives the seconds
-    of each phase (``header``, ``reduce_scatter``, ``all_gather``)."""
+    of each phase (``header``; ``reduce_scatter``: until the last chunk's part is averaged;
+    ``all_gather``: the rest)."""
     times = {} if times is None else times
     clock = time.perf_counter()
     pg = _process_group(manager)
-    world, rank = pg.size(), _rank(pg)
-    parts = layout([int(torch.Size(s).numel()) for s in codec.shapes], world)
-    empty = torch.empty(0, dtype=torch.uint8)
-    chunks = [codec.encode(values, p) for p in parts] if values is not None else [empty] * world
-    header = torch.tensor([*head, 0.0, *[c.numel() for c in chunks]], dtype=torch.float64)
+    world = pg.size()
+    numels = [int(torch.Size(s).numel()) for s in codec.shapes]
+    parts = layout(numels, world, chunk_count(sum(numels), world))
+    empty = [torch.empty(0, dtype=torch.uint8)] * len(parts)
+    encoded = [codec.encode(values, p) for p in parts] if values is not None else empty
+    header = torch.tensor([*head, 0.0, *[c.numel() for c in encoded]], dtype=torch.float64)
     rows = everyone(pg, header, world)
     times["header"], clock = time.perf_counter() - clock, time.perf_counter()
     table = [tuple(r.tolist()) for r in rows]
     total = sum(int(r[0]) for r in table)
     own = None
     if values is not None and decode_own:
-        own = _place(codec, [(p, codec.decode(c, p)) for c, p in zip(chunks, parts)])
+        own = _place(codec, [(p, codec.decode(c, p)) for c, p in zip(encoded, parts)])
     if total == 0:
         return table, None, own, 0
-    received = _alltoall(pg, chunks, table, rank)
-    mine = _average_part(codec, parts[rank], table, received)
-    times["reduce_scatter"], clock = time.perf_counter() - clock, time.perf_counter()
-    largest = max(r[4 + j] for r in table for j in range(world))
-    bound = int(largest * 1.1) + 64 * max(len(p) for p in parts) + 1024
-    wire = torch.zeros(4 + bound, dtype=torch.uint8)
-    if mine.numel() > bound:
-        wire[:4] = torch.frombuffer(bytearray(_LEN.pack(_TOO_LARGE)), dtype=torch.uint8)
-    else:
-        wire[:4] = torch.frombuffer(bytearray(_LEN.pack(mine.numel())), dtype=torch.uint8)
-        wire[4 : 4 + mine.numel()] = mine
-    gathered = everyone(pg, wire, world)
-    times["all_gather"] = time.perf_counter() - clock
-    sent = sum(c.numel() for j, c in enumerate(chunks) if j != rank) + (world - 1) * wire.numel()
+    gathered, sent = _exchange(pg, codec, parts, encoded, table, times, clock)
     return table, _assemble(codec, parts, gathered), own, sent
 
 

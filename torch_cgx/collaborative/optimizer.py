@@ -53,7 +53,9 @@ class Optimizer:
         initial_peers: the Lighthouse to join (``"host:port"``); None: ``INITIAL_PEERS`` /
             ``PL_INITIAL_PEERS``, else this peer hosts it (``self.address``, printed).
         matchmaking_time: how long a hosted Lighthouse waits for peers that are alive but
-            late to a round before it starts the round without them (s).
+            late to a round before it starts the round without them (s; counted from the
+            first request, which may precede the last round's end by ``averaging_timeout``:
+            its join timeout is the sum of the two).
         averaging_timeout: a round's collectives and state transfer (s): a peer that dies or
             stalls in a round is dropped within it.
         use_local_updates: step the optimizer on every ``step()`` and average the parameters
@@ -66,9 +68,12 @@ class Optimizer:
         delay_grad_averaging, delay_optimizer_step: run each round (the average and the
             commit) in the background while ``step()`` goes on accumulating the next epoch's
             gradients; the optimizer steps with the average at the first ``step()`` after the
-            round ends (one epoch stale, as hivemind's; either flag turns it on). A peer whose
-            next share is done before the round ends waits for it.
-    torch_cgx's own: ``error_feedback`` (None: for biased compressors), ``host`` /
+            round ends (one epoch stale, as hivemind's; either flag turns it on). The samples
+            computed while a round runs all go into the next epoch (at least the target).
+    torch_cgx's own: ``wait_for_round`` (with the delay: a peer whose next share is done
+    before the round ends waits for it in ``step()``, as hivemind's does, so an epoch stays the
+    planned batch; default False: it goes on computing),
+    ``error_feedback`` (None: for biased compressors), ``host`` /
     ``host_maddrs`` (the address others reach this peer at), ``heartbeat_timeout`` (a hosted
     Lighthouse drops a silent peer after it, s).
     """
@@ -82,7 +87,7 @@ class Optimizer:
                  error_feedback: Optional[bool] = None, host: Optional[str] = None,
                  host_maddrs=None, heartbeat_timeout: float = 2.0, verbose: bool = False,
                  delay_grad_averaging: bool = False, delay_optimizer_step: Optional[bool] = None,
-                 **hivemind_only) -> None:  # fmt: skip
+                 wait_for_round: bool = False, **hivemind_only) -> None:  # fmt: skip
         extra = arguments.check_hivemind_only(hivemind_only)
         if not isinstance(run_id, str) or not run_id:
             raise ValueError(f"run_id must be a non-empty string, got {run_id!r}")
@@ -100,6 +105,10 @@ class Optimizer:
         self.delayed = arguments.check_delay(
             delay_grad_averaging, delay_optimizer_step, use_local_updates, grad_averager_factory
         )
+        if wait_for_round and not self.delayed:
+            raise ValueError("wait_for_round is about rounds in the background: pass "
+                             "delay_grad_averaging=True too, or leave it out")  # fmt: skip
+        self.wait_for_round = bool(wait_for_round)
         self.optimizer, self.params = arguments.make_optimizer(optimizer, params)
         self.scheduler = arguments.make_scheduler(scheduler, self.optimizer)
         self.run_id, self.batch_size_per_step = run_id, batch_size_per_step
@@ -158,9 +167,10 @@ class Optimizer:
         target = rendezvous.join_address(initial_peers)
         self.lighthouse = None
         me = rendezvous.local_host(target[0] if target else None, host, host_maddrs)
-        if target is None:
+        if target is None:  # late is measured from a round's end: the first request may come
+            # from a peer the last round left out, a whole round (averaging_timeout) earlier
             self.lighthouse = rendezvous.Lighthouse(
-                me, join_timeout=matchmaking, heartbeat_timeout=heartbeat
+                me, join_timeout=matchmaking + timeout, heartbeat_timeout=heartbeat
             )
             target = (me, self.lighthouse.port)
             print(f"torch_cgx.collaborative: peers join with initial_peers="
@@ -197,9 +207,9 @@ class Optimizer:
         self._batch = size
         if self._inflight is not None:
             share_done = self._quota is not None and self._samples >= self._quota
-            if not self._inflight.done() and not share_done:
-                return loss
-            self._collect()  # waits when this peer's next share is done before the round
+            if not self._inflight.done() and not (share_done and self.wait_for_round):
+                return loss  # the samples go on into the next epoch
+            self._collect()  # waits (wait_for_round) when the next share is done first
         if self._quota is None or self._samples >= self._quota:
             if self.delayed:
                 self._launch()

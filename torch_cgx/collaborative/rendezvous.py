@@ -91,6 +91,7 @@ class Lighthouse:
             quorum_tick_ms=10,
             heartbeat_timeout_ms=int(heartbeat_timeout * 1000),
         )
+        self.join_timeout = join_timeout
         self.port = int(self.server.address().rsplit(":", 1)[1])
         self.address = f"{host}:{self.port}"
 

@@ -32,7 +32,7 @@ from torch_cgx.compression import (
 from torch_cgx.compression.base import TensorDescriptor
 from torch_cgx.diloco.managed import _process_group, _rank
 
-__all__ = ["Codec", "average", "everyone", "gather_round", "is_biased"]
+__all__ = ["Codec", "average", "everyone", "gather_round", "is_biased", "is_fixed_size"]
 
 _LEN = struct.Struct("<I")
 
@@ -49,6 +49,20 @@ def is_biased(leaf: CompressionBase) -> bool:
     if isinstance(leaf, CGXCompression):
         return bool(leaf.codec_for(0).traits.get("biased", True))
     return True
+
+
+def is_fixed_size(leaf: CompressionBase) -> bool:
+    """Whether ``leaf``'s payload size depends on the values' count alone (so an averaged part
+    re-encodes to the size its contributors sent): exact, fp16 and the registry's fixed-size
+    compressors; any other is assumed to depend on the data."""
+    from torch_cgx.compression import Float16Compression, ScaledFloat16Compression
+    from torch_cgx.compression.registered import CGXCompression
+
+    if type(leaf) in (NoCompression, Float16Compression, ScaledFloat16Compression):
+        return True  # the classes themselves: a subclass may compress otherwise
+    if type(leaf) is CGXCompression:
+        return bool(leaf.codec_for(0).traits.get("fixed_size", False))
+    return False
 
 
 class Codec:
@@ -68,6 +82,7 @@ class Codec:
             for i, s in enumerate(self.shapes)
         ]
         self.biased = [is_biased(leaf) for leaf in self.leaves]
+        self.fixed_size = all(is_fixed_size(leaf) for leaf in self.leaves)
 
     def whole(self) -> List[Tuple[int, int, int]]:
         """Every tensor as one segment ``(tensor, start, end)``."""
