@@ -13,14 +13,16 @@ what the collaboration is measured against. Then the same model (a 1.06M-paramet
 and arguments (Adam, batch 32, target_batch_size, Float16, matchmaking_time, averaging_timeout)
 go through each system for ``--seconds``. Printed per system: samples/s of the collaboration
 (samples fed to ``step()`` by every peer, over the window) against the solo sum, epochs and the
-mean time of one (over the window, and over its last third, when every peer is back), bytes
-sent per sample (every host's TUN, both systems' whole traffic), the
+mean time of one (over the window, and over its last third, when every peer is back), its
+bound (the target batch's compute at the solo rates + a peer's mean bytes a round over the link +
+the set latency), bytes sent per sample (every host's TUN, both systems' whole traffic), the
 held-out loss at the end, and how long the restarted peer took to its first global step.
 A system named with ``-delay`` runs with hivemind's ``delay_grad_averaging=True`` (and
 ``delay_optimizer_step``, hivemind's ``offload_optimizer`` as it requires): each round in the
-background while the peer goes on computing. hivemind runs with ``--hivemind-python`` (an
-interpreter with ``hivemind==1.1.12``; it is never
-a dependency of torch_cgx) and is left out, saying so, where none is given or found.
+background while the peer goes on computing; ``cgx-delay-wait`` adds ``wait_for_round=True`` (a
+peer whose next share is done waits for the round, as hivemind's does). hivemind runs with
+``--hivemind-python`` (an interpreter with ``hivemind==1.1.12``; it is never a dependency of
+torch_cgx) and is left out, saying so, where none is given or found.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import time
 from typing import Dict, List, Optional
 
 # "-delay": hivemind's delay_grad_averaging / delay_optimizer_step (rounds in the background)
-SYSTEMS = ("cgx", "hivemind", "cgx-delay", "hivemind-delay")
+SYSTEMS = ("cgx", "hivemind", "cgx-delay", "hivemind-delay", "cgx-delay-wait")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -125,8 +127,7 @@ def _run_system(args, system: str, python: str, hosts, out: str) -> Dict:
              for i, h in enumerate(hosts)}  # fmt: skip
     victim = f"p{len(hosts) - 1}"
     time.sleep(max(0.0, join_at + args.seconds / 3 - time.time()))
-    procs[victim].kill()
-    procs[victim].wait()
+    _kill(procs[victim])
     killed = time.time()
     time.sleep(args.down)
     restarted = time.time()
@@ -135,11 +136,36 @@ def _run_system(args, system: str, python: str, hosts, out: str) -> Dict:
     procs["p0"].wait(timeout=end - time.time() + 120)
     time.sleep(1.0)
     for p in procs.values():
-        if p.poll() is None:
-            p.kill()
-        p.wait()
+        _kill(p)
     sent = sum(_tx_bytes(h) - b for h, b in zip(hosts, before))
-    return _figures(system, out, procs, sent, join_at, end, killed, restarted)
+    figures = _figures(system, out, procs, sent, join_at, end, killed, restarted)
+    figures["bound_s"] = _bound(args, figures, sent)
+    return figures
+
+
+def _bound(args, figures: Dict, sent: int) -> Optional[float]:
+    """An epoch's bound: the target batch's compute at the peers' solo rates, one peer's mean
+    bytes a round (every host's traffic / epochs / peers) over the link, the set latency."""
+    from torch_cgx.plan.rates import parse_rate_bits, parse_time
+
+    if not figures["solo_sum"] or not figures["epochs"]:
+        return None
+    latency = parse_time(args.latency) if args.latency else 0.0
+    link = parse_rate_bits(args.link) / 8
+    per_round = sent / figures["epochs"] / args.peers
+    return args.target / figures["solo_sum"] + per_round / link + latency
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL a peer and every process it forked (hivemind's DHT and averager are processes
+    of their own, in the peer's session): none outlives its run to load the next."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def _rows(out, system, name) -> List[dict]:
@@ -181,7 +207,8 @@ def _print(results: List[Dict], args) -> None:
           f"slower, peer {args.peers - 1} killed and restarted; target {args.target}, batch "
           f"{args.batch}, {args.compression}, {args.seconds:.0f} s")  # fmt: skip
     print(f"{'system':<15}{'samples/s':>10}{'of solo':>9}{'epochs':>8}{'s/epoch':>9}"
-          f"{'late s/ep':>10}{'B/sample':>10}{'loss':>8}{'rejoin s':>10}")  # fmt: skip
+          f"{'late s/ep':>10}{'bound s':>9}{'B/sample':>10}{'loss':>8}"
+          f"{'rejoin s':>10}")  # fmt: skip
 
     def f(r, key, fmt):
         return format(r[key], fmt) if r[key] is not None else "-"
@@ -189,6 +216,7 @@ def _print(results: List[Dict], args) -> None:
     for r in results:
         print(f"{r['system']:<15}{f(r, 'samples_per_s', '.0f'):>10}{f(r, 'of_solo', '.2f'):>9}"
               f"{r['epochs']:>8}{f(r, 'epoch_s', '.2f'):>9}{f(r, 'late_epoch_s', '.2f'):>10}"
+              f"{f(r, 'bound_s', '.2f'):>9}"
               f"{f(r, 'bytes_per_sample', '.0f'):>10}"
               f"{f(r, 'loss', '.4f'):>8}{f(r, 'rejoin_s', '.1f'):>10}")  # fmt: skip
     by = {r["system"]: r for r in results if r["samples_per_s"]}

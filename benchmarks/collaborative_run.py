@@ -1,6 +1,7 @@
 """One peer of ``python -m benchmarks.collaborative`` (run inside an emulated host): the same
 model, data and arguments through ``torch_cgx.collaborative.Optimizer`` ("cgx") or
-``hivemind.Optimizer`` ("hivemind"); "-delay" adds hivemind's ``delay_grad_averaging``.
+``hivemind.Optimizer`` ("hivemind"); "-delay" adds hivemind's ``delay_grad_averaging``,
+"-wait" torch_cgx's ``wait_for_round``.
 
 A peer first trains alone (plain Adam, no collaboration) until ``--join-at``: its solo rate,
 measured while every other peer does the same (they share this machine's cores). Then it joins
@@ -69,8 +70,10 @@ def _optimizer(args, model, address):
                 grad_compression=_compression(args.compression, hivemind_system),
                 state_averaging_compression=_compression(args.compression,
                                                          hivemind_system))  # fmt: skip
-    if args.system.endswith("-delay"):
+    if "-delay" in args.system:
         opts.update(delay_grad_averaging=True, delay_optimizer_step=True)
+        if args.system.endswith("-wait"):
+            opts["wait_for_round"] = True
         if hivemind_system:  # hivemind's delayed step needs its offloaded optimizer
             opts["offload_optimizer"] = True
     if hivemind_system:
