@@ -335,6 +335,47 @@ def test_butterfly_layout_and_bounds():
         butterfly._assemble(codec, parts, [big, big])
 
 
+class _OnePeer:
+    """A process group of one: an all-to-all is a copy (what the schedule of exchanges sees)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def rank(self):
+        return 0
+
+    def alltoall_base(self, out, data, into, sends, opts):
+        assert into == sends and out.numel() == data.numel()
+        self.calls += 1
+        out.copy_(data)
+        return type("Done", (), {"wait": lambda self: None})()
+
+
+def test_butterfly_pipeline_runs_every_exchange_and_fails_a_bad_part_in_band():
+    from torch_cgx.collaborative import butterfly
+
+    codec = wire.Codec(C.Float16Compression(), [(40, 3), (7,)], TensorRole.GRADIENT)
+    parts = butterfly.layout([120, 7], 1, 4)
+    values = [torch.linspace(-1, 1, 120), torch.arange(7.0)]
+    encoded = [codec.encode(values, p) for p in parts]
+    table = [(5, 0, 0, 0, *[c.numel() for c in encoded])]
+    pg = _OnePeer()
+    gathered, _ = butterfly._exchange(pg, codec, parts, encoded, table, {}, time.perf_counter())
+    assert pg.calls == 2 * len(parts)  # a reduce-scatter and an all-gather per chunk
+    out = butterfly._assemble(codec, parts, gathered)
+    for x, y in zip(out, values):  # one contributor: its fp16 values, twice rounded = once
+        assert torch.equal(x, y.half().float())
+    # a truncated part: its owner says so in-band and runs the remaining exchanges
+    bad = list(encoded)
+    bad[1] = bad[1][:-3]
+    table = [(5, 0, 0, 0, *[c.numel() for c in bad])]
+    pg = _OnePeer()
+    gathered, _ = butterfly._exchange(pg, codec, parts, bad, table, {}, time.perf_counter())
+    assert pg.calls == 2 * len(parts)
+    with pytest.raises(ValueError, match="could not average its part"):
+        butterfly._assemble(codec, parts, gathered)
+
+
 def test_hivemind_strategy_fits_alone_under_lightning(tmp_path):
     pl = pytest.importorskip("lightning.pytorch")
     from torch_cgx.lightning import hivemind_strategy_class

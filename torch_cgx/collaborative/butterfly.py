@@ -20,6 +20,7 @@ fail on every peer, and the Optimizer then averages by whole payloads.
 
 from __future__ import annotations
 
+import logging
 import struct
 import time
 from typing import List, Optional, Sequence, Tuple
@@ -30,8 +31,10 @@ from torch_cgx.collaborative.wire import Codec, _process_group, _rank, average, 
 
 __all__ = ["TooLarge", "layout", "reduce"]
 
+_log = logging.getLogger("torch_cgx.collaborative")
 _LEN = struct.Struct("<I")
 _TOO_LARGE = 0xFFFFFFFF
+_FAILED = 0xFFFFFFFE  # the owner could not average its part (a corrupted contributor's part)
 
 
 class TooLarge(ValueError):
@@ -90,12 +93,15 @@ def _bound(codec: Codec, table, part: int, segments) -> int:
     return int(largest * 1.1) + 64 * len(segments) + 1024
 
 
-def _framed(mine: torch.Tensor, bound: int) -> torch.Tensor:
-    """``u32 length + the part``, padded to ``4 + bound`` (the length says TooLarge past it)."""
+def _framed(mine: Optional[torch.Tensor], bound: int) -> torch.Tensor:
+    """``u32 length + the part``, padded to ``4 + bound``; the length says TooLarge past it,
+    or that the owner failed (``mine`` None): the round fails on every peer, each having run
+    the same exchanges (a peer that stopped early would leave the others waiting out the
+    timeout, and the group's collectives out of step)."""
     wire = torch.zeros(4 + bound, dtype=torch.uint8)
-    size = _TOO_LARGE if mine.numel() > bound else mine.numel()
+    size = _FAILED if mine is None else _TOO_LARGE if mine.numel() > bound else mine.numel()
     wire[:4] = torch.frombuffer(bytearray(_LEN.pack(size)), dtype=torch.uint8)
-    if size != _TOO_LARGE:
+    if mine is not None and size != _TOO_LARGE:
         wire[4 : 4 + size] = mine
     return wire
 
@@ -115,7 +121,12 @@ def _exchange(pg, codec: Codec, parts, encoded, table, times: dict, clock: float
     for k in range(chunks):
         following = scatter(k + 1) if k + 1 < chunks else None
         own = k * world + rank
-        mine = _average_part(codec, parts[own], table, _done(pending))
+        received = _done(pending)
+        try:
+            mine = _average_part(codec, parts[own], table, received)
+        except ValueError as e:  # said in-band: every peer fails the round at its end
+            _log.warning("collaborative round: a part this peer averages is bad: %s", e)
+            mine = None
         wire = _framed(mine, _bound(codec, table, own, parts[own]))
         into = [4 + _bound(codec, table, k * world + j, parts[k * world + j]) for j in range(world)]
         gathers.append(_start(pg, [wire] * world, into))
@@ -179,6 +190,9 @@ def _assemble(codec, parts, gathered) -> List[torch.Tensor]:
         (size,) = _LEN.unpack(buf[:4].numpy().tobytes())
         if size == _TOO_LARGE:
             raise TooLarge("an averaged part outgrew its bound: averaging by whole payloads")
+        if size == _FAILED:
+            raise ValueError("collaborative round: a peer could not average its part (one "
+                             "truncated or corrupted): the round is not committed")  # fmt: skip
         if size > buf.numel() - 4:
             raise ValueError(f"collaborative round: a part of {size} bytes in a "
                              f"{buf.numel() - 4}-byte buffer")  # fmt: skip
