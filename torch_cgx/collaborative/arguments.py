@@ -40,10 +40,14 @@ ACCEPTED = {
 }
 
 
-def check_delay(grad_averaging, optimizer_step, local_updates, averager_factory) -> bool:
+def check_delay(grad_averaging, optimizer_step, local_updates, averager_factory,
+                wait_for_round=False) -> bool:  # fmt: skip
     """Whether rounds run in the background (hivemind's ``delay_grad_averaging`` /
     ``delay_optimizer_step``: either one); ValueError where it cannot."""
     delayed = bool(grad_averaging) or bool(optimizer_step)
+    if wait_for_round and not delayed:
+        raise ValueError("wait_for_round is about rounds in the background: pass "
+                         "delay_grad_averaging=True too, or leave it out")  # fmt: skip
     if delayed and local_updates:
         raise ValueError("delay_grad_averaging / delay_optimizer_step delay the gradients' "
                          "average: with use_local_updates=True the parameters are averaged "

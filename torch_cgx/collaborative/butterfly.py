@@ -127,9 +127,9 @@ def _exchange(pg, codec: Codec, parts, encoded, table, times: dict, clock: float
         except ValueError as e:  # said in-band: every peer fails the round at its end
             _log.warning("collaborative round: a part this peer averages is bad: %s", e)
             mine = None
-        wire = _framed(mine, _bound(codec, table, own, parts[own]))
-        into = [4 + _bound(codec, table, k * world + j, parts[k * world + j]) for j in range(world)]
-        gathers.append(_start(pg, [wire] * world, into))
+        bounds = [_bound(codec, table, p, parts[p]) for p in range(k * world, (k + 1) * world)]
+        wire = _framed(mine, bounds[rank])
+        gathers.append(_start(pg, [wire] * world, [4 + b for b in bounds]))
         sent += (world - 1) * wire.numel()
         pending = following
     times["reduce_scatter"] = time.perf_counter() - clock

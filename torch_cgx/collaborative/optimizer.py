@@ -4,14 +4,13 @@ equal after every epoch (docs/collaborative.md)."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from concurrent.futures import Future
 from typing import Optional
 
 import torch
 
 from torch_cgx.collaborative import arguments, butterfly, progress, rendezvous, wire
+from torch_cgx.collaborative.background import in_background
 from torch_cgx.collaborative.state import PeerState
 from torch_cgx.compression import TensorRole
 
@@ -19,21 +18,6 @@ __all__ = ["Optimizer"]
 
 KEY = "torch_cgx.collaborative"
 _log = logging.getLogger("torch_cgx.collaborative")
-
-
-def _in_background(fn, *args) -> Future:
-    """``fn(*args)`` in a daemon thread (a round stuck in a dead peer's timeout does not hold
-    the interpreter's exit)."""
-    future: Future = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(fn(*args))
-        except BaseException as e:  # handed to the training thread by _collect
-            future.set_exception(e)
-
-    threading.Thread(target=run, name="torch_cgx.collaborative round", daemon=True).start()
-    return future
 
 
 class Optimizer:
@@ -102,12 +86,9 @@ class Optimizer:
         if grad_averager_factory is not None and use_local_updates:
             raise ValueError("grad_averager_factory averages gradients: it does not go with "
                              "use_local_updates=True (parameters are averaged)")  # fmt: skip
-        self.delayed = arguments.check_delay(
-            delay_grad_averaging, delay_optimizer_step, use_local_updates, grad_averager_factory
-        )
-        if wait_for_round and not self.delayed:
-            raise ValueError("wait_for_round is about rounds in the background: pass "
-                             "delay_grad_averaging=True too, or leave it out")  # fmt: skip
+        self.delayed = arguments.check_delay(delay_grad_averaging, delay_optimizer_step,
+                                             use_local_updates, grad_averager_factory,
+                                             wait_for_round)  # fmt: skip
         self.wait_for_round = bool(wait_for_round)
         self.optimizer, self.params = arguments.make_optimizer(optimizer, params)
         self.scheduler = arguments.make_scheduler(scheduler, self.optimizer)
@@ -239,7 +220,7 @@ class Optimizer:
     def _launch(self) -> None:
         job = self._begin()
         self.state.deferring = True
-        self._inflight = _in_background(self._run, job)
+        self._inflight = in_background(self._run, job)
 
     def _collect(self) -> None:
         """Applies the background round (waits for it if it is still running). The wait and
