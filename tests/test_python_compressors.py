@@ -14,6 +14,7 @@ from dist_helpers import run_ranks
 
 from torch_cgx import compressors, testing
 from torch_cgx.compressors import CompressorBase, Param
+from torch_cgx.compressors.python import Context
 
 
 class ScaledSign(CompressorBase):
@@ -53,6 +54,16 @@ def test_natural_format_and_bound():
     assert y[4] in (0.0, 2.0**-126) and torch.isnan(y[5]) and y[6] == 2.0**127
     mags = y[:4].abs()
     assert torch.equal(mags, torch.exp2(torch.log2(mags.clamp(min=2.0**-149)).round()) * (mags > 0))
+
+
+@pytest.mark.parametrize("seed,stream", [(0, 0), (1, 2), (2**63 + 5, 2**40 + 7)])
+def test_int32_draws_are_the_format_generator(seed, stream):
+    ctx = Context(seed, stream)  # keys with the high bit set included (negative as int32)
+    u = ctx.uniform(torch.arange(5000))
+    assert torch.equal(ctx.uniform_first(5000), u)
+    assert torch.equal(ctx.uniform24_first(5000), (u * 2**24).to(torch.int32))
+    with pytest.raises(ValueError, match="n < 2"):
+        ctx.uniform24_first(1 << 31)
 
 
 def test_drive_error_near_its_expectation():

@@ -27,11 +27,14 @@ class Natural(CompressorBase):
     def encode(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
         bits = x.view(torch.int32)
         exponent = (bits >> 23) & 0xFF
-        mantissa = (bits & 0x7FFFFF).to(torch.float32) * 2.0**-23  # |x| / 2^e - 1, exact
-        u = ctx.uniform_first(x.numel(), x.device)
-        up = (u < mantissa).to(torch.int32)
-        rounded = torch.where(exponent == 255, exponent, torch.clamp(exponent + up, max=254))
-        return torch.cat([rounded.to(torch.uint8), pack_bits((bits >> 31) & 1, 1)])
+        # up with probability |x| / 2^e - 1 = mantissa / 2^23: a 24-bit draw below twice the
+        # mantissa; in integers, as a sign (-1: up), which compilers vectorize
+        up = (ctx.uniform24_first(x.numel(), x.device) - ((bits & 0x7FFFFF) << 1)) >> 31
+        can = ((exponent + 2) >> 8) - 1  # -1 below 254; 0 at 254 and 255 (not finite): stays
+        rounded = exponent - (up & can)
+        # through float32: inductor's CPU code converts float32 to uint8 in vectors, int32 not
+        signs = pack_bits((bits >> 31) & 1, 1)
+        return torch.cat([rounded.to(torch.float32).to(torch.uint8), signs])
 
     def bound(self, x: torch.Tensor) -> float:
         return float(x.double().norm())  # |x' - x| <= |x| value by value

@@ -73,11 +73,20 @@ class Context:
         return _uniform(self._keys[0], self._keys[1], index)
 
     def uniform_first(self, n: int, device=None) -> torch.Tensor:
-        """``uniform(arange(n))`` (n < 2^32), cheaper: the index's high word is known zero."""
-        if n >= 1 << 32:
+        """``uniform(arange(n))`` (n < 2^31), cheaper (see :meth:`uniform24_first`)."""
+        if n >= 1 << 31:
             return self.uniform(torch.arange(n, device=device))
-        i = torch.arange(n, device=device, dtype=torch.int64)
-        return _hashed(_mix((_mix(i ^ self._keys[0]) + self._keys[1]) & _M32))
+        return self.uniform24_first(n, device).to(torch.float32) * (2.0**-24)
+
+    def uniform24_first(self, n: int, device=None) -> torch.Tensor:
+        """The draws of :meth:`uniform_first` as the integers they are made of (int32 in [0,
+        2^24): ``u * 2^24``; n < 2^31), in int32 arithmetic, which compilers vectorize (the
+        same low 32 bits as FORMAT.md's hash in int64). A comparison with them needs no float."""
+        if n >= 1 << 31:
+            raise ValueError(f"uniform24_first takes n < 2^31, got {n}")
+        keys = self._keys.view(torch.int32)  # little-endian words: [0] = k0, [2] = k1
+        i = torch.arange(n, device=device, dtype=torch.int32)
+        return (_mix32(_mix32(i ^ keys[0]) + keys[2]) >> 8) & 0xFFFFFF
 
     def shared_uniform(self, index: torch.Tensor) -> torch.Tensor:
         """The same draw keyed by (seed, shared): identical on every rank (random selections)."""
@@ -91,14 +100,18 @@ def _uniform(k0: torch.Tensor, k1: torch.Tensor, index: torch.Tensor) -> torch.T
     return _hashed(_fmix32((_fmix32(lo ^ k0) + (_mul32(hi, 0x9E3779B1) ^ k1)) & _M32))
 
 
-def _mix(h: torch.Tensor) -> torch.Tensor:
-    """base._fmix32 with whole int64 products: their low 32 bits are the same (int64 arithmetic
-    wraps modulo 2^64 on every device torch runs on), in fewer operations."""
-    h = h ^ (h >> 16)
-    h = (h * 0x85EBCA6B) & _M32
-    h = h ^ (h >> 13)
-    h = (h * 0xC2B2AE35) & _M32
-    return h ^ (h >> 16)
+def _signed32(c: int) -> int:
+    return c - (1 << 32) if c >= 1 << 31 else c
+
+
+def _mix32(h: torch.Tensor) -> torch.Tensor:
+    """base._fmix32 on int32 tensors: products wrap modulo 2^32 (two's complement on every
+    device torch runs on); a right shift is arithmetic, so its sign bits are masked off."""
+    h = h ^ ((h >> 16) & 0xFFFF)
+    h = h * _signed32(0x85EBCA6B)
+    h = h ^ ((h >> 13) & 0x7FFFF)
+    h = h * _signed32(0xC2B2AE35)
+    return h ^ ((h >> 16) & 0xFFFF)
 
 
 def _hashed(h: torch.Tensor) -> torch.Tensor:
