@@ -94,7 +94,7 @@ def test_the_native_mx_path_is_the_tensor_operations(spec):
     c = compressors.get(name, **params).impl
     assert floats_native.usable(c, "cpu")  # it passed its first-use check
     ctx = compressors.Context(4, 9, 0)
-    for n in (1, 31, 33, 32 * 700 + 5):
+    for n in (1, 31, 33, 32 * 700 + 5, 32 * 2100 + 3):  # the last: two of the pool's tasks
         for scale in (1.0, 1e-35, 1e35):
             x = _heavy(n, n) * scale
             if n > 100:
@@ -103,9 +103,12 @@ def test_the_native_mx_path_is_the_tensor_operations(spec):
         body = torch.randint(0, 256, (c.body_size(n),), dtype=torch.uint8,
                              generator=torch.Generator().manual_seed(n))  # fmt: skip
         want, got = c.reference_decode(body, n), c.decode(body, n)
-        assert torch.equal(want.view(torch.int32), got.view(torch.int32)) or bool(
-            ((want == got) | (want.isnan() & got.isnan())).all()
-        )
+        acc = torch.randn(n, generator=torch.Generator().manual_seed(1))
+        added = c.decode_add_(acc.clone(), body)
+        for a, b in ((want, got), (acc + want, added)):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32)) or bool(
+                ((a == b) | (a.isnan() & b.isnan())).all()
+            )
 
 
 def test_a_native_path_that_disagrees_warns_and_is_not_used(monkeypatch):

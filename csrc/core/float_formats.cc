@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/clones.h"
 #include "core/error.h"
 
 namespace cgx::floats {
@@ -20,29 +21,6 @@ float from_bits(uint32_t b) {
   float v;
   std::memcpy(&v, &b, 4);
   return v;
-}
-
-// `count` codes of `bits` bits as an LSB-first bit stream at out (whole bytes: count * bits is a
-// multiple of 8 but for the last block, whose last byte's high bits are 0).
-void pack(const uint32_t* codes, int64_t count, int bits, uint8_t* out) {
-  const int64_t bytes = (count * bits + 7) / 8;
-  if (bits == 8) {
-    for (int64_t i = 0; i < count; ++i) out[i] = uint8_t(codes[i]);
-    return;
-  }
-  std::memset(out, 0, size_t(bytes));
-  if (bits == 4) {
-    for (int64_t i = 0; i < count; ++i) out[i >> 1] |= uint8_t(codes[i] << ((i & 1) * 4));
-    return;
-  }
-  uint64_t acc = 0;
-  int have = 0;
-  int64_t at = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    acc |= uint64_t(codes[i]) << have;
-    for (have += bits; have >= 8; have -= 8, acc >>= 8) out[at++] = uint8_t(acc);
-  }
-  if (have > 0) out[at] = uint8_t(acc);
 }
 
 uint32_t unpack(const uint8_t* in, int64_t i, int bits) {
@@ -117,12 +95,12 @@ size_t mx_body_bytes(int64_t n, const Element& e, int64_t block) {
 
 namespace {
 
+#define CGX_INLINE inline __attribute__((always_inline))
+
 // The codes of `count` values x[i] * inv (quantize's rule, written for the vectorizer: no calls,
 // no branches; `u`: the draws, or null for nearest even).
-__attribute__((target_clones("avx2", "default"))) void quantize_block(const float* x, int64_t count,
-                                                                      float inv, const Element& e,
-                                                                      const float* u,
-                                                                      uint32_t* codes) {
+CGX_INLINE void quantize_block(const float* x, int64_t count, float inv, const Element& e,
+                               const float* u, uint32_t* codes) {
   const int emin = 1 - e.bias, mbits = e.mbits, shift = e.ebits + e.mbits;
   const float top = e.max;
   const uint32_t most = max_code(e);
@@ -140,13 +118,8 @@ __attribute__((target_clones("avx2", "default"))) void quantize_block(const floa
   }
 }
 
-__attribute__((target_clones("avx2", "default"))) void draws(RngKey key, int64_t lo, int64_t count,
-                                                             float* u) {
-  for (int64_t i = 0; i < count; ++i) u[i] = rng_uniform(key, uint64_t(lo + i));
-}
-
 // The block's largest magnitude as fp32 bits (above 0x7F800000: Inf or NaN).
-uint32_t max_bits(const float* x, int64_t count) {
+CGX_INLINE uint32_t max_bits(const float* x, int64_t count) {
   uint32_t most = 0;
   for (int64_t i = 0; i < count; ++i) {
     const uint32_t b = bits_of(x[i]) & 0x7FFFFFFFu;
@@ -155,58 +128,153 @@ uint32_t max_bits(const float* x, int64_t count) {
   return most;
 }
 
+// `count` codes of `bits` bits as an LSB-first bit stream at out (whole bytes: count * bits is a
+// multiple of 8 but for the last block, whose last byte's high bits are 0); the widths of the
+// MX elements (4, 6, 8) in loops the vectorizer takes.
+CGX_INLINE void pack(const uint32_t* codes, int64_t count, int bits, uint8_t* out) {
+  if (bits == 8) {
+    for (int64_t i = 0; i < count; ++i) out[i] = uint8_t(codes[i]);
+  } else if (bits == 4) {
+    const int64_t pairs = count / 2;
+    for (int64_t j = 0; j < pairs; ++j) out[j] = uint8_t(codes[2 * j] | (codes[2 * j + 1] << 4));
+    if (count & 1) out[pairs] = uint8_t(codes[count - 1]);
+  } else if (bits == 6 && count % 4 == 0) {
+    for (int64_t j = 0; j < count / 4; ++j) {
+      const uint32_t w = codes[4 * j] | (codes[4 * j + 1] << 6) | (codes[4 * j + 2] << 12) |
+                         (codes[4 * j + 3] << 18);
+      out[3 * j] = uint8_t(w);
+      out[3 * j + 1] = uint8_t(w >> 8);
+      out[3 * j + 2] = uint8_t(w >> 16);
+    }
+  } else {
+    uint64_t acc = 0;
+    int have = 0;
+    int64_t at = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      acc |= uint64_t(codes[i]) << have;
+      for (have += bits; have >= 8; have -= 8, acc >>= 8) out[at++] = uint8_t(acc);
+    }
+    if (have > 0) out[at] = uint8_t(acc);
+  }
+}
+
+// One pass of whole blocks [b, end) whose values start at lo (count of them): scales, codes and
+// the bit stream (`u`: the pass's draws or null).
+CGX_CLONES void encode_pass(const float* x, int64_t n, const Element& e, int64_t block,
+                            bool stochastic, const float* u, int64_t b, int64_t end, uint8_t* out,
+                            uint8_t* stream, uint32_t* codes) {
+  const int64_t lo = b * block;
+  for (int64_t k = b; k < end; ++k) {
+    const int64_t from = k * block, size = std::min(n, from + block) - from;
+    const uint32_t most = max_bits(x + from, size);
+    const float amax =
+        most > 0x7F800000u ? std::numeric_limits<float>::quiet_NaN() : from_bits(most);
+    const uint8_t s = mx_scale(amax, e, stochastic);
+    out[k] = s;
+    // x / 2^j as x * 2^-j: the same rounding (the exact product, rounded once); NaN: NaN
+    const float inv = s == 255 ? std::numeric_limits<float>::quiet_NaN() : 1.0f / mx_scale_value(s);
+    quantize_block(x + from, size, inv, e, u ? u + (from - lo) : nullptr, codes + (from - lo));
+  }
+  const int bits = e.bits();
+  pack(codes, std::min(n, end * block) - lo, bits, stream + ((lo * bits) >> 3));
+}
+
+CGX_CLONES void draws(RngKey key, int64_t lo, int64_t count, float* u) {
+  if (lo + count > (int64_t(1) << 32)) {
+    for (int64_t i = 0; i < count; ++i) u[i] = rng_uniform(key, uint64_t(lo + i));
+    return;
+  }
+  // indices below 2^32: rng_bits with the high word 0, in 32-bit lanes the vectorizer takes
+  const uint32_t base = uint32_t(lo), k0 = key.k0, k1 = key.k1;
+  for (int32_t i = 0; i < int32_t(count); ++i) {
+    u[i] = float(fmix32(fmix32((base + uint32_t(i)) ^ k0) + k1) >> 8) * 0x1p-24f;
+  }
+}
+
+// out[i] (+)= table[code i] * scale for the values [lo, hi) of one block.
+CGX_INLINE void decode_block(const uint8_t* stream, int64_t lo, int64_t hi, int bits,
+                             const float* table, float scale, float* out, bool add) {
+  if (bits == 4 && lo % 2 == 0) {
+    const uint8_t* in = stream + lo / 2;
+    const int64_t pairs = (hi - lo) / 2;
+    float* o = out + lo;
+    if (add) {
+      for (int64_t j = 0; j < pairs; ++j) {
+        o[2 * j] += table[in[j] & 0xF] * scale;
+        o[2 * j + 1] += table[in[j] >> 4] * scale;
+      }
+    } else {
+      for (int64_t j = 0; j < pairs; ++j) {
+        o[2 * j] = table[in[j] & 0xF] * scale;
+        o[2 * j + 1] = table[in[j] >> 4] * scale;
+      }
+    }
+    lo += 2 * pairs;
+  } else if (bits == 6 && lo % 4 == 0) {  // 4 codes in 3 bytes
+    const uint8_t* in = stream + lo / 4 * 3;
+    const int64_t groups = (hi - lo) / 4;
+    float* o = out + lo;
+    for (int64_t j = 0; j < groups; ++j) {
+      const uint32_t w =
+          in[3 * j] | (uint32_t(in[3 * j + 1]) << 8) | (uint32_t(in[3 * j + 2]) << 16);
+      for (int k = 0; k < 4; ++k) {
+        const float v = table[(w >> (6 * k)) & 63] * scale;
+        o[4 * j + k] = add ? o[4 * j + k] + v : v;
+      }
+    }
+    lo += 4 * groups;
+  } else if (bits == 8) {
+    if (add) {
+      for (int64_t i = lo; i < hi; ++i) out[i] += table[stream[i]] * scale;
+    } else {
+      for (int64_t i = lo; i < hi; ++i) out[i] = table[stream[i]] * scale;
+    }
+    return;
+  }
+  for (int64_t i = lo; i < hi; ++i) {
+    const float v = table[unpack(stream, i, bits)] * scale;
+    out[i] = add ? out[i] + v : v;
+  }
+}
+
+CGX_CLONES void decode_blocks(const uint8_t* body, int64_t n, int bits, int64_t block,
+                              int64_t first, int64_t last, const float* table, float* out,
+                              bool add) {
+  const int64_t blocks = (n + block - 1) / block;
+  const uint8_t* stream = body + blocks;
+  for (int64_t b = first; b < last; ++b) {
+    const int64_t lo = b * block, hi = std::min(n, lo + block);
+    decode_block(stream, lo, hi, bits, table, mx_scale_value(body[b]), out, add);
+  }
+}
+
 }  // namespace
 
 void mx_encode(const float* x, int64_t n, const Element& e, int64_t block, bool stochastic,
                RngKey key, int64_t first, int64_t last, uint8_t* out) {
   CGX_CHECK_ARG(block >= 1 && block <= 64, "MX blocks of 1..64 values, got ", block);
   const int64_t blocks = (n + block - 1) / block;
-  uint8_t* stream = out + blocks;
-  const int bits = e.bits();
-  // Passes of whole blocks (kPass values at most): scales and scaled values block by block,
-  // then the draws, the codes and the bit stream of the pass in one loop each.
+  // Passes of whole blocks (kPass values at most): the draws, then per block its scale and
+  // codes, then the pass's bit stream.
   constexpr int64_t kPass = 2048;
   const int64_t per_pass = kPass / block;
-  float scaled[kPass], u[kPass];
+  float u[kPass];
   uint32_t codes[kPass];
   for (int64_t b = first; b < last; b += per_pass) {
     const int64_t end = std::min(last, b + per_pass);
     const int64_t lo = b * block, count = std::min(n, end * block) - lo;
-    for (int64_t k = b; k < end; ++k) {
-      const int64_t from = k * block, size = std::min(n, from + block) - from;
-      const uint32_t most = max_bits(x + from, size);
-      const float amax =
-          most > 0x7F800000u ? std::numeric_limits<float>::quiet_NaN() : from_bits(most);
-      const uint8_t s = mx_scale(amax, e, stochastic);
-      out[k] = s;
-      // x / 2^j as x * 2^-j: the same rounding (the exact product, rounded once); NaN: NaN
-      const float inv =
-          s == 255 ? std::numeric_limits<float>::quiet_NaN() : 1.0f / mx_scale_value(s);
-      for (int64_t i = 0; i < size; ++i) scaled[from - lo + i] = x[from + i] * inv;
-    }
     if (stochastic) draws(key, lo, count, u);
-    quantize_block(scaled, count, 1.0f, e, stochastic ? u : nullptr, codes);
-    pack(codes, count, bits, stream + ((lo * bits) >> 3));
+    encode_pass(x, n, e, block, stochastic, stochastic ? u : nullptr, b, end, out, out + blocks,
+                codes);
   }
 }
 
 void mx_decode(const uint8_t* body, int64_t n, const Element& e, int64_t block, int64_t first,
                int64_t last, float* out, bool add) {
   CGX_CHECK_ARG(block >= 1 && block <= 64, "MX blocks of 1..64 values, got ", block);
-  const int64_t blocks = (n + block - 1) / block;
-  const uint8_t* stream = body + blocks;
-  const int bits = e.bits();
   float table[256];
-  for (uint32_t c = 0; c < (1u << bits); ++c) table[c] = value(c, e);
-  for (int64_t b = first; b < last; ++b) {
-    const float scale = mx_scale_value(body[b]);
-    const int64_t lo = b * block, hi = std::min(n, lo + block);
-    if (add) {
-      for (int64_t i = lo; i < hi; ++i) out[i] += table[unpack(stream, i, bits)] * scale;
-    } else {
-      for (int64_t i = lo; i < hi; ++i) out[i] = table[unpack(stream, i, bits)] * scale;
-    }
-  }
+  for (uint32_t c = 0; c < (1u << e.bits()); ++c) table[c] = value(c, e);
+  decode_blocks(body, n, e.bits(), block, first, last, table, out, add);
 }
 
 }  // namespace cgx::floats

@@ -26,8 +26,9 @@ def _element(c) -> tuple:
 def encode(c, x: torch.Tensor, ctx: Context) -> torch.Tensor:
     from torch_cgx import _C
 
+    out = c.new_body(c.body_size(x.numel()), x.device)
     return _C.mx_encode(x.contiguous(), _element(c), c.block, bool(c.p["stochastic"]),
-                        ctx.seed, ctx.stream)  # fmt: skip
+                        ctx.seed, ctx.stream, out)  # fmt: skip
 
 
 def decode(c, body: torch.Tensor, numel: int) -> torch.Tensor:

@@ -148,6 +148,14 @@ class CompressorBase:
         most) of the 1-D contiguous float32 tensor ``x``. Deterministic in (x, ctx)."""
         raise NotImplementedError
 
+    def new_body(self, nbytes: int, device) -> torch.Tensor:
+        """An empty body of ``nbytes`` for :meth:`encode` to fill and return: the payload's
+        header goes in front of it in place (any other body is copied behind the header)."""
+        whole = torch.empty(HEADER_BYTES + nbytes, dtype=torch.uint8, device=device)
+        body = whole[HEADER_BYTES:]
+        body._cgx_payload = whole
+        return body
+
     def decode(self, body: torch.Tensor, numel: int) -> torch.Tensor:
         """The ``numel`` decoded values (float32, 1-D, on the body's device). Raise ValueError
         for a body that cannot be one (its size is checked before)."""
@@ -194,7 +202,13 @@ def encode(c: CompressorBase, x: torch.Tensor, ctx: Context) -> torch.Tensor:
     if body.numel() > most or (c.fixed_size and body.numel() != most):
         raise RuntimeError(f"{c.name}.encode returned {body.numel()} bytes for {flat.numel()} "
                            f"values; body_size says {most}")  # fmt: skip
-    return torch.cat([header(c.name, flat.numel(), body.device), body])
+    head = header(c.name, flat.numel(), body.device)
+    whole = getattr(body, "_cgx_payload", None)
+    if (whole is not None and whole.numel() == HEADER_BYTES + body.numel()
+            and whole.data_ptr() + HEADER_BYTES == body.data_ptr()):  # fmt: skip
+        whole[:HEADER_BYTES].copy_(head)  # a body from new_body: its header in place
+        return whole
+    return torch.cat([head, body])
 
 
 def check_header(c: CompressorBase, payload: torch.Tensor, numel: int) -> None:
